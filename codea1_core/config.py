@@ -1,0 +1,543 @@
+"""Typed configuration: one frozen dataclass per ``params.yaml`` section.
+
+``params.yaml`` is the single source of truth for every knob. ``Config.from_dict`` (and
+``load_config``) reject unknown keys and wrong types with the dotted key path in the message, e.g.
+``reward.alpha: expected float, got str '0.5x'``. ``key=value`` overrides from the CLI go through the
+same path (:func:`apply_overrides`). Defaults follow ``ALGORITHM.md`` §11 and §19 where it gives one;
+the built-in CPU lab overrides sizes in ``params.yaml``.
+
+This module is pure: it reads YAML and builds dataclasses, nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A malformed configuration: the message names the file (if any) and the dotted key."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which problems to train, validate and evaluate on, and how to sample them."""
+
+    data_dir: str = ""
+    """Folder with the offline EvalPlus/MBPP files. Empty: ``$CODEA1_DATA_DIR``, else ``../shared/data`` if present."""
+    train_sources: list[str] = field(default_factory=lambda: ["lab"])
+    """Training sources: any of ``lab``, ``mbpp``, ``kodcode``, ``humaneval``."""
+    val_sources: list[str] = field(default_factory=lambda: ["lab"])
+    """Validation sources (held-out problems scored during training)."""
+    eval_benchmarks: list[str] = field(default_factory=lambda: ["lab_heldout"])
+    """Benchmarks prepared for ``evaluate``: ``humanevalplus``, ``mbppplus``, ``humaneval``, ``mbpp_val``, ``lab_heldout``."""
+    max_problems_per_source: int = 0
+    """Cap on problems taken from each source (0 = all), applied after a seeded shuffle."""
+    kodcode_path: str = ""
+    """KodCode-V1 location: a local parquet/jsonl file or folder, or a hub id (needs network)."""
+    kodcode_difficulty: str = "hard"
+    """Keep KodCode rows with this ``gpt_difficulty`` (empty = all)."""
+    prepared_dir: str = "data/prepared"
+    """Where the prepare stage writes parquet files and ``report.json``."""
+    train_batch_size: int = 256
+    """B: problems per training step (ALGORITHM.md §2)."""
+    epochs: int = 3
+    """Passes over the training set; steps = floor(|D| / B) * epochs (last partial batch dropped)."""
+    seed: int = 1
+    """Seed of the shuffled problem sampler (official: 1)."""
+    max_prompt_tokens: int = 4096
+    """Code prompts longer than this are filtered out of the training set."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The two policies: where they start, how they are fine-tuned."""
+
+    code_path: str = "outputs/warmstart/code"
+    """Code-LLM start: a local HF model directory or a hub id (e.g. ``Qwen/Qwen2.5-Coder-1.5B-Instruct``)."""
+    test_path: str = "outputs/warmstart/test"
+    """Test-LLM start (ignored in ``golden`` and ``selfplay`` modes)."""
+    finetune: Literal["lora", "full"] = "lora"
+    """``lora`` (adapters; reference = adapter disabled) or ``full`` (frozen reference copy). ALGORITHM.md D8."""
+    lora_rank: int = 16
+    """LoRA rank r."""
+    lora_alpha: int = 32
+    """LoRA scaling alpha."""
+    lora_dropout: float = 0.0
+    """LoRA dropout."""
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Module names that receive adapters."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype: ``auto`` = bfloat16 on CUDA, float32 on CPU."""
+    device: str = "auto"
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N``."""
+    use_chat_template: bool = True
+    """Use the tokenizer's chat template when it has one (plain-text prompts otherwise)."""
+    gradient_checkpointing: bool = False
+    """Trade compute for memory in the update."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Sampling of code and tests (ALGORITHM.md §3, §11)."""
+
+    backend: Literal["hf", "vllm"] = "hf"
+    """``hf`` (transformers ``generate``, CPU or GPU) or ``vllm`` (GPU, ``pip install -e .[gpu]``)."""
+    n_code: int = 8
+    """M: Code-LLM samples per problem."""
+    n_tests: int = 8
+    """N: Test-LLM suites per (problem, code) pair."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling for training rollouts."""
+    top_k: int = 0
+    """Top-k for training rollouts (0 = off)."""
+    max_new_tokens_code: int = 4096
+    """Response length limit for code."""
+    max_new_tokens_test: int = 4096
+    """Response length limit for test suites."""
+    batch_size: int = 64
+    """Prompts per ``generate`` call (HF backend)."""
+    gpu_memory_utilization: float = 0.8
+    """vLLM: fraction of GPU memory for the engine."""
+    max_model_len: int = 8192
+    """vLLM: context length of the engine."""
+    enable_prefix_caching: bool = True
+    """vLLM: reuse KV cache across prompts sharing a prefix."""
+    shared_engine: bool = True
+    """vLLM: both roles as LoRA adapters on one engine (else one engine per role)."""
+
+
+@dataclass(frozen=True)
+class GrpoConfig:
+    """The GRPO update (ALGORITHM.md §10, D8, D9)."""
+
+    clip_low: float = 0.2
+    """PPO clip ratio below 1."""
+    clip_high: float = 0.28
+    """PPO clip ratio above 1 (clip-higher)."""
+    dual_clip_c: float = 10.0
+    """Dual-clip constant c for negative advantages."""
+    kl_coef: float = 0.001
+    """Weight of the k3 KL loss to the frozen initial policy."""
+    kl_clamp: float = 10.0
+    """Clamp of the per-token k3 estimate."""
+    adv_eps: float = 1.0e-6
+    """Epsilon in (R - mean) / (std + eps)."""
+    lr: float = 1.0e-5
+    """Learning rate (LoRA default; the official full fine-tuning lr is 1e-6)."""
+    weight_decay: float = 0.1
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.999
+    """AdamW beta2."""
+    grad_clip: float = 1.0
+    """Gradient-norm clipping."""
+    warmup_steps: int = 10
+    """Linear warm-up steps, then cosine to 0 over the run."""
+    mini_batches: int = 2
+    """Optimizer steps per training step (the batch is split into this many mini-batches)."""
+    micro_batch_tokens: int = 32768
+    """Token budget per forward/backward micro-batch."""
+    update_n: int = 1
+    """TOPVAR: codes per problem whose suites train the Test LLM (§9)."""
+    skip_zero_variance_groups: bool = False
+    """D9: skip zero-variance groups in the backward pass (changes the loss; default off)."""
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Reward formulas (ALGORITHM.md §7, D7)."""
+
+    alpha: float = 0.5
+    """Weight of validity against the adversarial term in the test reward."""
+    k: int = 8
+    """K: tests requested per suite and the reward's fixed denominator."""
+    adv_mode: Literal["official", "per_suite"] = "official"
+    """``official``: fail_new = failures among the first K valid tests / K; ``per_suite``: / V."""
+    validity_mode: Literal["official", "fraction"] = "official"
+    """``official``: clip(min(V/K, 1 - I/K), 0, 1); ``fraction``: V / (V + I)."""
+    nonprintable_penalty: bool = True
+    """Subtract the non-printable character ratio from the test reward (official)."""
+
+
+@dataclass(frozen=True)
+class TestsConfig:
+    """Parsing and gating of generated tests (ALGORITHM.md §5.2, D5)."""
+
+    parse_mode: Literal["strict", "official"] = "strict"
+    """``strict`` (D5: call on either side, other forms counted invalid) or ``official``."""
+    max_call_chars: int = 2000
+    """Longest accepted call source."""
+    max_answer_chars: int = 4000
+    """Longest accepted predicted-answer source."""
+    max_rejected_frac: float = 0.98
+    """The quality gate raises (with its report path) when more than this share of rows is rejected."""
+
+
+@dataclass(frozen=True)
+class MistakeBookConfig:
+    """The Mistake Book (ALGORITHM.md §8, D6)."""
+
+    enabled: bool = True
+    """Replay and update the book (``false`` = the no-Mistake-Book ablation)."""
+    top_k: int = 8
+    """Tests replayed per problem."""
+    tie_break: Literal["recent", "official"] = "recent"
+    """Ties in frequency: most recent first (ours) or the official in-place stable order."""
+    max_per_problem: int = 64
+    """Cap per problem (0 = unbounded, official); evicts lowest frequency, then oldest."""
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Execution of untrusted code (ALGORITHM.md D2-D4)."""
+
+    backend: Literal["process", "docker"] = "process"
+    """``process`` (fork-server pool, everywhere) or ``docker`` (needs an engine)."""
+    workers: int = 2
+    """Warm worker processes."""
+    call_timeout_s: float = 2.0
+    """Per-call time limit (D3)."""
+    program_cap_s: float = 60.0
+    """Per-program cap; calls left unrun count as time-outs."""
+    memory_mb: int = 1024
+    """Address-space limit per program."""
+    max_output_bytes: int = 65536
+    """Captured stdout/stderr is truncated to this size."""
+    float_rel_tol: float = 1.0e-6
+    """Relative float tolerance of the trusted comparison (official: 0)."""
+    float_abs_tol: float = 1.0e-6
+    """Absolute float tolerance of the trusted comparison (official: 0)."""
+    infra_retries: int = 2
+    """Retries of a program whose worker failed, before reporting ``infra_error``."""
+    max_infra_failure_frac: float = 0.1
+    """A step aborts when more than this share of its calls hit infrastructure errors (D4)."""
+    network_isolation: Literal["auto", "require", "off"] = "auto"
+    """``require``: fail at start-up without a network namespace or bubblewrap; ``auto``: best available."""
+    drop_privileges: bool = True
+    """When running as root, run children as an unprivileged uid."""
+    docker_image: str = "python:3.11-slim"
+    """Image of the Docker backend."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Benchmark evaluation (ALGORITHM.md §13)."""
+
+    n_samples: int = 32
+    """Samples per problem for avg@n / pass@k."""
+    temperature: float = 0.7
+    """Evaluation sampling temperature."""
+    top_p: float = 0.95
+    """Evaluation nucleus sampling."""
+    max_new_tokens: int = 1024
+    """Evaluation response length."""
+    k_list: list[int] = field(default_factory=lambda: [1, 8, 16, 32])
+    """k values for pass@k."""
+    every: int = 10
+    """Validate every this many training steps (and once before training); 0 = never during training."""
+    test_sources: list[str] = field(default_factory=lambda: ["lab_heldout"])
+    """Held-out problems with references for Test-LLM metrics (pass@5, mut@5, Mul)."""
+    tests_per_suite: int = 5
+    """Tests taken per suite for pass@5/mut@5."""
+    max_mutants: int = 30
+    """Mutants per problem (cosmic-ray operators, applied in memory), cached."""
+    max_problems: int = 0
+    """Cap on problems per benchmark (0 = all)."""
+    promote_metric: str = "code/lab_heldout/pass@1"
+    """Metric of the evaluation that decides the ``champion`` alias (higher is better)."""
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """MLflow tracking and registry."""
+
+    backend: Literal["mlflow", "null"] = "mlflow"
+    """``mlflow`` or ``null`` (no tracking)."""
+    tracking_uri: str = "sqlite:///mlflow/mlflow.db"
+    """MLflow store (``$MLFLOW_TRACKING_URI`` wins when set)."""
+    artifact_location: str = "mlflow/artifacts"
+    """Artifact root for a new experiment."""
+    experiment: str = "codea1"
+    """Experiment name."""
+    log_samples: int = 16
+    """Rows of the sample-rollouts table logged per iteration."""
+    register: bool = True
+    """Register checkpoints as versions of ``codea1-code`` / ``codea1-test``."""
+
+
+@dataclass(frozen=True)
+class OrchestrationConfig:
+    """Prefect and resume."""
+
+    max_steps: int = 0
+    """Stop after this many training steps (0 = epochs x floor(|D| / B))."""
+    resume: Literal["auto", "never"] = "auto"
+    """``auto``: continue from the last complete iteration's checkpoint."""
+    checkpoint_dir: str = "outputs/train"
+    """Where iteration checkpoints, the Mistake Book and metrics go."""
+    keep_checkpoints: int = 2
+    """Iteration checkpoints kept on disk (the newest)."""
+    task_retries: int = 2
+    """Prefect retries for I/O tasks."""
+    task_timeout_s: float = 3600.0
+    """Prefect timeout per task."""
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    """The built-in CPU lab: synthetic problem families and the tiny model."""
+
+    families: list[str] = field(default_factory=list)
+    """Families used for training (empty = all training families)."""
+    train_per_family: int = 12
+    """Parametrized problems per family for training."""
+    heldout_per_family: int = 6
+    """Held-out problems per family (other parameters) for evaluation."""
+    seed: int = 0
+    """Seed of the problem generator."""
+    hidden_size: int = 128
+    """Tiny model: hidden size."""
+    num_layers: int = 2
+    """Tiny model: decoder layers."""
+    num_heads: int = 4
+    """Tiny model: attention heads."""
+    intermediate_size: int = 256
+    """Tiny model: MLP width."""
+    vocab_size: int = 2048
+    """Tiny model: BPE vocabulary size."""
+    max_position_embeddings: int = 1024
+    """Tiny model: context length."""
+    warmstart_epochs: int = 3
+    """SFT epochs of the warm start."""
+    warmstart_lr: float = 1.0e-3
+    """SFT learning rate of the warm start."""
+    buggy_fraction: float = 0.5
+    """Share of buggy solutions in the Code-LLM warm-start data."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole run: ``params.yaml`` as typed, validated values."""
+
+    mode: Literal["codea1", "golden", "selfplay"] = "codea1"
+    """``codea1`` (two models, white-box), ``golden`` (golden tests), ``selfplay`` (one model, black-box)."""
+    seed: int = 1
+    """Global seed (sampling, initialisation)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    grpo: GrpoConfig = field(default_factory=GrpoConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    tests: TestsConfig = field(default_factory=TestsConfig)
+    mistake_book: MistakeBookConfig = field(default_factory=MistakeBookConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    orchestration: OrchestrationConfig = field(default_factory=OrchestrationConfig)
+    lab: LabConfig = field(default_factory=LabConfig)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None, *, source: str = "") -> Config:
+        """Build a validated config; unknown keys and wrong types raise :class:`ConfigError`."""
+        return _build(cls, raw or {}, path="", source=source)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (round-trips through :meth:`from_dict`)."""
+        return dataclasses.asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """``{"reward.alpha": 0.5, ...}`` — for MLflow params."""
+        out: dict[str, Any] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    walk(f"{prefix}.{k}" if prefix else k, v)
+            else:
+                out[prefix] = value
+
+        walk("", self.to_dict())
+        return out
+
+    def replace(self, **overrides: Any) -> Config:
+        """A copy with dotted-key overrides applied and validated: ``cfg.replace(**{"reward.alpha": 0.25})``."""
+        return apply_overrides(self, [f"{k}={_dump_scalar(v)}" for k, v in overrides.items()])
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------------
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def _fail(source: str, path: str, msg: str) -> ConfigError:
+    where = f"{source}: " if source else ""
+    return ConfigError(f"{where}{path}: {msg}")
+
+
+def _check(tp: Any, value: Any, path: str, source: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise _fail(source, path, f"expected a mapping (section), got {_describe(value)}")
+        return _build(tp, value, path=path, source=source)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise _fail(source, path, f"expected one of {list(allowed)}, got {_describe(value)}")
+        return value
+    if origin in (types.UnionType, typing.Union):
+        errors = []
+        for alt in typing.get_args(tp):
+            if alt is type(None) and value is None:
+                return None
+            try:
+                return _check(alt, value, path, source)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise _fail(source, path, f"expected {tp}, got {_describe(value)}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise _fail(source, path, f"expected a list, got {_describe(value)}")
+        (item_tp,) = typing.get_args(tp)
+        return [_check(item_tp, v, f"{path}[{i}]", source) for i, v in enumerate(value)]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise _fail(source, path, f"expected bool, got {_describe(value)}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _fail(source, path, f"expected int, got {_describe(value)}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            hint = ""
+            if isinstance(value, str):
+                try:
+                    float(value)
+                    hint = " (YAML reads 1e-6 as a string: write 1.0e-6)"
+                except ValueError:
+                    pass
+            raise _fail(source, path, f"expected float, got {_describe(value)}{hint}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise _fail(source, path, f"expected str, got {_describe(value)}")
+        return value
+    raise TypeError(f"unsupported config type {tp!r} at {path}")  # a bug in this module, not user input
+
+
+def _build(cls: type, raw: dict[str, Any], *, path: str, source: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    for key in raw:
+        if key not in known:
+            dotted = f"{path}.{key}" if path else str(key)
+            raise _fail(source, dotted, f"unknown key (known: {', '.join(sorted(known))})")
+    kwargs = {}
+    for name in known:
+        if name in raw:
+            dotted = f"{path}.{name}" if path else name
+            kwargs[name] = _check(hints[name], raw[name], dotted, source)
+    return cls(**kwargs)
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading and overrides
+# --------------------------------------------------------------------------------------------------
+
+
+def _dump_scalar(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"reward.alpha=0.25"`` -> (["reward", "alpha"], 0.25); values are YAML scalars/lists."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected key=value (e.g. reward.alpha=0.25)")
+    key, _, raw_value = text.partition("=")
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r}: empty key")
+    try:
+        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {key}: cannot parse value {raw_value!r}: {exc}") from None
+    return key.split("."), value
+
+
+def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """Apply ``key=value`` overrides through the same validation as ``params.yaml``."""
+    raw = cfg.to_dict()
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = raw
+        for i, part in enumerate(parts[:-1]):
+            if not isinstance(node.get(part), dict):
+                raise ConfigError(f"override {'.'.join(parts)}: unknown section {'.'.join(parts[: i + 1])}")
+            node = node[part]
+        node[parts[-1]] = value
+    return Config.from_dict(raw, source="override")
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping with errors that name the file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def load_config(path: str | Path = "params.yaml", overrides: list[str] | None = None) -> Config:
+    """Load ``params.yaml`` (or another file) and apply ``key=value`` overrides."""
+    cfg = Config.from_dict(load_yaml(path), source=str(path))
+    return apply_overrides(cfg, overrides) if overrides else cfg
+
+
+def resolve_data_dir(cfg: Config) -> Path | None:
+    """The offline data folder: ``data.data_dir``, ``$CODEA1_DATA_DIR``, or ``../shared/data``; None if absent."""
+    import os
+
+    for candidate in (cfg.data.data_dir, os.environ.get("CODEA1_DATA_DIR", "")):
+        if candidate:
+            return Path(candidate).expanduser()
+    default = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+    return default if default.is_dir() else None

@@ -1,0 +1,152 @@
+"""The ``codea1`` command line: one subcommand per pipeline stage, plus solve / attack / serve / ui.
+
+Every stage subcommand takes ``--params FILE`` and ``key=value`` overrides, exactly like the DVC stages
+(``python -m flows.<stage>``) which it calls; user mistakes end in one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from types import ModuleType
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    name="codea1",
+    help="Co-evolve a Code LLM and a Test LLM by RL (Code-A1): data, training, evaluation, inference.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+PARAMS_HELP = "params file (default: params.yaml)"
+OVERRIDES_HELP = "key=value overrides validated like params.yaml, e.g. reward.alpha=0.25"
+ParamsOpt = Annotated[str, typer.Option(help=PARAMS_HELP)]
+OverridesArg = Annotated[list[str] | None, typer.Argument(help=OVERRIDES_HELP, show_default=False)]
+PASSTHROUGH = {
+    "allow_extra_args": True,
+    "ignore_unknown_options": True,
+    "help_option_names": ["-h", "--help"],
+}
+
+
+def _not_implemented(name: str) -> None:
+    print(f"codea1 {name}: not implemented yet", file=sys.stderr)
+    raise typer.Exit(2)
+
+
+def _flow_module(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(f"flows.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"flows.{name}":
+            return None
+        raise
+
+
+def _run_stage(name: str, params: str, overrides: list[str] | None) -> None:
+    from flows.common import load_stage_config, run_user_errors, stage_main
+
+    # Validate params first: a malformed params.yaml is reported the same way for every subcommand.
+    if run_user_errors(lambda: load_stage_config(params, list(overrides or []))) != 0:
+        raise typer.Exit(2)
+    module = _flow_module(name)
+    if module is None or not hasattr(module, "run"):
+        _not_implemented(name)
+    argv = ["--params", params, *(overrides or [])]
+    raise typer.Exit(stage_main(module.run, f"codea1 {name}", argv))
+
+
+def _run_main(name: str, argv: list[str]) -> None:
+    module = _flow_module(name)
+    if module is None or not hasattr(module, "main"):
+        _not_implemented(name)
+    raise typer.Exit(module.main(argv))
+
+
+@app.command()
+def prepare(
+    params: ParamsOpt = "params.yaml",
+    overrides: OverridesArg = None,
+) -> None:
+    """Load problem sources, fill expected values in the sandbox, gate them, write data/prepared/."""
+    _run_stage("prepare", params, overrides)
+
+
+@app.command()
+def warmstart(
+    params: ParamsOpt = "params.yaml",
+    overrides: OverridesArg = None,
+) -> None:
+    """Build the tiny lab model and SFT-warm-start the Code and Test LLMs (skipped for user models)."""
+    _run_stage("warmstart", params, overrides)
+
+
+@app.command()
+def train(
+    params: ParamsOpt = "params.yaml",
+    overrides: OverridesArg = None,
+) -> None:
+    """Run the co-evolution training flow (modes: codea1, golden, selfplay); resumes automatically."""
+    _run_stage("train", params, overrides)
+
+
+@app.command()
+def evaluate(
+    params: ParamsOpt = "params.yaml",
+    overrides: OverridesArg = None,
+) -> None:
+    """Evaluate the Code LLM (avg@n, pass@k, base/plus) and the Test LLM (pass@5, mut@5, Mul); write the report."""
+    _run_stage("evaluate", params, overrides)
+
+
+@app.command()
+def register(
+    params: ParamsOpt = "params.yaml",
+    overrides: OverridesArg = None,
+) -> None:
+    """Register the trained checkpoints in MLflow; promote to 'champion' only if the evaluation beats it."""
+    _run_stage("register", params, overrides)
+
+
+@app.command(context_settings=PASSTHROUGH)
+def solve(ctx: typer.Context) -> None:
+    """Test-time collaboration: candidates from the Code LLM, tests from the Test LLM, the best-tested code wins.
+
+    Usage: codea1 solve --problem FILE [--params FILE] [key=value ...]
+    """
+    _run_main("solve", list(ctx.args))
+
+
+@app.command(context_settings=PASSTHROUGH)
+def attack(ctx: typer.Context) -> None:
+    """Adversarial tests for your function: codea1 attack FILE.py::function [--spec TEXT]."""
+    _run_main("attack", list(ctx.args))
+
+
+@app.command(context_settings=PASSTHROUGH)
+def serve(ctx: typer.Context) -> None:
+    """Register Prefect deployments (train, evaluate) so runs can be started and scheduled from the UI."""
+    _run_main("serve", list(ctx.args))
+
+
+@app.command()
+def ui(
+    prefect_port: int = typer.Option(4200, help="Prefect UI port"),
+    mlflow_port: int = typer.Option(5000, help="MLflow UI port"),
+    params: str = typer.Option("params.yaml", help=PARAMS_HELP),
+) -> None:
+    """Start the Prefect and MLflow UIs on 127.0.0.1 and print their URLs (Ctrl-C stops both)."""
+    from flows.ui import start_uis
+
+    raise typer.Exit(start_uis(params, prefect_port, mlflow_port))
+
+
+def main() -> None:  # pragma: no cover - console-script shim
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

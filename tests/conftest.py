@@ -1,0 +1,54 @@
+"""Shared test set-up: quiet, local, offline services; one Prefect ephemeral API per session.
+
+Environment variables are set before any test module imports prefect/mlflow.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+import pytest  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _shared_data_dir() -> Path | None:
+    env = os.environ.get("CODEA1_DATA_DIR")
+    if env:
+        return Path(env)
+    default = REPO_ROOT.parent / "shared" / "data"
+    return default if default.is_dir() else None
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir() -> Path:
+    """The offline EvalPlus/MBPP folder; tests needing it skip with a reason when it is absent (CI has it)."""
+    path = _shared_data_dir()
+    if path is None or not path.is_dir():
+        pytest.skip("offline data folder not found: set CODEA1_DATA_DIR or place shared/data beside the repo")
+    return path
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One Prefect ephemeral API for the whole session (it needs 5-10 s to start)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
