@@ -1,0 +1,400 @@
+"""ProcessExecutor: run UNTRUSTED programs and call expressions in a pool of isolated, warm workers.
+
+What it does: ``ProcessExecutor.run(program, calls)`` returns one :class:`CallOutcome` per call
+expression, in order; ``run_many`` spreads programs over ``workers`` warm worker processes (fresh
+interpreters running ``sandbox/child.py``) that fork one child per program. Values come back as
+encoded plain data and are decoded here, in the trusted parent; callers compare them with
+``codea1_core.values.values_equal`` (ALGORITHM.md D2). Infrastructure failures are retried
+``infra_retries`` times, then reported as ``infra_error`` — never as a failed call (D4).
+
+This is a guard for generated code, not a security boundary (like evalplus/human-eval). As root on
+Linux it provides, per program:
+  * a fresh child process, killed with its whole process group and every process of its uid after
+    the program; rlimits AS (``memory_mb``), CPU, FSIZE, NOFILE, CORE=0 and, with the uid drop, NPROC;
+  * a dedicated random unprivileged uid/gid per worker (not in /etc/passwd), no-new-privs, so it
+    cannot signal the parent or the worker, read root-only files, or fork-bomb beyond NPROC;
+  * no network: each worker lives in its own network namespace (only a down loopback);
+  * a mount namespace per worker: the project checkout, the data folder and $HOME are covered by
+    empty read-only tmpfs (only the Python installation is bound back, read-only), and /tmp,
+    /var/tmp, /dev/shm are private size-limited tmpfs, wiped after every program;
+  * a scrubbed environment, stdin on /dev/null, stdout/stderr captured and truncated;
+  * per-call time limits enforced twice: SIGALRM in the child and a wall clock in the worker, which
+    kills the child and restarts the program at the next call, so one hang fails only its call (D3);
+    the program's top level gets ``ExecLimits.define_timeout_s`` (default: the per-call limit);
+  * reproducibility: every worker runs with PYTHONHASHSEED=0, so set/dict orders of a program are the
+    same in every worker (a candidate matching the reference never fails by chance).
+
+The program runs as module ``program`` (``if __name__ == "__main__":`` blocks do not run); each call is an
+expression evaluated in its namespace, in order, so calls see globals changed by earlier calls.
+
+Statuses: ok / error ("Type: message") / timeout / memory (MemoryError under RLIMIT_AS) /
+unsupported_output (not plain data, see ``codea1_core.values``) / program_error (syntax error, top-level
+exception, exit or time-out: every call) / infra_error (our machinery failed after retries). A child
+that dies mid-program (``os._exit``, a signal, a closed result channel) fails the calls it did not
+report with ``error`` "ChildExited: ..."; that is the program's doing, not infrastructure.
+
+Verdict integrity. Each result travels as one frame on a private pipe moved to a random descriptor
+above RLIMIT_NOFILE (so it cannot be ``dup2``-ed over), carrying a per-run random token; the worker
+accepts frames only in order (one per call index, after a "set-up done" and a "defined" frame), and
+any malformed, unauthenticated, duplicated or out-of-order frame marks EVERY call of the program as
+``error`` (a forgery attempt never pays). Printing markers, ``sys.exit``/``os._exit``, closing
+stdout, killing the parent, custom ``__eq__`` (subclasses are not plain data), patching builtins or
+``sys.modules`` after start-up, signal handlers that swallow SIGALRM, and threads left running can
+only turn results into failures, never into results the program did not compute.
+
+NOT covered (honestly): candidate code runs in the same process as the harness, so a program that
+deliberately introspects the interpreter (``gc.get_objects``, frame locals, ``/proc/self/mem``,
+``sys.settrace``) can read the token and write well-formed frames claiming values of its choosing for
+its own later calls; no in-process scheme prevents that, only a separate process per call would.
+Also not covered: kernel exploits; reading world-readable host files outside the hidden paths
+(/etc, /usr, /proc of other processes' command lines); CPU/memory contention with other workers;
+without root there is no uid drop and no namespaces (``network_isolation="auto"`` records this in
+``ex.isolation``; ``"require"`` refuses to start); bubblewrap is not used.
+
+Run its tests: ``pytest tests/test_sandbox.py tests/test_sandbox_hostile.py``; the benchmark:
+``python bench/sandbox_bench.py``.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import secrets
+import select
+import selectors
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from codea1_core import values
+from codea1_core.types import CallOutcome
+from sandbox.child import write_msg
+from sandbox.limits import ExecLimits, default_hide_paths, python_keep_paths, sweep_uid_from_proc
+
+_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from sandbox.child import worker_main; worker_main()"
+_REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+_START_TIMEOUT_S = 60.0
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot provide what the configuration requires (fail closed, at start-up)."""
+
+
+class _Worker:
+    """One warm worker process and its protocol pipes (parent side)."""
+
+    def __init__(self, settings: dict) -> None:
+        self.uid = settings["uid"]
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-s", "-P", "-c", _BOOT, _REPO_ROOT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            cwd="/",
+            # A fixed hash seed: the same program gives the same set/dict orders in every worker, so a
+            # candidate matching the reference never fails by chance (and runs are reproducible).
+            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"},
+            start_new_session=True,
+        )
+        self.wfd, self.rfd = self.proc.stdin.fileno(), self.proc.stdout.fileno()
+        self.buf = bytearray()
+        try:
+            write_msg(self.wfd, settings)
+            reply = self._read_blocking(_START_TIMEOUT_S)
+        except (OSError, ValueError, EOFError) as exc:
+            reply = ("fail", f"{type(exc).__name__}: {exc}; {self.stderr_tail()}")
+        if reply is None or reply[0] != "hello":
+            self.kill()
+            detail = reply[1] if reply else f"worker exited at start-up: {self.stderr_tail()}"
+            raise SandboxUnavailable(f"sandbox worker could not start: {detail}")
+        self.isolation: dict = reply[1]
+
+    def _read_blocking(self, timeout_s: float) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            msg = self.poll_message()
+            if msg is not None:
+                return msg
+            if self.buf is None or time.monotonic() > deadline:
+                return None
+            sel = selectors.DefaultSelector()
+            sel.register(self.rfd, selectors.EVENT_READ)
+            ready = sel.select(max(0.0, deadline - time.monotonic()))
+            sel.close()
+            if ready:
+                self.feed()
+
+    def feed(self) -> None:
+        """Read what is available; sets ``buf`` to None on EOF (the worker died)."""
+        try:
+            data = os.read(self.rfd, 1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.buf = None
+        else:
+            self.buf += data
+
+    def poll_message(self) -> Any:
+        if self.buf is None or len(self.buf) < 8:
+            return None
+        size = int.from_bytes(self.buf[:8], "big")
+        if len(self.buf) < 8 + size:
+            return None
+        msg = marshal.loads(bytes(self.buf[8 : 8 + size]))
+        del self.buf[: 8 + size]
+        return msg
+
+    def send(self, msg: Any) -> None:
+        write_msg(self.wfd, msg)
+
+    def stderr_tail(self) -> str:
+        try:
+            self.log.seek(0)
+            return self.log.read()[-2000:].decode("utf-8", "replace").strip() or "(no stderr)"
+        except OSError:
+            return "(stderr unavailable)"
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        if self.uid is not None:
+            sweep_uid_from_proc(self.uid)  # descendants that escaped the worker's clean-up
+        self.log.close()
+
+    def stop(self) -> None:
+        try:
+            self.send(("exit",))
+            self.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.kill()
+
+
+class ProcessExecutor:
+    """Fork-server pool that runs untrusted programs; see the module docstring for guarantees.
+
+    Args:
+        workers: warm worker processes (programs run in parallel across them).
+        limits: per-call / per-program limits.
+        network_isolation: ``auto`` (best available, see :attr:`isolation`), ``require`` (raise
+            :class:`SandboxUnavailable` without network + mount namespaces) or ``off`` (no namespaces,
+            nothing hidden; for benchmarks and debugging).
+        drop_privileges: when running as root, run children as a dedicated unprivileged uid per worker.
+        infra_retries: retries of a program whose worker failed before reporting ``infra_error``.
+        hide_paths: directories hidden from children (default: project, data folder, $HOME).
+    """
+
+    def __init__(
+        self,
+        workers: int = 2,
+        limits: ExecLimits | None = None,
+        network_isolation: str = "auto",
+        drop_privileges: bool = True,
+        infra_retries: int = 2,
+        hide_paths: list[str] | None = None,
+    ) -> None:
+        if network_isolation not in ("auto", "require", "off"):
+            raise ValueError(f"network_isolation: expected auto, require or off, got {network_isolation!r}")
+        if workers < 1 or infra_retries < 0:
+            raise ValueError(f"workers must be >= 1 and infra_retries >= 0, got {workers}, {infra_retries}")
+        if not sys.platform.startswith("linux"):
+            raise SandboxUnavailable(
+                f"the process sandbox needs Linux (this is {sys.platform}); use backend=docker"
+            )
+        self.limits = limits or ExecLimits()
+        self.infra_retries = infra_retries
+        self._drop = drop_privileges and os.geteuid() == 0
+        self._settings = {
+            "mode": network_isolation,
+            "hide_paths": default_hide_paths() if hide_paths is None else list(hide_paths),
+            "keep_paths": python_keep_paths(),
+            "limits": {k: getattr(self.limits, k) for k in self.limits.__dataclass_fields__},
+        }
+        self.stats: dict[str, float] = dict.fromkeys(
+            ("programs", "calls", "timeouts", "infra_errors", "retries", "seconds"), 0
+        )
+        self._lock = threading.Lock()
+        self.last_outputs: list[bytes] = []
+        """Captured stdout+stderr (truncated) of each program of the last ``run``/``run_many``."""
+        self._workers: list[_Worker] = []
+        try:
+            for _ in range(workers):
+                self._workers.append(self._start_worker())
+        except BaseException:
+            self.close()
+            raise
+        self.isolation: dict = dict(self._workers[0].isolation)
+        self.isolation["uid"] = "dedicated per worker" if self._drop else "not dropped"
+        self.isolation["rlimits"] = "AS CPU FSIZE NOFILE CORE" + (" NPROC" if self._drop else "")
+
+    def _start_worker(self) -> _Worker:
+        uid = 100_000 + secrets.randbelow(2**30) if self._drop else None
+        try:
+            return _Worker({**self._settings, "uid": uid})
+        except SandboxUnavailable as exc:
+            if self._settings["mode"] == "require":
+                raise SandboxUnavailable(
+                    f"{exc} (sandbox.network_isolation=require needs root for network and mount namespaces; "
+                    "set it to auto or off, or use backend=docker)"
+                ) from None
+            raise
+
+    # ---------------------------------------------------------------------------------------------
+
+    def run(self, program: str, calls: list[str]) -> list[CallOutcome]:
+        """Run ``program`` then evaluate each call expression in its namespace; one outcome per call."""
+        return self.run_many([(program, calls)])[0]
+
+    def run_many(self, jobs: list[tuple[str, list[str]]]) -> list[list[CallOutcome]]:
+        """Run many programs across the workers; results in the order of ``jobs``."""
+        with self._lock:
+            if not self._workers:
+                raise RuntimeError("ProcessExecutor is closed")
+            t0 = time.monotonic()
+            results = self._dispatch([(str(p), [str(c) for c in calls]) for p, calls in jobs])
+            self.stats["seconds"] += time.monotonic() - t0
+            self.stats["programs"] += len(jobs)
+            for outcomes in results:
+                self.stats["calls"] += len(outcomes)
+                for o in outcomes:
+                    self.stats["timeouts"] += o.status == "timeout"
+                    self.stats["infra_errors"] += o.status == "infra_error"
+            return results
+
+    def _dispatch(self, jobs: list[tuple[str, list[str]]]) -> list[list[CallOutcome]]:
+        """Keep every worker busy: up to two jobs in flight each (the second only when it is small, so
+        writing it can never block on a full pipe while the worker writes its result)."""
+        results: list[list[CallOutcome] | None] = [[] if not calls else None for _, calls in jobs]
+        self.last_outputs = [b""] * len(jobs)
+        pending = deque((i, 0) for i, (_, calls) in enumerate(jobs) if calls)
+        inflight: list[deque] = [deque() for _ in self._workers]  # per worker: (job, attempt, deadline)
+        watchdog_s = self.limits.program_timeout_s + 30.0
+        while pending or any(inflight):
+            for w, queue in enumerate(inflight):
+                while pending and (
+                    not queue or (len(queue) == 1 and _job_bytes(jobs[pending[0][0]]) < 32768)
+                ):
+                    j, attempt = pending.popleft()
+                    queue.append((j, attempt, time.monotonic() + watchdog_s * (len(queue) + 1)))
+                    try:
+                        self._workers[w].send(("job", j, jobs[j][0], jobs[j][1]))
+                    except OSError as exc:
+                        self._fail_worker(w, queue, f"worker pipe broken: {exc}", results, pending, jobs)
+                        break
+            busy = [w for w, queue in enumerate(inflight) if queue]
+            poller = select.poll()
+            for w in busy:
+                poller.register(self._workers[w].rfd, select.POLLIN)
+            wait_s = min(inflight[w][0][2] for w in busy) - time.monotonic()
+            ready = {fd for fd, _ in poller.poll(max(0, int(wait_s * 1000) + 1))}
+            for w in busy:
+                worker, queue = self._workers[w], inflight[w]
+                if worker.rfd in ready:
+                    worker.feed()
+                while queue and (msg := worker.poll_message()) is not None:
+                    j, attempt, _ = queue.popleft()
+                    if msg[0] == "result" and msg[1] == j:
+                        results[j] = [_to_outcome(c) for c in msg[2]]
+                        self.last_outputs[j] = msg[3]
+                    else:  # the worker is fine, our machinery failed for this job (fork, mkdir, ...)
+                        self._retry_or_fail(j, attempt, str(msg[2]), results, pending, jobs)
+                if queue and (worker.buf is None or time.monotonic() > queue[0][2]):
+                    why = (
+                        f"worker died: {worker.stderr_tail()}"
+                        if worker.buf is None
+                        else "worker watchdog expired"
+                    )
+                    self._fail_worker(w, queue, why, results, pending, jobs)
+        return results  # type: ignore[return-value]
+
+    def _fail_worker(self, w: int, queue: deque, why: str, results, pending, jobs) -> None:
+        """Replace worker ``w``; its running job is retried (or reported), jobs queued behind it re-queued."""
+        self._workers[w].kill()
+        self._workers[w] = self._start_worker()
+        (j, attempt, _), rest = queue[0], list(queue)[1:]
+        queue.clear()
+        for job, job_attempt, _ in reversed(rest):
+            pending.appendleft((job, job_attempt))
+        self._retry_or_fail(j, attempt, why, results, pending, jobs)
+
+    def _retry_or_fail(self, j: int, attempt: int, why: str, results, pending, jobs) -> None:
+        if attempt < self.infra_retries:
+            self.stats["retries"] += 1
+            pending.appendleft((j, attempt + 1))
+        else:
+            results[j] = [CallOutcome("infra_error", None, f"InfraError: {why}"[:2000])] * len(jobs[j][1])
+
+    # ---------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the workers and kill anything left of their children."""
+        workers, self._workers = self._workers, []
+        for worker in workers:
+            worker.stop()
+
+    def __enter__(self) -> ProcessExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _job_bytes(job: tuple[str, list[str]]) -> int:
+    return len(job[0]) * 4 + sum(len(c) * 4 + 8 for c in job[1]) + 256  # upper bound of the marshal size
+
+
+def _to_outcome(call: tuple) -> CallOutcome:
+    status, payload, error, dur_s = call
+    if status != "ok":
+        return CallOutcome(status, None, error, dur_s)
+    try:
+        return CallOutcome("ok", values.decode(payload), "", dur_s)
+    except ValueError as exc:  # only a forged frame can carry bytes our encoder did not write
+        return CallOutcome("error", None, f"SandboxViolation: {exc}", dur_s)
+
+
+def make_executor(sandbox_cfg: Any) -> Any:
+    """Build the configured executor from ``codea1_core.config.SandboxConfig``."""
+    limits = ExecLimits(
+        call_timeout_s=sandbox_cfg.call_timeout_s,
+        program_timeout_s=sandbox_cfg.program_cap_s,
+        memory_mb=sandbox_cfg.memory_mb,
+        max_output_bytes=sandbox_cfg.max_output_bytes,
+    )
+    common = {
+        "workers": sandbox_cfg.workers,
+        "limits": limits,
+        "network_isolation": sandbox_cfg.network_isolation,
+        "drop_privileges": sandbox_cfg.drop_privileges,
+        "infra_retries": sandbox_cfg.infra_retries,
+    }
+    if sandbox_cfg.backend == "docker":
+        from sandbox.docker_executor import DockerExecutor
+
+        return DockerExecutor(image=sandbox_cfg.docker_image, **common)
+    if sandbox_cfg.backend != "process":
+        raise ValueError(f"sandbox.backend: expected process or docker, got {sandbox_cfg.backend!r}")
+    return ProcessExecutor(**common)
