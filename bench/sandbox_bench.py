@@ -1,0 +1,141 @@
+"""Sandbox throughput: ProcessExecutor vs one fresh ``python3`` subprocess per program, isolation on vs off.
+
+What it does: on the same workloads — (1) trivial programs with one call, (2) HumanEval+ canonical
+solutions with their base inputs — it measures programs/s and calls/s of
+  (a) ``ProcessExecutor`` with full isolation (namespaces, uid drop, rlimits),
+  (b) a baseline that starts one fresh ``python3`` per program (same parallelism, same calls),
+  (c) ``ProcessExecutor`` with isolation off (no namespaces, no uid drop, nothing hidden),
+and prints the ratios. Targets (2 idle cores): (a)/(b) >= 5x on HumanEval+, >= 400 trivial programs/s,
+isolation costs <= 20 % throughput. The load average is printed: on a shared machine wall-clock numbers
+are lower, so CPU seconds per program (workers + children + parent, from /proc) are printed too, with the
+CPU-bound throughput they imply on ``--workers`` idle cores.
+
+What it does not do: check results beyond counting statuses (the tests do that).
+
+Run: ``python bench/sandbox_bench.py [--trivial 2000] [--workers 2] [--data-dir DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import resource
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sandbox import ExecLimits, ProcessExecutor  # noqa: E402
+from sandbox.workloads import evalplus_workloads  # noqa: E402
+
+BASELINE_HARNESS = """
+import sys
+ns = {"__name__": "program"}
+exec(compile(sys.stdin.read(), "<program>", "exec"), ns)
+for expr in CALLS:
+    try:
+        print(repr(eval(expr, ns))[:100])
+    except BaseException as exc:
+        print("error", type(exc).__name__)
+"""
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and its reaped children (utime + stime + cutime + cstime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def run_executor(
+    jobs: list[tuple[str, list[str]]], workers: int, isolated: bool
+) -> tuple[float, float, collections.Counter]:
+    """Wall seconds and CPU seconds (workers, children, parent) of all jobs on a warm pool, and statuses."""
+    kwargs = {} if isolated else {"network_isolation": "off", "drop_privileges": False, "hide_paths": []}
+    with ProcessExecutor(
+        workers=workers, limits=ExecLimits(call_timeout_s=5.0, program_timeout_s=60.0), **kwargs
+    ) as ex:
+        ex.run_many(jobs[: 2 * workers])  # warm-up
+        pids = [w.proc.pid for w in ex._workers]
+        cpu0, t0 = sum(map(_tree_cpu_s, pids)) + time.process_time(), time.perf_counter()
+        results = ex.run_many(jobs)
+        seconds = time.perf_counter() - t0
+        cpu_s = sum(map(_tree_cpu_s, pids)) + time.process_time() - cpu0
+    return seconds, cpu_s, collections.Counter(o.status for r in results for o in r)
+
+
+def run_baseline(jobs: list[tuple[str, list[str]]], workers: int) -> tuple[float, float]:
+    """Wall and CPU seconds of all jobs with one fresh ``python3 -I`` per program, ``workers`` at a time."""
+
+    def one(job: tuple[str, list[str]]) -> None:
+        program, calls = job
+        script = f"CALLS = {calls!r}\n{BASELINE_HARNESS}"
+        subprocess.run(
+            [sys.executable, "-I", "-c", script],
+            input=program.encode(),
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+
+    usage0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(one, jobs))
+    usage1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = usage1.ru_utime + usage1.ru_stime - usage0.ru_utime - usage0.ru_stime
+    return time.perf_counter() - t0, cpu_s
+
+
+def report(name: str, jobs: list[tuple[str, list[str]]], workers: int, baseline_sample: int) -> None:
+    n_programs, n_calls = len(jobs), sum(len(c) for _, c in jobs)
+    on_s, on_cpu, statuses = run_executor(jobs, workers, isolated=True)
+    off_s, off_cpu, _ = run_executor(jobs, workers, isolated=False)
+    sample = jobs[:baseline_sample]
+    scale = n_programs / len(sample)  # the baseline is timed on a sample and extrapolated
+    base_s, base_cpu = (x * scale for x in run_baseline(sample, workers))
+    cores = min(workers, os.cpu_count() or 1)
+    print(f"\n== {name}: {n_programs} programs, {n_calls} calls; statuses {dict(statuses)}")
+    print(
+        f"  {'':26s} {'programs/s':>10s} {'calls/s':>10s} {'CPU ms/program':>15s} {'CPU-bound programs/s':>21s}"
+    )
+    rows = (("executor, isolation on", on_s, on_cpu), ("executor, isolation off", off_s, off_cpu))
+    for label, secs, cpu in (*rows, ("python3 per program", base_s, base_cpu)):
+        print(
+            f"  {label:26s} {n_programs / secs:10.1f} {n_calls / secs:10.1f} {1000 * cpu / n_programs:15.2f}"
+            f" {cores * n_programs / cpu:21.1f}"
+        )
+    print(
+        f"  speed-up vs subprocess baseline: wall {base_s / on_s:.1f}x, CPU {base_cpu / on_cpu:.1f}x (isolation on);"
+        f" wall {base_s / off_s:.1f}x (off)"
+    )
+    print(
+        f"  isolation cost: wall {100 * (1 - off_s / on_s):.1f} %, CPU {100 * (on_cpu / off_cpu - 1):.1f} %"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trivial", type=int, default=1000, help="number of trivial programs")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--baseline-sample", type=int, default=200, help="programs timed for the baseline")
+    parser.add_argument("--data-dir", default=os.environ.get("CODEA1_DATA_DIR", ""))
+    args = parser.parse_args()
+    print(f"cores {os.cpu_count()}, load average {os.getloadavg()[0]:.2f} (shared machine: numbers vary)")
+    trivial = [(f"def f(x):\n    return x + {i}\n", ["f(1)"]) for i in range(args.trivial)]
+    report("trivial programs (one call)", trivial, args.workers, args.baseline_sample)
+    data_dir = (
+        Path(args.data_dir) if args.data_dir else Path(__file__).resolve().parents[2] / "shared" / "data"
+    )
+    if (data_dir / "humanevalplus").is_dir():
+        he = [(w.program, w.calls) for w in evalplus_workloads(data_dir, "humanevalplus", ("base_input",))]
+        report("HumanEval+ canonical solutions, base inputs", he, args.workers, len(he))
+    else:
+        print(f"\n(HumanEval+ skipped: no data under {data_dir}; set --data-dir or CODEA1_DATA_DIR)")
+    print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
