@@ -1,0 +1,439 @@
+"""One trainable policy (role ``code`` or ``test``): batched sampling and the lockstep GRPO step on HF models.
+
+What it does: loads an HF causal LM + tokenizer, wraps it in a LoRA adapter (``model.finetune == "lora"``;
+the reference policy is the same model with the adapter disabled, ALGORITHM.md D8) or keeps a frozen
+reference copy (``full``); samples completions in left-padded batches (:meth:`Policy.generate`); runs one
+GRPO training step (:meth:`Policy.step`, ALGORITHM.md §3 steps 13-15 and §10) with its own AdamW optimizer
+and warm-up + cosine schedule; saves/loads resumable checkpoints and exports merged HF model directories.
+Two ``Policy`` objects (code and test) live in one process and never share parameters or optimizers.
+
+What it does not: compute rewards or advantages (``grpo.py``/``rewards.py``), nor run vLLM (``vllm_engine.py``).
+
+Log-probs returned by :meth:`Policy.generate` are under the policy's *raw* logits (temperature 1, no top-p/k),
+i.e. the quantity the GRPO ratio uses; the step recomputes old log-probs anyway (§3 step 13).
+
+Run: ``pytest tests/test_policy.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from codea1_core import policy_io
+from codea1_core.config import Config
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings for one :meth:`Policy.generate` call (temperature 0 = greedy)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled response: ``token_ids`` include the EOS token if one was produced.
+
+    ``logprobs[i]`` is log pi(token_ids[i]) under the raw (temperature-1) logits of the sampling policy;
+    ``finish_reason`` is ``stop`` (EOS produced) or ``length`` (``max_new_tokens`` reached).
+    """
+
+    text: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+@dataclass
+class TrainBatch:
+    """One role's GRPO training batch: sample i is ``prompt_ids[i] + completion_ids[i]`` with ``advantages[i]``."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    advantages: list[float]
+    old_logprobs: list[list[float]] | None = None
+
+
+class _RawLogprobRecorder:
+    """Logits processor placed before the sampling warpers: records log pi(chosen token) under raw logits.
+
+    At call t it sees the token chosen at t-1 as ``input_ids[:, -1]`` and keeps only one ``[batch, vocab]``
+    log-softmax, so memory does not grow with the response length (``output_logits`` would keep them all).
+    """
+
+    def __init__(self) -> None:
+        self.prev: torch.Tensor | None = None
+        self.logprobs: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.take(input_ids[:, -1])
+        self.prev = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def take(self, tokens: torch.Tensor) -> None:
+        if self.prev is not None:
+            self.logprobs.append(self.prev.gather(1, tokens[:, None].to(self.prev.device)).squeeze(1).cpu())
+            self.prev = None
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def uses_chat_template(tokenizer: Any, use_chat_template: bool) -> bool:
+    """True when prompts go through the tokenizer's chat template (it has one and the config allows it)."""
+    return bool(use_chat_template and getattr(tokenizer, "chat_template", None))
+
+
+def render_messages(tokenizer: Any, messages: list[dict], use_chat_template: bool) -> str:
+    """Chat messages -> prompt text (chat template + generation prompt, else ``prompts.render_plain``)."""
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("content"), str) or "role" not in msg:
+            raise ValueError(f"prompt message {i}: expected {{'role': str, 'content': str}}, got {msg!r:.80}")
+    if uses_chat_template(tokenizer, use_chat_template):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    from codea1_core.prompts import render_plain
+
+    return render_plain(messages)
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
+    """Linear warm-up over ``warmup_steps`` (step 0 already gets lr/warmup), then half-cosine to 0 (§11)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+class Policy:
+    """A trainable causal LM for one role; see the module docstring and ARCHITECTURE.md §4."""
+
+    def __init__(self, model_path: str, cfg: Config, role: str = "code", total_steps: int = 100) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if role not in ("code", "test"):
+            raise ValueError(f"role: expected 'code' or 'test', got {role!r}")
+        self.cfg, self.role, self.model_path, self.total_steps = cfg, role, str(model_path), total_steps
+        self.device = _resolve_device(cfg.model.device)
+        self.dtype = _resolve_dtype(cfg.model.dtype, self.device)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
+        except OSError as exc:
+            raise OSError(f"model.{role}_path: cannot load model {self.model_path!r}: {exc}") from exc
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        model.to(self.device)
+        if cfg.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+            model.enable_input_require_grads()
+        self.ref_model = None
+        if cfg.model.finetune == "lora":
+            model = self._wrap_lora(model)
+        else:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.model = model
+        self.eos_ids = self._eos_ids()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        g = cfg.grpo
+        self.optimizer = torch.optim.AdamW(
+            params, lr=g.lr, betas=(g.adam_beta1, g.adam_beta2), weight_decay=g.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, g.warmup_steps, self.total_steps)
+        )
+        self.step_count = 0
+
+    # ---------------------------------------------------------------------------------------- set-up
+    def _wrap_lora(self, model: Any) -> Any:
+        from peft import LoraConfig, get_peft_model
+
+        m = self.cfg.model
+        names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+        present = [t for t in m.lora_target_modules if t in names]
+        missing = [t for t in m.lora_target_modules if t not in names]
+        if missing:
+            log.warning("model.lora_target_modules: %s not in %s, skipped", missing, self.model_path)
+        if not present:
+            raise ValueError(
+                f"model.lora_target_modules: none of {m.lora_target_modules} in {self.model_path}"
+            )
+        lora = LoraConfig(
+            r=m.lora_rank,
+            lora_alpha=m.lora_alpha,
+            lora_dropout=m.lora_dropout,
+            target_modules=present,
+            task_type="CAUSAL_LM",
+        )
+        return get_peft_model(model, lora)
+
+    def _eos_ids(self) -> list[int]:
+        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
+        ids = list(gen_eos) if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else []
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ids:
+            ids.append(self.tokenizer.eos_token_id)
+        return ids
+
+    def render(self, messages: list[dict]) -> str:
+        """Prompt text: the chat template with the generation prompt, else ``prompts.render_plain``."""
+        return render_messages(self.tokenizer, messages, self.cfg.model.use_chat_template)
+
+    # ---------------------------------------------------------------------------------------- rollout
+    @torch.no_grad()
+    def generate(self, prompts: list[list[dict]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
+        """Sample ``n`` completions per chat prompt, ``rollout.batch_size`` prompts (x n rows) per call."""
+        if n < 1:
+            raise ValueError(f"n: expected >= 1, got {n}")
+        texts = [self.render(p) for p in prompts]
+        plain = not uses_chat_template(self.tokenizer, self.cfg.model.use_chat_template)
+        bs = max(1, self.cfg.rollout.batch_size)
+        out: list[list[Completion]] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(texts), bs):
+                enc = self.tokenizer(
+                    texts[start : start + bs], add_special_tokens=plain, padding=True, return_tensors="pt"
+                )
+                out.extend(self._generate_chunk(enc, n, sampling, seed=sampling.seed + start))
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def _generate_chunk(self, enc: Any, n: int, sp: SamplingParams, seed: int) -> list[list[Completion]]:
+        from transformers import (
+            LogitsProcessorList,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
+
+        ids = enc["input_ids"].repeat_interleave(n, 0).to(self.device)
+        mask = enc["attention_mask"].repeat_interleave(n, 0).to(self.device)
+        recorder = _RawLogprobRecorder()
+        processors: list[Any] = [recorder]
+        sample = sp.temperature > 0
+        if sample and sp.temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(sp.temperature))
+        if sample and sp.top_k > 0:
+            processors.append(TopKLogitsWarper(sp.top_k))
+        if sample and sp.top_p < 1.0:
+            processors.append(TopPLogitsWarper(sp.top_p))
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            seqs = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                **(
+                    {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+                    if sample
+                    else {"do_sample": False}
+                ),
+                repetition_penalty=1.0,
+                max_new_tokens=sp.max_new_tokens,
+                pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=self.eos_ids,
+                logits_processor=LogitsProcessorList(processors),
+            )
+        new = seqs[:, ids.shape[1] :].cpu()
+        if new.shape[1]:
+            recorder.take(new[:, -1])
+        lps = torch.stack(recorder.logprobs, 1) if recorder.logprobs else torch.zeros(new.shape)
+        rows = []
+        for r in range(new.shape[0]):
+            toks = new[r].tolist()
+            stop = next((i for i, t in enumerate(toks) if t in self.eos_ids), None)
+            toks = toks if stop is None else toks[: stop + 1]
+            prompt = ids[r][mask[r].bool()].tolist()
+            text = self.tokenizer.decode(toks, skip_special_tokens=True)
+            reason = "stop" if stop is not None else "length"
+            rows.append(Completion(text, prompt, toks, lps[r, : len(toks)].tolist(), reason))
+        return [rows[i : i + n] for i in range(0, len(rows), n)]
+
+    # ---------------------------------------------------------------------------------------- update
+    def _forward(self, samples: list[tuple[list[int], list[int]]], *, reference: bool = False) -> tuple:
+        """Per-token log-probs (and logits) of each completion: prompts left-padded, completions right-padded."""
+        from codea1_core.grpo import token_logprobs
+
+        p_max = max(len(p) for p, _ in samples)
+        c_max = max(len(c) for _, c in samples)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.full((len(samples), p_max + c_max), pad, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for i, (p, c) in enumerate(samples):
+            ids[i, p_max - len(p) : p_max + len(c)] = torch.tensor(p + c)
+            attn[i, p_max - len(p) : p_max + len(c)] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        ids, attn, pos = ids.to(self.device), attn.to(self.device), pos.to(self.device)
+        model = self.ref_model if reference and self.ref_model is not None else self.model
+        kwargs = {"input_ids": ids, "attention_mask": attn, "position_ids": pos, "logits_to_keep": c_max + 1}
+        if reference and self.ref_model is None:
+            with self.model.disable_adapter():
+                logits = model(**kwargs).logits[:, :-1]
+        else:
+            logits = model(**kwargs).logits[:, :-1]
+        targets = ids[:, p_max:]
+        cmask = attn[:, p_max:].float()
+        return token_logprobs(logits, targets), cmask, logits  # half precision upcast row by row
+
+    def _micro_batches(self, idx: list[int], batch: TrainBatch) -> list[list[int]]:
+        """Greedy split of sample indices so that padded tokens per micro-batch stay under the budget."""
+        budget, out, cur, p_max, c_max = self.cfg.grpo.micro_batch_tokens, [], [], 0, 0
+        for i in idx:
+            p, c = max(p_max, len(batch.prompt_ids[i])), max(c_max, len(batch.completion_ids[i]))
+            if cur and (len(cur) + 1) * (p + c) > budget:
+                out.append(cur)
+                cur, p, c = [], len(batch.prompt_ids[i]), len(batch.completion_ids[i])
+            cur, p_max, c_max = cur + [i], p, c
+        return out + ([cur] if cur else [])
+
+    @torch.no_grad()
+    def _logprobs_no_grad(
+        self, batch: TrainBatch, idx: list[int], reference: bool
+    ) -> dict[int, torch.Tensor]:
+        self.model.eval()
+        out = {}
+        for mb in self._micro_batches(idx, batch):
+            lp, _, _ = self._forward(
+                [(batch.prompt_ids[i], batch.completion_ids[i]) for i in mb], reference=reference
+            )
+            for row, i in enumerate(mb):
+                out[i] = lp[row, : len(batch.completion_ids[i])].cpu()
+        return out
+
+    def _check_batch(self, batch: TrainBatch) -> None:
+        n = len(batch.completion_ids)
+        if len(batch.prompt_ids) != n or len(batch.advantages) != n:
+            raise ValueError(
+                f"TrainBatch ({self.role}): {len(batch.prompt_ids)} prompts, {n} completions, "
+                f"{len(batch.advantages)} advantages; expected equal counts"
+            )
+        for i in range(n):
+            if not batch.prompt_ids[i]:
+                raise ValueError(f"TrainBatch ({self.role}): sample {i} has an empty prompt")
+            if batch.old_logprobs is not None and len(batch.old_logprobs[i]) != len(batch.completion_ids[i]):
+                raise ValueError(
+                    f"TrainBatch ({self.role}): sample {i}: old_logprobs length != completion length"
+                )
+            if not math.isfinite(float(batch.advantages[i])):
+                raise ValueError(
+                    f"TrainBatch ({self.role}): sample {i}: advantage {batch.advantages[i]} not finite"
+                )
+
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        """One GRPO training step (ALGORITHM.md §10): mini-batches x exact token-mean micro-batches.
+
+        Old log-probs are recomputed with the current weights when ``batch.old_logprobs`` is None, and
+        reference log-probs come from the adapter-disabled model (LoRA) or the frozen copy (full), both
+        before the first update (§3 step 13). One optimizer step per mini-batch, one scheduler step per call.
+        With ``grpo.skip_zero_variance_groups`` (D9) samples with advantage 0 are left out entirely.
+        """
+        t0, g = time.perf_counter(), self.cfg.grpo
+        self._check_batch(batch)
+        all_idx = [i for i in range(len(batch.completion_ids)) if batch.completion_ids[i]]
+        zero = [i for i in all_idx if batch.advantages[i] == 0.0]
+        train_idx = [i for i in all_idx if not (g.skip_zero_variance_groups and batch.advantages[i] == 0.0)]
+        lr = self.optimizer.param_groups[0]["lr"]
+        if batch.old_logprobs is None:
+            old = self._logprobs_no_grad(batch, train_idx, reference=False)
+        else:
+            old = {i: torch.tensor(batch.old_logprobs[i], dtype=torch.float32) for i in train_idx}
+        ref = self._logprobs_no_grad(batch, train_idx, reference=True)
+        sums = dict.fromkeys(("loss", "pg_loss", "kl", "clip_frac", "dual_clip_frac", "entropy"), 0.0)
+        norms, n_mb = [], max(1, g.mini_batches)
+        self.model.train()
+        for k in range(n_mb):
+            mb_idx = train_idx[k * len(train_idx) // n_mb : (k + 1) * len(train_idx) // n_mb]
+            if sum(len(batch.completion_ids[i]) for i in mb_idx):
+                norms.append(self._update(batch, mb_idx, old, ref, sums))
+        self.scheduler.step()
+        self.step_count += 1
+        tokens = sum(len(batch.completion_ids[i]) for i in train_idx)
+        metrics = {k: v / max(1, tokens) for k, v in sums.items()}
+        metrics.update(
+            grad_norm=sum(norms) / len(norms) if norms else 0.0,
+            tokens=float(tokens),
+            lr=lr,
+            zero_adv_frac=len(zero) / max(1, len(all_idx)),
+            seconds=time.perf_counter() - t0,
+        )
+        return metrics
+
+    def _update(self, batch: TrainBatch, mb_idx: list[int], old: dict, ref: dict, sums: dict) -> float:
+        """One optimizer step on one mini-batch; adds token-weighted metric sums; returns the grad norm."""
+        from codea1_core.grpo import policy_loss
+
+        g = self.cfg.grpo
+        mb_tokens = sum(len(batch.completion_ids[i]) for i in mb_idx)
+        self.optimizer.zero_grad(set_to_none=True)
+        for micro in self._micro_batches(mb_idx, batch):
+            lp, cmask, logits = self._forward([(batch.prompt_ids[i], batch.completion_ids[i]) for i in micro])
+            old_t = _pad_rows([old[i] for i in micro]).to(lp.device)
+            ref_t = _pad_rows([ref[i] for i in micro]).to(lp.device)
+            adv = torch.tensor([float(batch.advantages[i]) for i in micro], device=lp.device)
+            # Dividing by the mini-batch's token count makes the sum over micro-batches its token mean (§10).
+            loss, parts = policy_loss(
+                lp, old_t, ref_t, adv, cmask, g.clip_low, g.clip_high, g.dual_clip_c, g.kl_coef, g.kl_clamp,
+                num_tokens_total=mb_tokens,
+            )  # fmt: skip
+            loss.backward()
+            with torch.no_grad():  # entropy row by row: a float32 copy of all logits can be GBs at 152k vocab
+                for row, row_mask in zip(logits, cmask, strict=True):
+                    logp = torch.log_softmax(row.float(), -1)
+                    sums["entropy"] += float((-(logp.exp() * logp).sum(-1) * row_mask).sum())
+            w = parts["tokens"]
+            sums["loss"] += float(loss.detach()) * mb_tokens
+            sums["pg_loss"] += parts["pg_loss"] * w
+            sums["kl"] += parts["kl"] * w
+            sums["clip_frac"] += (parts["clip_frac_low"] + parts["clip_frac_high"]) * w
+            sums["dual_clip_frac"] += parts["dual_clip_frac"] * w
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        norm = float(torch.nn.utils.clip_grad_norm_(params, g.grad_clip))
+        if not math.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"policy {self.role}: non-finite grad norm at step {self.step_count}")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # ---------------------------------------------------------------------------------------- checkpoints
+    def save(self, path: str | Path) -> Path:
+        """Adapter or weights + tokenizer + optimizer/scheduler/RNG/step state, written atomically."""
+        return policy_io.save_policy(self, Path(path))
+
+    def load(self, path: str | Path) -> None:
+        """Restore a :meth:`save` checkpoint into this policy (built on the same base model and config)."""
+        policy_io.load_policy(self, Path(path))
+
+    def export(self, path: str | Path) -> Path:
+        """A standalone HF model directory (LoRA merged into a copy) + tokenizer, written atomically."""
+        return policy_io.export_policy(self, Path(path))
+
+
+def _pad_rows(rows: list[torch.Tensor]) -> torch.Tensor:
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)

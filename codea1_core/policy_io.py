@@ -1,0 +1,97 @@
+"""Checkpoint I/O of :class:`codea1_core.policy.Policy`: resumable save/load and merged export.
+
+What it does: writes a policy's adapter (LoRA) or weights (full) with its tokenizer under ``model/`` and
+the optimizer, scheduler, RNG and step state in ``state.pt``; every directory is written to ``<dir>.tmp``
+first and moved into place with ``os.replace``, so a crash never leaves a half-written checkpoint.
+What it does not: decide when or where to checkpoint (the pipeline's checkpoint task does).
+
+Run: ``pytest tests/test_policy.py -k save``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def save_policy(pol: Any, path: Path) -> Path:
+    """Write ``pol`` to ``path`` atomically (see the module docstring)."""
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    pol.model.save_pretrained(tmp / "model")
+    pol.tokenizer.save_pretrained(tmp / "model")
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    state = {
+        "role": pol.role,
+        "finetune": pol.cfg.model.finetune,
+        "step_count": pol.step_count,
+        "optimizer": pol.optimizer.state_dict(),
+        "scheduler": pol.scheduler.state_dict(),
+        "rng": rng,
+    }
+    torch.save(state, tmp / "state.pt")
+    replace_dir(tmp, path)
+    return path
+
+
+def load_policy(pol: Any, path: Path) -> None:
+    """Restore a :func:`save_policy` checkpoint into ``pol`` (same base model and config)."""
+    if not (path / "state.pt").is_file():
+        raise FileNotFoundError(f"{path}: not a policy checkpoint (state.pt missing)")
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    if state["finetune"] != pol.cfg.model.finetune:
+        raise ValueError(
+            f"{path}: saved with finetune={state['finetune']}, policy uses {pol.cfg.model.finetune}"
+        )
+    if pol.ref_model is None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        weights = load_file(str(path / "model" / "adapter_model.safetensors"), device=str(pol.device))
+        result = set_peft_model_state_dict(pol.model, weights)
+        if result.unexpected_keys:
+            raise ValueError(f"{path}: adapter keys do not match this model: {result.unexpected_keys[:3]}")
+    else:
+        from transformers import AutoModelForCausalLM
+
+        saved = AutoModelForCausalLM.from_pretrained(str(path / "model"), dtype=pol.dtype)
+        pol.model.load_state_dict(saved.state_dict())
+    pol.optimizer.load_state_dict(state["optimizer"])
+    pol.scheduler.load_state_dict(state["scheduler"])
+    pol.step_count = int(state["step_count"])
+    torch.set_rng_state(state["rng"]["torch"])
+    random.setstate(state["rng"]["python"])
+    if "cuda" in state["rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+
+
+def export_policy(pol: Any, path: Path) -> Path:
+    """Write a standalone HF model directory (LoRA merged into a copy) + tokenizer to ``path`` atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model = copy.deepcopy(pol.model).merge_and_unload() if pol.ref_model is None else pol.model
+    model.save_pretrained(tmp)
+    pol.tokenizer.save_pretrained(tmp)
+    replace_dir(tmp, path)
+    return path
+
+
+def replace_dir(tmp: Path, path: Path) -> None:
+    """Move the finished ``tmp`` folder to ``path``, replacing an older one (never a half-written dir)."""
+    if path.exists():
+        old = path.with_name(path.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, path)

@@ -1,0 +1,298 @@
+"""GPU rollout backend on vLLM: both roles as LoRA adapters on one engine, or one engine per role.
+
+What it does: :class:`VllmRollout` owns the vLLM engine(s) and gives each role the same ``generate(prompts,
+n, sampling) -> list[list[Completion]]`` contract as :meth:`codea1_core.policy.Policy.generate` (token ids
+incl. EOS, per-token log-probs under the raw temperature-1 logits, ``stop``/``length``). After each GRPO
+step, :meth:`VllmRollout.sync` saves the role's adapter as a new version folder and switches that role to a
+new ``LoRARequest`` (a fresh integer id, so vLLM never serves a stale cached adapter). Before the first sync
+a role samples from its base model, which equals the zero-initialised adapter (ALGORITHM.md D8).
+
+Engines: with ``rollout.shared_engine`` (default) one engine serves both adapters over one base model
+(``max_loras=2``; the two roles must then start from the same base); otherwise one engine per role, each
+with half of ``rollout.gpu_memory_utilization`` in ``codea1`` mode. ``max_model_len`` and
+``enable_prefix_caching`` come from ``cfg.rollout``. The training step shares the GPU: lower
+``rollout.gpu_memory_utilization`` (e.g. 0.4) to leave room for the two policies' updates.
+
+Entry point for the pipeline: :func:`attach` (``tasks/rollout.py`` calls it when ``rollout.backend: vllm``).
+
+What it does not: full fine-tuning (weights would have to be pushed into the engine after every step; use
+``rollout.backend=hf`` with ``model.finetune=full``), nor any training. ``vllm`` is imported only here, only
+when an engine is built (``pip install -e .[gpu]``).
+
+Run: ``pytest tests/test_vllm_engine.py`` (a fake engine checks the contract; no GPU needed).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from codea1_core.config import Config
+from codea1_core.policy import Completion, SamplingParams, render_messages, uses_chat_template
+from codea1_core.policy_io import replace_dir
+
+log = logging.getLogger(__name__)
+
+ROLES = ("code", "test")
+
+
+def _default_llm_factory(**kwargs: Any) -> Any:
+    """Build ``vllm.LLM``; drops ``logprobs_mode`` for vLLM versions that predate it (raw is their default)."""
+    import vllm
+
+    try:
+        return vllm.LLM(**kwargs)
+    except TypeError as exc:
+        if "logprobs_mode" not in str(exc):
+            raise
+        kwargs.pop("logprobs_mode")
+        return vllm.LLM(**kwargs)
+
+
+class VllmRollout:
+    """vLLM engine(s) serving the code and test roles; see the module docstring."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        base_paths: dict[str, str],
+        adapter_dir: str | Path,
+        *,
+        llm_factory: Callable[..., Any] | None = None,
+    ) -> None:
+        """Build the engine(s) for the roles in ``base_paths`` (more can join with :meth:`add_role`).
+
+        Args:
+            cfg: Run config (``rollout.*``, ``model.*``, ``seed``, ``mode``).
+            base_paths: Base model per role, e.g. ``{"code": policy_code.model_path}``.
+            adapter_dir: Folder for the adapter versions written by :meth:`sync`.
+            llm_factory: Builds an engine from ``vllm.LLM`` keyword arguments (tests pass a fake).
+        """
+        if cfg.model.finetune != "lora":
+            raise ValueError(
+                "rollout.backend=vllm needs model.finetune=lora (full fine-tuning: use backend=hf)"
+            )
+        self.cfg, self.adapter_dir = cfg, Path(adapter_dir)
+        self.factory = llm_factory or _default_llm_factory
+        self.engines: dict[str, Any] = {}
+        self.base_paths: dict[str, str] = {}
+        self.tokenizers: dict[str, Any] = {}
+        self.eos_ids: dict[str, list[int]] = {}
+        self.lora_requests: dict[str, Any] = {}
+        self.versions: dict[str, int] = {}
+        self._next_lora_id = 1
+        for role, path in base_paths.items():
+            self.add_role(role, path)
+
+    def add_role(self, role: str, base_path: str) -> None:
+        """Serve ``role`` from ``base_path``: the shared engine when it has the same base, else a new one."""
+        from transformers import AutoTokenizer
+
+        if role not in ROLES:
+            raise ValueError(f"role: expected one of {ROLES}, got {role!r}")
+        base_path = str(base_path)
+        if self.base_paths.get(role) == base_path:
+            return
+        shared = self.cfg.rollout.shared_engine
+        others = {r: p for r, p in self.base_paths.items() if r != role}
+        if shared and others and base_path not in others.values():
+            raise ValueError(
+                "rollout.shared_engine=true needs both roles on one base model (model.code_path and "
+                f"model.test_path), got {base_path!r} and {sorted(others.values())}; set rollout.shared_engine=false"
+            )
+        same = next((r for r, p in others.items() if p == base_path), None)
+        if shared and same is not None:
+            self.engines[role] = self.engines[same]
+        else:
+            n_engines = 1 if shared or self.cfg.mode != "codea1" else 2
+            self.engines[role] = self.factory(**self._engine_kwargs(base_path, n_engines))
+        self.base_paths[role] = base_path
+        self.tokenizers[role] = AutoTokenizer.from_pretrained(base_path)
+        self.eos_ids[role] = _eos_ids(self.tokenizers[role], base_path)
+        self.lora_requests[role], self.versions[role] = None, 0
+
+    def _engine_kwargs(self, model_path: str, n_engines: int) -> dict[str, Any]:
+        r, m = self.cfg.rollout, self.cfg.model
+        return {
+            "model": model_path,
+            "dtype": "bfloat16" if m.dtype == "auto" else m.dtype,
+            "seed": self.cfg.seed,
+            "gpu_memory_utilization": r.gpu_memory_utilization / n_engines,
+            "max_model_len": r.max_model_len,
+            "enable_prefix_caching": r.enable_prefix_caching,
+            "enable_lora": True,
+            "max_lora_rank": m.lora_rank,
+            "max_loras": 2,
+            "logprobs_mode": "raw_logprobs",
+        }
+
+    def _check_role(self, role: str) -> None:
+        if role not in self.engines:
+            raise ValueError(f"role {role!r}: not served by this engine (serves {sorted(self.engines)})")
+
+    def sync(self, policy: Any) -> Path:
+        """Save ``policy``'s current adapter as the next version and serve it from now on.
+
+        Args:
+            policy: A LoRA :class:`~codea1_core.policy.Policy` whose ``role`` this engine serves.
+
+        Returns:
+            The adapter version folder.
+        """
+        from vllm.lora.request import LoRARequest
+
+        self._check_role(policy.role)
+        version = self.versions[policy.role] + 1
+        path = self.adapter_dir / policy.role / f"v{version:05d}"
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        policy.model.save_pretrained(tmp)
+        replace_dir(tmp, path)
+        old = self.adapter_dir / policy.role / f"v{version - 2:05d}"
+        shutil.rmtree(old, ignore_errors=True)  # keep the served version and the one before it
+        self.lora_requests[policy.role] = LoRARequest(
+            f"{policy.role}-v{version}", self._next_lora_id, str(path)
+        )
+        self._next_lora_id += 1
+        self.versions[policy.role] = version
+        return path
+
+    def generate(
+        self, role: str, prompts: list[list[dict]], n: int, sampling: SamplingParams
+    ) -> list[list[Completion]]:
+        """Sample ``n`` completions per chat prompt with ``role``'s current adapter.
+
+        Every sample is its own request with seed ``sampling.seed + index`` (prefix caching shares the
+        prompt), so results do not depend on how vLLM fans out ``n``.
+        """
+        from vllm import SamplingParams as VllmSamplingParams
+
+        self._check_role(role)
+        if n < 1:
+            raise ValueError(f"n: expected >= 1, got {n}")
+        tok = self.tokenizers[role]
+        plain = not uses_chat_template(tok, self.cfg.model.use_chat_template)
+        prompt_ids = [
+            tok(render_messages(tok, p, self.cfg.model.use_chat_template), add_special_tokens=plain)[
+                "input_ids"
+            ]
+            for p in prompts
+        ]
+        eos = self.eos_ids[role]
+        requests, params = [], []
+        for i, ids in enumerate(prompt_ids):
+            for j in range(n):
+                requests.append({"prompt_token_ids": ids})
+                params.append(
+                    VllmSamplingParams(
+                        n=1,
+                        temperature=sampling.temperature,
+                        top_p=sampling.top_p,
+                        top_k=sampling.top_k if sampling.top_k > 0 else -1,
+                        repetition_penalty=1.0,
+                        max_tokens=sampling.max_new_tokens,
+                        seed=sampling.seed + i * n + j,
+                        logprobs=0,
+                        stop_token_ids=eos,
+                        skip_special_tokens=True,
+                    )
+                )
+        outputs = self.engines[role].generate(
+            requests, params, lora_request=self.lora_requests[role], use_tqdm=False
+        )
+        if len(outputs) != len(requests):
+            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(requests)} requests")
+        flat = [
+            _to_completion(out, ids)
+            for out, ids in zip(outputs, [r["prompt_token_ids"] for r in requests], strict=True)
+        ]
+        return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+
+class VllmPolicy:
+    """A :class:`~codea1_core.policy.Policy` whose ``generate`` runs on vLLM; everything else is the policy's.
+
+    After ``step`` or ``load`` the adapter is marked stale and synced to the engine (a new adapter version)
+    right before the next ``generate``.
+    """
+
+    def __init__(self, policy: Any, rollout: VllmRollout) -> None:
+        self._policy, self._rollout, self._stale = policy, rollout, True
+
+    def generate(self, prompts: list[list[dict]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
+        if self._stale:
+            self._rollout.sync(self._policy)
+            self._stale = False
+        return self._rollout.generate(self._policy.role, prompts, n, sampling)
+
+    def step(self, batch: Any) -> dict[str, float]:
+        self._stale = True
+        return self._policy.step(batch)
+
+    def load(self, path: str | Path) -> None:
+        self._stale = True
+        self._policy.load(path)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._policy, name)
+
+
+_ROLLOUTS: dict[str, VllmRollout] = {}
+"""One :class:`VllmRollout` per adapter folder and process, so both roles can share one engine."""
+
+
+def attach(
+    policy: Any,
+    cfg: Config,
+    *,
+    adapter_dir: str | Path | None = None,
+    llm_factory: Callable[..., Any] | None = None,
+) -> VllmPolicy:
+    """Route ``policy.generate`` through vLLM (called once per role by the rollout task).
+
+    Args:
+        policy: A LoRA :class:`~codea1_core.policy.Policy`.
+        cfg: Run config.
+        adapter_dir: Adapter versions folder; default ``<orchestration.checkpoint_dir>/vllm_adapters``.
+        llm_factory: Engine builder (tests pass a fake).
+
+    Returns:
+        The policy with vLLM generation; ``step``/``save``/``load``/``export`` are the policy's own.
+    """
+    folder = Path(adapter_dir) if adapter_dir else Path(cfg.orchestration.checkpoint_dir) / "vllm_adapters"
+    rollout = _ROLLOUTS.get(str(folder))
+    if rollout is None:
+        rollout = _ROLLOUTS[str(folder)] = VllmRollout(cfg, {}, folder, llm_factory=llm_factory)
+    rollout.add_role(policy.role, policy.model_path)
+    return VllmPolicy(policy, rollout)
+
+
+def _eos_ids(tokenizer: Any, model_path: str) -> list[int]:
+    """EOS ids: the tokenizer's plus the generation config's (Qwen stops on both im_end and endoftext)."""
+    from transformers import GenerationConfig
+
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    try:
+        gen_eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except OSError:  # no generation_config.json
+        gen_eos = None
+    for extra in gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else []:
+        if extra not in ids:
+            ids.append(extra)
+    return ids
+
+
+def _to_completion(request_output: Any, prompt_ids: list[int]) -> Completion:
+    """vLLM ``RequestOutput`` (one sample) -> :class:`Completion`; the sampled token's log-prob per position."""
+    out = request_output.outputs[0]
+    token_ids = list(out.token_ids)
+    if out.logprobs is None or len(out.logprobs) != len(token_ids):
+        raise RuntimeError("vLLM returned no per-token logprobs (SamplingParams.logprobs=0 was requested)")
+    logprobs = [float(step[tok].logprob) for step, tok in zip(out.logprobs, token_ids, strict=True)]
+    if out.finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"vLLM request ended with finish_reason={out.finish_reason!r}")
+    reason = out.finish_reason
+    return Completion(out.text, list(prompt_ids), token_ids, logprobs, reason)
