@@ -50,6 +50,8 @@ class DataConfig:
     """Keep KodCode rows with this ``gpt_difficulty`` (empty = all)."""
     prepared_dir: str = "data/prepared"
     """Where the prepare stage writes parquet files and ``report.json``."""
+    reference_call_timeout_s: float = 20.0
+    """Per-call time limit when ``prepare`` runs reference solutions (some EvalPlus inputs are heavy)."""
     train_batch_size: int = 256
     """B: problems per training step (ALGORITHM.md §2)."""
     epochs: int = 3
@@ -262,6 +264,20 @@ class EvalConfig:
     """Cap on problems per benchmark (0 = all)."""
     promote_metric: str = "code/lab_heldout/pass@1"
     """Metric of the evaluation that decides the ``champion`` alias (higher is better)."""
+    out_dir: str = "outputs/eval"
+    """Where ``evaluate`` writes ``metrics.json``, ``report.html`` and the mutant cache."""
+    bigcodebench_path: str = ""
+    """Local BigCodeBench release (JSON/JSONL/parquet) for the ``bigcodebench`` benchmark name."""
+    ult_path: str = ""
+    """Local UnLeakedTestBench ``ULT.jsonl`` for the ``unleakedtestbench`` test source."""
+    code_model: str = ""
+    """Code-LLM model to evaluate (empty: ``<checkpoint_dir>/final/code`` if present, else ``model.code_path``)."""
+    test_model: str = ""
+    """Test-LLM model to evaluate (empty: ``<checkpoint_dir>/final/test`` if present, else ``model.test_path``)."""
+    solve_candidates: int = 8
+    """Test-time collaboration (``solve``): Code-LLM candidates per problem; each gets one test suite."""
+    solve_benchmarks: list[str] = field(default_factory=list)
+    """Benchmarks also scored with test-time collaboration (``solve/<bench>/pass@1``), e.g. ``[humanevalplus]``."""
 
 
 @dataclass(frozen=True)
@@ -330,6 +346,12 @@ class LabConfig:
     """SFT learning rate of the warm start."""
     buggy_fraction: float = 0.5
     """Share of buggy solutions in the Code-LLM warm-start data."""
+    warmstart_code_examples_per_problem: int = 4
+    """Code-LLM warm-start conversations per training problem (correct/buggy drawn per example)."""
+    warmstart_test_examples_per_problem: int = 2
+    """Test-LLM warm-start conversations per training problem (test prompts are ~3x longer)."""
+    warmstart_batch_size: int = 4
+    """SFT batch size of the warm start."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,450 @@
+"""The built-in CPU lab: short, parametrized problem families with boundary bugs, and warm-start data.
+
+What it does: each :class:`Family` is a one-line function whose behaviour hinges on a boundary
+(strict vs non-strict comparison, an off-by-one range, the empty list, surrounding whitespace,
+rounding). A family is instantiated with seeded parameters into :class:`Problem` objects with a
+reference solution, golden tests whose expected values come from running that (trusted, our own)
+reference in-process (ALGORITHM.md D1), and typical buggy variants that fail at least one golden test.
+Held-out parameters form the ``val``/``test`` splits; families marked ``heldout`` appear only in ``test``.
+It also renders the tokenizer corpus and the supervised warm-start conversations of both roles.
+
+What it does not: build or train models (``tiny_model.py``, ``sft.py``), or run model output
+(only ``sandbox/`` runs untrusted code).
+
+How to run: ``python -c "from codea1_core.lab import lab_problems; from codea1_core.config import LabConfig;
+print(lab_problems(LabConfig(), 'train')[0].prompt)"``; tests in ``tests/test_lab.py``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from codea1_core.config import ConfigError, LabConfig
+from codea1_core.types import Problem, TestCase
+
+Params = dict[str, Any]
+SPLITS = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class Family:
+    """One parametrized problem family: templates are ``str.format``-ed with the sampled params."""
+
+    name: str
+    """The entry point, distinct across families."""
+    args: str
+    """Parameter list of the entry point, e.g. ``"xs"``."""
+    sample: Callable[[random.Random], Params]
+    """Draws one parameter set (a dict of ints/strs, including derived values used by templates)."""
+    description: str
+    """One-sentence behaviour description template."""
+    body: str
+    """Reference body template (one line, without indentation)."""
+    bugs: tuple[str, ...]
+    """Buggy body templates: typical boundary mistakes."""
+    boundary: Callable[[Params], list[tuple]]
+    """Argument tuples on and around the boundary (golden tests)."""
+    typical: Callable[[Params, random.Random], tuple]
+    """Draws one ordinary (non-boundary) argument tuple."""
+    heldout: bool = False
+    """Held-out family: only in the ``test`` split, never trained on."""
+
+    def source(self, body: str, params: Params) -> str:
+        """A complete function definition with ``body`` filled from ``params``."""
+        return f"def {self.name}({self.args}):\n    {body.format(**params)}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Input helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def _int_list(r: random.Random, lo: int, hi: int, max_len: int = 5) -> list[int]:
+    return [r.randint(lo, hi) for _ in range(r.randint(0, max_len))]
+
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+_WORDS = ("cat", "Dog", "sun", "Tree", "hello", "Bob", "data", "code", "Mix", "apple")
+
+
+def _word(r: random.Random) -> str:
+    word = r.choice(_WORDS)
+    return " " * r.randint(0, 2) + word + " " * r.randint(0, 2)
+
+
+_SUM_STARTS = [a for a in range(-20, 41) if a != 0]
+"""sum_from starts (0 excluded: summing from 1 instead of 0 is no bug)."""
+_UNIT_FACTORS = [k for k in range(2, 100) if k not in (47, 49, 87)]
+"""to_units factors for which both bugs fail a golden input (checked by tests/test_lab.py)."""
+
+
+def _threshold(lo: int, hi: int) -> Callable[[random.Random], Params]:
+    return lambda r: {"t": r.randint(lo, hi)}
+
+
+def _span(r: random.Random) -> Params:
+    lo = r.randint(-20, 50)
+    return {"lo": lo, "hi": lo + r.randint(2, 30)}
+
+
+def _window(r: random.Random) -> Params:
+    a, width = r.randint(0, 9), r.randint(1, 6)
+    return {"a": a, "b": a + width, "a1": a + 1, "b1": a + width + 1}
+
+
+def _around(p: Params, key: str) -> list[tuple]:
+    return [(p[key] - 1,), (p[key],), (p[key] + 1,)]
+
+
+# --------------------------------------------------------------------------------------------------
+# The families
+# --------------------------------------------------------------------------------------------------
+
+# Columns: name, args, sample, description, body, bugs, boundary inputs, typical input.
+# fmt: off
+_FAMILY_LIST = [
+    Family("is_above", "x", _threshold(-20, 100), "Return True if x is greater than {t}, else False.",
+           "return x > {t}", ("return x >= {t}",),
+           lambda p: [*_around(p, "t"), (p["t"] + 10,)], lambda p, r: (r.randint(p["t"] - 30, p["t"] + 30),)),
+    Family("at_most", "x", _threshold(-20, 100), "Return True if x is at most {t}, else False.",
+           "return x <= {t}", ("return x < {t}",),
+           lambda p: [*_around(p, "t"), (p["t"] - 10,)], lambda p, r: (r.randint(p["t"] - 30, p["t"] + 30),)),
+    Family("in_range", "x", _span, "Return True if x is between {lo} and {hi} inclusive, else False.",
+           "return {lo} <= x <= {hi}", ("return {lo} < x <= {hi}", "return {lo} <= x < {hi}", "return {lo} < x < {hi}"),
+           lambda p: [*_around(p, "lo"), *_around(p, "hi")], lambda p, r: (r.randint(p["lo"] - 20, p["hi"] + 20),)),
+    Family("sum_from", "n", lambda r: (lambda a: {"a": a, "a1": a + 1})(r.choice(_SUM_STARTS)),
+           "Return the sum of the integers from {a} to n inclusive (0 if n < {a}).",
+           "return sum(range({a}, n + 1))", ("return sum(range({a}, n))", "return sum(range({a1}, n + 1))"),
+           lambda p: [(p["a"] - 1,), (p["a"],), (p["a"] + 1,), (p["a"] + 5,)],
+           lambda p, r: (r.randint(p["a"] - 3, p["a"] + 20),)),
+    Family("count_below", "xs", _threshold(-10, 50), "Return how many numbers in the list xs are less than {t}.",
+           "return len([x for x in xs if x < {t}])",
+           ("return len([x for x in xs if x <= {t}])", "return len([x for x in xs[1:] if x < {t}])"),
+           lambda p: [([],), ([p["t"]],), ([p["t"] - 1],), ([p["t"] + 1, p["t"], p["t"] - 2],)],
+           lambda p, r: (_int_list(r, p["t"] - 10, p["t"] + 10),)),
+    Family("first_or", "xs", lambda r: {"d": r.randint(-50, 50)},
+           "Return the first element of the list xs, or {d} if xs is empty.",
+           "return xs[0] if xs else {d}", ("return xs[0] if len(xs) > 1 else {d}", "return xs[-1] if xs else {d}"),
+           lambda p: [([],), ([p["d"] + 3],), ([4, p["d"] + 7],), ([1, 2, 3],)], lambda p, r: (_int_list(r, -20, 20),)),
+    Family("tidy", "s", lambda r: {"case": r.choice(["lower", "upper"]), "n": r.randint(1, 30)},
+           "Return s with surrounding spaces removed, in {case} case, followed by {n} '!' characters.",
+           'return s.strip().{case}() + "!" * {n}', ('return s.{case}() + "!" * {n}', 'return s.strip() + "!" * {n}'),
+           lambda p: [("",), (" Hi ",), ("oK",), ("  a b  ",)], lambda p, r: (_word(r),)),
+    Family("to_units", "x", lambda r: {"k": r.choice(_UNIT_FACTORS)},
+           "Return x times {k}, rounded to the nearest integer.",
+           "return round(x * {k})", ("return int(x * {k})", "return round(x) * {k}"),
+           lambda p: [(0.0,), (0.9,), (-0.9,), (1.45,), (0.07,), (0.37,), (0.13,)],
+           lambda p, r: (round(r.uniform(-5, 5), 2),)),
+    Family("clamp", "x", _span,
+           "Return x limited to the range {lo} to {hi}: smaller values become {lo}, larger ones {hi}.",
+           "return max({lo}, min({hi}, x))", ("return min({hi}, x)", "return max({lo}, min({hi} - 1, x))"),
+           lambda p: [(p["lo"] - 1,), (p["lo"],), (p["hi"],), (p["hi"] + 1,)],
+           lambda p, r: (r.randint(p["lo"] - 20, p["hi"] + 20),)),
+    Family("window", "xs", _window,
+           "Return the elements of the list xs from index {a} to index {b} inclusive.",
+           "return xs[{a}:{b1}]", ("return xs[{a}:{b}]", "return xs[{a1}:{b1}]"),
+           lambda p: [(list(range(10, 13 + p["b"])),), (list(range(1, p["b"] + 2)),), ([],)],
+           lambda p, r: (_int_list(r, 0, 9, max_len=12),)),
+    Family("count_char", "s", lambda r: {"c": "".join(r.choices(_LETTERS, k=r.choice([1, 1, 2])))},
+           "Return how many times '{c}' appears in s, ignoring case.",
+           'return s.lower().count("{c}")', ('return s.count("{c}")', 'return s.upper().count("{c}")'),
+           lambda p: [("",), (p["c"],), (p["c"].upper(),), (f"x{p['c']}{p['c'].upper()}y",)],
+           lambda p, r: (_word(r).strip() + r.choice([p["c"], p["c"].upper(), ""]),)),
+    Family("mean_or", "xs", lambda r: {"d": r.randint(-30, 30)},
+           "Return the average of the numbers in xs rounded to 2 decimals, or {d} if xs is empty.",
+           "return round(sum(xs) / len(xs), 2) if xs else {d}",
+           ("return round(sum(xs) / len(xs), 2)", "return round(sum(xs) / len(xs)) if xs else {d}"),
+           lambda p: [([],), ([5],), ([1, 2, 2],), ([-1, 2],)], lambda p, r: (_int_list(r, -10, 10),)),
+    Family("distance", "x", _threshold(-20, 50), "Return the absolute difference between x and {t}.",
+           "return abs(x - {t})", ("return x - {t}", "return {t} - x"),
+           lambda p: [(p["t"] - 5,), (p["t"],), (p["t"] + 5,)], lambda p, r: (r.randint(p["t"] - 30, p["t"] + 30),)),
+    # Held-out families (evaluation only): recombine boundaries seen in training.
+    Family("grade", "score", _threshold(30, 90), "Return 'pass' if score is at least {t}, otherwise 'fail'.",
+           'return "pass" if score >= {t} else "fail"', ('return "pass" if score > {t} else "fail"',),
+           lambda p: [*_around(p, "t"), (0,)], lambda p, r: (r.randint(0, 100),), heldout=True),
+    Family("count_between", "xs", _span,
+           "Return how many numbers in the list xs are between {lo} and {hi} inclusive.",
+           "return len([x for x in xs if {lo} <= x <= {hi}])",
+           ("return len([x for x in xs if {lo} < x <= {hi}])", "return len([x for x in xs if {lo} <= x < {hi}])"),
+           lambda p: [([],), ([p["lo"]],), ([p["hi"]],), ([p["lo"] - 1, p["lo"], p["hi"], p["hi"] + 1],)],
+           lambda p, r: (_int_list(r, p["lo"] - 10, p["hi"] + 10),), heldout=True),
+    Family("is_close", "x", lambda r: {"t": r.randint(-20, 50), "d": r.randint(1, 9)},
+           "Return True if x differs from {t} by at most {d}, else False.",
+           "return abs(x - {t}) <= {d}", ("return abs(x - {t}) < {d}", "return x - {t} <= {d}"),
+           lambda p: [(p["t"] + p["d"],), (p["t"] - p["d"],), (p["t"] - p["d"] - 1,), (p["t"],)],
+           lambda p, r: (r.randint(p["t"] - 20, p["t"] + 20),), heldout=True),
+]
+# fmt: on
+
+FAMILIES: dict[str, Family] = {f.name: f for f in _FAMILY_LIST}
+"""All lab families by name (the name is also the entry point)."""
+
+_TYPICAL_TESTS = 2
+"""Ordinary inputs added to each problem's boundary inputs in its golden tests."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Problems
+# --------------------------------------------------------------------------------------------------
+
+
+def _call(name: str, args: tuple) -> str:
+    return f"{name}({', '.join(repr(a) for a in args)})"
+
+
+def _evaluate(source: str, calls: list[str]) -> list[Any]:
+    """Run OUR OWN trusted code (a reference or a buggy variant) in-process; exceptions become values."""
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)  # noqa: S102 - trusted lab templates only, never model output
+    results: list[Any] = []
+    for call in calls:
+        try:
+            results.append(eval(call, namespace))  # noqa: S307 - same trusted code
+        except Exception as exc:  # a buggy variant may raise (e.g. ZeroDivisionError on [])
+            results.append(exc)
+    return results
+
+
+def _fails(source: str, tests: tuple[TestCase, ...]) -> bool:
+    """True when ``source`` misses at least one golden test (an exception is a miss)."""
+    got = _evaluate(source, [t.call for t in tests])
+    return any(isinstance(g, Exception) or g != t.expected for g, t in zip(got, tests, strict=True))
+
+
+def _param_sets(family: Family, seed: int, count: int) -> list[Params]:
+    """``count`` distinct parameter sets in a fixed order: test first, then val, then train (stable splits)."""
+    rng = random.Random(f"codea1-lab/{seed}/{family.name}")
+    found: list[Params] = []
+    for _ in range(100 * count + 100):
+        if len(found) == count:
+            return found
+        params = family.sample(rng)
+        if params not in found:
+            found.append(params)
+    if len(found) == count:
+        return found
+    raise ConfigError(
+        f"lab: family {family.name!r} has fewer than {count} distinct parameter sets; "
+        "lower lab.train_per_family or lab.heldout_per_family"
+    )
+
+
+def _make_problem(family: Family, params: Params, index: int, split: str, seed: int) -> Problem:
+    rng = random.Random(f"codea1-lab/{seed}/{family.name}/{index}/typical")
+    arg_tuples = family.boundary(params) + [family.typical(params, rng) for _ in range(_TYPICAL_TESTS)]
+    calls = list(dict.fromkeys(_call(family.name, args) for args in arg_tuples))
+    reference = family.source(family.body, params)
+    expected = _evaluate(reference, calls)
+    for call, value in zip(calls, expected, strict=True):
+        if isinstance(value, Exception):  # a defect of this module, not of user input
+            raise RuntimeError(f"lab family {family.name}: reference raised on {call}: {value!r}")
+    tests = tuple(TestCase(call, value) for call, value in zip(calls, expected, strict=True))
+    buggy = list(dict.fromkeys(family.source(b, params) for b in family.bugs))
+    buggy = [b for b in buggy if b != reference and _fails(b, tests)]
+    sentence = family.description.format(**params)
+    signature = f"{family.name}({family.args})"
+    return Problem(
+        id=f"lab/{family.name}/{index}",
+        source="lab",
+        split=split,
+        prompt=f'def {signature}:\n    """{sentence}"""\n',
+        description=f"Write a function {signature}. {sentence}",
+        entry_point=family.name,
+        reference_solution=reference,
+        tests=tests,
+        metadata={"family": family.name, "params": dict(params), "buggy": buggy},
+    )
+
+
+def _training_families(lab_cfg: LabConfig) -> list[Family]:
+    if not lab_cfg.families:
+        return [f for f in _FAMILY_LIST if not f.heldout]
+    chosen = []
+    for name in lab_cfg.families:
+        if name not in FAMILIES:
+            raise ConfigError(f"lab.families: unknown family {name!r} (known: {', '.join(FAMILIES)})")
+        if FAMILIES[name].heldout:
+            raise ConfigError(f"lab.families: {name!r} is a held-out family (evaluation only)")
+        chosen.append(FAMILIES[name])
+    return chosen
+
+
+def lab_problems(lab_cfg: LabConfig, split: str) -> list[Problem]:
+    """The lab problems of one split, deterministic in ``lab_cfg.seed``.
+
+    Args:
+        lab_cfg: The ``lab`` config section (families, sizes, seed).
+        split: ``train`` (``train_per_family`` per training family), ``val`` (``heldout_per_family``
+            other parameters per training family) or ``test`` (yet other parameters per training
+            family, plus every held-out family).
+
+    Returns:
+        Problems with ids ``lab/<family>/<i>``; ``i`` is unique across splits within a family.
+
+    Raises:
+        ConfigError: Unknown split, family or a size a family cannot supply (every family offers at
+            least 60 distinct parameter sets: ``train_per_family + 2 * heldout_per_family <= 60``).
+    """
+    if split not in SPLITS:
+        raise ConfigError(f"lab split {split!r}: expected one of {list(SPLITS)}")
+    for key in ("train_per_family", "heldout_per_family"):
+        if getattr(lab_cfg, key) < 0:
+            raise ConfigError(f"lab.{key}: must be >= 0, got {getattr(lab_cfg, key)}")
+    n_held, n_train = lab_cfg.heldout_per_family, lab_cfg.train_per_family
+    start, stop = {
+        "test": (0, n_held),
+        "val": (n_held, 2 * n_held),
+        "train": (2 * n_held, 2 * n_held + n_train),
+    }[split]
+    problems = []
+    for family in _training_families(lab_cfg):
+        params = _param_sets(family, lab_cfg.seed, 2 * n_held + n_train)
+        problems += [_make_problem(family, params[i], i, split, lab_cfg.seed) for i in range(start, stop)]
+    if split == "test":
+        for family in (f for f in _FAMILY_LIST if f.heldout):
+            params = _param_sets(family, lab_cfg.seed, n_held)
+            problems += [_make_problem(family, params[i], i, split, lab_cfg.seed) for i in range(n_held)]
+    return problems
+
+
+def check_lab_config(lab_cfg: LabConfig) -> None:
+    """Raise :class:`ConfigError` (naming the ``lab.*`` key) for settings the lab cannot use."""
+    if not 0.0 <= lab_cfg.buggy_fraction <= 1.0:
+        raise ConfigError(f"lab.buggy_fraction: must be within [0, 1], got {lab_cfg.buggy_fraction}")
+    for role in ("code", "test"):
+        key = f"warmstart_{role}_examples_per_problem"
+        if getattr(lab_cfg, key) < 1:
+            raise ConfigError(f"lab.{key}: must be >= 1, got {getattr(lab_cfg, key)}")
+    for split in SPLITS:
+        lab_problems(lab_cfg, split)
+
+
+def buggy_variants(problem: Problem) -> list[str]:
+    """The typical buggy solutions of a lab problem (each fails >= 1 golden test); [] for other sources."""
+    return list(problem.metadata.get("buggy", []))
+
+
+# --------------------------------------------------------------------------------------------------
+# Warm-start data and tokenizer corpus
+# --------------------------------------------------------------------------------------------------
+
+_SUITE_SHORT_FRAC = 0.3
+"""Warm-start test suites: share that holds fewer than K asserts."""
+_TYPICAL_CALL_FRAC = 0.35
+"""Warm-start test suites: share of asserts on ordinary (non-boundary) inputs."""
+_WRONG_ANSWER_FRAC = 0.15
+"""Warm-start test suites: share of asserts whose predicted answer is wrong (invalid under §7)."""
+
+
+def _wrong_answer(value: Any, rng: random.Random) -> Any:
+    """A plausible but wrong predicted answer of the same kind."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value + rng.choice([-1, 1])
+    if isinstance(value, str):
+        return value + "!" if rng.random() < 0.5 else value[:-1] or "x"
+    if isinstance(value, list):
+        return value[:-1] if value else [0]
+    return None
+
+
+def _imperfect_suite(problem: Problem, rng: random.Random, k: int) -> str:
+    """An assistant answer with up to ``k`` asserts: mostly golden calls, some ordinary, some wrong."""
+    family = FAMILIES.get(problem.metadata.get("family", ""))
+    n_tests = k if rng.random() >= _SUITE_SHORT_FRAC else rng.randint(max(1, k // 2), max(1, k - 1))
+    calls: list[str] = []
+    for _ in range(4 * n_tests):
+        if len(calls) == n_tests:
+            break
+        if family is not None and (rng.random() < _TYPICAL_CALL_FRAC or not problem.tests):
+            call = _call(family.name, family.typical(problem.metadata["params"], rng))
+        elif problem.tests:
+            call = rng.choice(problem.tests).call
+        else:
+            break
+        if call not in calls:
+            calls.append(call)
+    expected = _evaluate(problem.reference_solution, calls)  # trusted reference (D1)
+    lines = []
+    for call, value in zip(calls, expected, strict=True):
+        if isinstance(value, Exception):
+            continue
+        if rng.random() < _WRONG_ANSWER_FRAC:
+            value = _wrong_answer(value, rng)
+        lines.append(f"assert {call} == {value!r}")
+    return "```python\n" + "\n".join(lines) + "\n```"
+
+
+def warmstart_examples(
+    problems: list[Problem], role: str, lab_cfg: LabConfig, seed: int, *, k: int = 8, blackbox: bool = False
+) -> list[dict]:
+    """Supervised conversations (TRL conversational format) for the warm start of one role.
+
+    Code role: ``code_messages(problem)`` answered with a fenced solution, buggy with probability
+    ``lab_cfg.buggy_fraction`` (so RL has room to improve). Test role: ``test_messages(problem, code, k)``
+    for a correct or buggy candidate, answered with an IMPERFECT suite: some ordinary inputs, some
+    wrong predicted answers, sometimes fewer than ``k`` asserts.
+
+    Args:
+        problems: Problems to draw from (lab problems carry buggy variants; others get only correct code).
+        role: ``code`` or ``test``.
+        lab_cfg: The ``lab`` section (``buggy_fraction``, ``warmstart_<role>_examples_per_problem``).
+        seed: Seed; the same arguments always give the same examples.
+        k: Tests per suite requested by the test prompt (``reward.k``).
+        blackbox: Test role only: use the black-box prompt (no code shown; ``selfplay`` mode).
+
+    Returns:
+        ``[{"messages": [system, user, assistant]}, ...]``, ``warmstart_<role>_examples_per_problem`` per problem.
+    """
+    from codea1_core.prompts import code_messages, test_messages, test_messages_blackbox
+
+    if role not in ("code", "test"):
+        raise ValueError(f"role: expected 'code' or 'test', got {role!r}")
+    examples = []
+    for problem in problems:
+        rng = random.Random(f"codea1-warmstart/{seed}/{role}/{problem.id}")
+        bugs = buggy_variants(problem)
+        for _ in range(getattr(lab_cfg, f"warmstart_{role}_examples_per_problem")):
+            buggy = bool(bugs) and rng.random() < lab_cfg.buggy_fraction
+            code = rng.choice(bugs) if buggy else problem.reference_solution
+            if role == "code":
+                messages = code_messages(problem)
+                answer = f"```python\n{code}\n```"
+            else:
+                messages = test_messages_blackbox(problem, k) if blackbox else test_messages(problem, code, k)
+                answer = _imperfect_suite(problem, rng, k)
+            examples.append({"messages": [*messages, {"role": "assistant", "content": answer}]})
+    return examples
+
+
+def render_chatml(messages: list[dict]) -> str:
+    """Messages in the Qwen (ChatML) layout, as the tiny model's chat template renders them."""
+    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+
+
+def tokenizer_corpus(lab_cfg: LabConfig, *, k: int = 8) -> list[str]:
+    """Every kind of text the tiny models see, for training their BPE tokenizer.
+
+    Covers all splits and held-out families (the tokenizer only learns merges, no behaviour): prompts
+    and descriptions, references and buggy variants, golden asserts, and rendered conversations of
+    both roles (chat-templated and plain), including the black-box test prompt.
+    """
+    from dataclasses import replace
+
+    from codea1_core.prompts import render_plain, test_messages_blackbox
+
+    problems = [p for split in SPLITS for p in lab_problems(lab_cfg, split)]
+    texts: list[str] = []
+    for p in problems:
+        texts += [p.prompt, p.description, p.reference_solution, *buggy_variants(p)]
+        texts += [f"assert {t.call} == {t.expected!r}" for t in p.tests]
+        texts.append(render_chatml(test_messages_blackbox(p, k)))
+    one_each = replace(lab_cfg, warmstart_code_examples_per_problem=1, warmstart_test_examples_per_problem=1)
+    for role in ("code", "test"):
+        for example in warmstart_examples(problems, role, one_each, lab_cfg.seed, k=k):
+            texts += [render_chatml(example["messages"]), render_plain(example["messages"])]
+    return texts

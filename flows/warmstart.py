@@ -1,0 +1,170 @@
+"""The ``warmstart`` stage: a tiny model, built locally and supervised-fine-tuned into both roles.
+
+What it does: trains a BPE tokenizer and a random-init tiny Qwen2 model on the lab's text
+(``codea1_core.lab.tokenizer_corpus``), then fine-tunes it (TRL SFT) into the Code LLM (correct and
+buggy solutions, ``lab.buggy_fraction``) and the Test LLM (imperfect white-box test suites), so RL has
+room to improve both. ``selfplay`` mode trains one model on code and black-box test conversations;
+``golden`` mode trains only the Code LLM. Everything is written to a temporary folder and moved into
+``outputs/warmstart/`` (``base``, the role folders named by ``model.code_path`` / ``model.test_path``,
+``metrics.json``) in one rename.
+What it does not: touch user models. When ``model.code_path`` (and ``test_path``) are not inside
+``outputs/warmstart/`` (e.g. ``Qwen/Qwen2.5-Coder-1.5B-Instruct``), it only writes a ``metrics.json``
+saying it was skipped.
+
+Run: ``python -m flows.warmstart [--params params.yaml] [key=value ...]`` or ``codea1 warmstart``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from codea1_core.config import Config, load_config
+from codea1_core.types import Problem
+from flows.common import stage_main
+
+log = logging.getLogger("codea1.warmstart")
+
+WARMSTART_DIR = Path("outputs/warmstart")
+"""Stage output folder (relative to the working directory, like every DVC out)."""
+
+
+def role_dirs(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Path]:
+    """Roles to warm-start and their folder relative to ``root``; roles pointing elsewhere are left out."""
+    wanted = {"codea1": ("code", "test"), "golden": ("code",), "selfplay": ("code",)}[cfg.mode]
+    paths = {"code": cfg.model.code_path, "test": cfg.model.test_path}
+    dirs = {}
+    for role in wanted:
+        path = Path(paths[role]).expanduser().resolve()
+        if path.is_relative_to(root.resolve()) and path != root.resolve():
+            dirs[role] = path.relative_to(root.resolve())
+    return dirs
+
+
+def training_problems(cfg: Config) -> list[Problem]:
+    """Lab problems of the prepared training set when there is one, else generated (same seed, same set)."""
+    from codea1_core.lab import lab_problems
+
+    prepared = Path(cfg.data.prepared_dir) / "train.parquet"
+    if prepared.is_file():
+        try:
+            from codea1_core.datasets import load_prepared
+        except ImportError:  # the prepared-set reader is optional here: the lab problems are regenerable
+            load_prepared = None
+        if load_prepared is not None:
+            lab = [p for p in load_prepared(prepared) if p.source == "lab"]
+            if lab:
+                return lab
+    return lab_problems(cfg.lab, "train")
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _swap_in(tmp: Path, root: Path) -> None:
+    """Replace ``root`` by the finished ``tmp`` folder (the old one is removed only after the rename)."""
+    old = root.with_name(root.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if root.exists():
+        os.replace(root, old)
+    os.replace(tmp, root)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _param_count(model_dir: Path) -> int:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    return sum(p.numel() for p in model.parameters())
+
+
+def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
+    """Build the tiny base model and fine-tune each role; returns the metrics written to ``metrics.json``."""
+    from codea1_core.lab import tokenizer_corpus, warmstart_examples
+    from codea1_core.sft import supervised_finetune
+    from codea1_core.tiny_model import build_tiny_model
+
+    t0 = time.perf_counter()
+    dirs = role_dirs(cfg, root)
+    lab, k = cfg.lab, cfg.reward.k
+    tmp = root.with_name(root.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if not dirs:  # user models: nothing to build; stale tiny models must not linger beside this verdict
+        metrics = {"skipped": True, "reason": f"model.code_path/test_path are not inside {root}",
+                   "code_path": cfg.model.code_path, "test_path": cfg.model.test_path}  # fmt: skip
+        _write_json_atomic(tmp / "metrics.json", metrics)
+        _swap_in(tmp, root)
+        return metrics
+    try:
+        base = build_tiny_model(
+            tmp / "base", tokenizer_corpus(lab, k=k), hidden_size=lab.hidden_size, num_layers=lab.num_layers,
+            num_heads=lab.num_heads, intermediate_size=lab.intermediate_size, vocab_size=lab.vocab_size,
+            max_position_embeddings=lab.max_position_embeddings, seed=cfg.seed,
+        )  # fmt: skip
+        t_base = time.perf_counter() - t0
+        problems = training_problems(cfg)
+        metrics: dict[str, Any] = {"skipped": False, "n_problems": len(problems), "time/base_s": t_base,
+                                   "param_count": _param_count(base), "mode": cfg.mode}  # fmt: skip
+        for role, rel in dirs.items():
+            t_role = time.perf_counter()
+            examples = warmstart_examples(problems, role, lab, cfg.seed, k=k)
+            if cfg.mode == "selfplay":  # one model plays both roles with black-box test prompts (D10)
+                examples += warmstart_examples(problems, "test", lab, cfg.seed, k=k, blackbox=True)
+            stats = supervised_finetune(
+                base, examples, tmp / rel, epochs=lab.warmstart_epochs, lr=lab.warmstart_lr, seed=cfg.seed,
+                batch_size=lab.warmstart_batch_size, max_length=lab.max_position_embeddings,
+            )  # fmt: skip
+            metrics[f"{role}/n_examples"] = len(examples)
+            metrics |= {f"{role}/{key}": v for key, v in stats.items() if isinstance(v, int | float | str)}
+            metrics[f"time/sft_{role}_s"] = time.perf_counter() - t_role
+        metrics["time/total_s"] = time.perf_counter() - t0
+        _write_json_atomic(tmp / "metrics.json", metrics)
+        _swap_in(tmp, root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return metrics
+
+
+@flow(name="warmstart")  # no log_prints: datasets prints dis() output into a captured stdout
+def warmstart_flow(
+    params: str = "params.yaml", overrides: list[str] | None = None, config: dict | None = None
+) -> dict[str, Any]:
+    """Prefect entry point: a params file + ``key=value`` overrides, or a full config dict."""
+    cfg = Config.from_dict(config, source="config") if config else load_config(params, overrides or [])
+    return warm_start(cfg)
+
+
+def summary_line(metrics: dict[str, Any]) -> str:
+    """One line for the terminal: what was built, the final losses, how long it took."""
+    if metrics["skipped"]:
+        return f"warmstart: skipped ({metrics['reason']})"
+    losses = ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items()) if k.endswith("_loss"))
+    return (f"warmstart: {metrics['param_count']:,} params, {metrics['n_problems']} problems, {losses}, "
+            f"{metrics['time/total_s']:.0f} s -> {WARMSTART_DIR}/")  # fmt: skip
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    """DVC/CLI entry point (``flows.common.stage_main``): run the flow, print a summary."""
+    from codea1_core.lab import check_lab_config
+
+    if role_dirs(cfg):
+        check_lab_config(cfg.lab)  # a bad lab.* value: one line before any Prefect run starts
+    metrics = warmstart_flow(config=cfg.to_dict())
+    print(summary_line(metrics))
+    return metrics
+
+
+if __name__ == "__main__":
+    raise SystemExit(stage_main(run, "Warm start of the tiny lab models (SFT)"))
