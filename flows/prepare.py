@@ -1,0 +1,318 @@
+"""The ``prepare`` stage: problem sources -> reference-verified parquet sets (ALGORITHM.md §12, D1).
+
+What it does, top to bottom:
+  1. Load ``data.train_sources`` (-> ``train``), ``data.val_sources`` (-> ``val``) and every
+     ``data.eval_benchmarks`` entry (-> ``eval_<name>``) with ``codea1_core.datasets``; a source whose
+     files are absent (no data folder, no network for a hub id) is skipped and reported, never guessed.
+     ``data.max_problems_per_source`` caps each source after a seeded shuffle (original order kept).
+  2. Run every reference solution on its golden calls (and on the dataset's own asserts) in the
+     sandbox, with ``data.reference_call_timeout_s`` per call. Outcomes are cached by content
+     (``<prepared_dir>/../cache/expected/<sha256>.json``: reference + expressions + limits), so a rerun
+     with the same inputs executes nothing. Infrastructure failures abort the stage (D4), uncached.
+  3. Fill expected values from the reference, drop golden tests the reference cannot answer or whose
+     dataset claim disagrees (``datasets.resolve``), reject problems left without tests, then gate every
+     set with Great Expectations (``tasks.quality.validate_problems``).
+  4. Write ``train.parquet``, ``val.parquet``, ``eval_<name>.parquet`` and ``report.json`` (counts per
+     source, rejected problems, excluded tests and unparsed dataset asserts with reasons, skipped
+     sources with reasons), each
+     atomically, only after everything succeeded; print a summary table.
+
+What it does not: train, evaluate, or download EvalPlus/MBPP (offline files only; KodCode may come from
+the hub through ``datasets``). How to run: ``python -m flows.prepare [key=value ...]`` or
+``codea1 prepare``; DVC stage ``prepare``.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import random
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from codea1_core.config import Config, resolve_data_dir
+from codea1_core.datasets import (
+    DatasetError,
+    SourceUnavailable,
+    load_prepared,
+    load_source,
+    reference_exprs,
+    resolve,
+    save_prepared,
+)
+from codea1_core.types import CallOutcome, Problem
+from codea1_core.values import decode, encode
+from flows.common import UserError, stage_main
+
+log = logging.getLogger(__name__)
+
+__all__ = ["load_prepared", "main", "prepare_flow", "run", "save_prepared"]
+
+CACHE_VERSION = 1
+BATCH_PROGRAMS = 64
+"""Programs per ``run_many`` call; each finished batch is cached at once."""
+CHUNK_CALLS = 100
+"""Expressions per sandbox program (a reference runs in several programs when it has many tests)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------------
+
+
+def _cap(problems: list[Problem], limit: int, seed: int) -> list[Problem]:
+    if not limit or len(problems) <= limit:
+        return problems
+    keep = sorted(random.Random(seed).sample(range(len(problems)), limit))
+    return [problems[i] for i in keep]
+
+
+def _groups(cfg: Config) -> list[tuple[str, str, list[str]]]:
+    """(output name, split, sources) per output file."""
+    evals = [(f"eval_{name}", "test", [name]) for name in cfg.data.eval_benchmarks]
+    return [
+        ("train", "train", list(cfg.data.train_sources)),
+        ("val", "val", list(cfg.data.val_sources)),
+        *evals,
+    ]
+
+
+def _load(cfg: Config, report: dict[str, Any]) -> dict[str, list[tuple[str, Problem]]]:
+    """``{set: [(source name, problem), ...]}``; absent sources go to ``report["skipped_sources"]``."""
+    data_dir = resolve_data_dir(cfg)
+    loaded: dict[str, list[tuple[str, Problem]]] = {}
+    for group, split, sources in _groups(cfg):
+        loaded[group] = []
+        if "kodcode" in sources:
+            import datasets
+
+            datasets.disable_progress_bars()
+        for name in sources:
+            try:
+                problems = load_source(name, split, cfg, data_dir)
+            except SourceUnavailable as exc:
+                report["skipped_sources"][f"{group}/{name}"] = str(exc)
+                continue
+            problems = _cap(problems, cfg.data.max_problems_per_source, cfg.data.seed)
+            report["sources"][f"{group}/{name}"] = {"loaded": len(problems)}
+            loaded[group] += [(name, p) for p in problems]
+    return loaded
+
+
+# --------------------------------------------------------------------------------------------------
+# Reference runs, content-addressed cache
+# --------------------------------------------------------------------------------------------------
+
+
+def _reference_executor(cfg: Config) -> Any:
+    from sandbox import SandboxUnavailable, make_executor
+
+    timeout_s = cfg.data.reference_call_timeout_s
+    sandbox_cfg = dataclasses.replace(
+        cfg.sandbox, call_timeout_s=timeout_s, program_cap_s=max(cfg.sandbox.program_cap_s, 20 * timeout_s)
+    )
+    try:
+        return make_executor(sandbox_cfg)
+    except SandboxUnavailable as exc:
+        raise UserError(f"prepare: sandbox unavailable: {exc}") from None
+
+
+def _cache_key(cfg: Config, program: str, exprs: list[str]) -> str:
+    limits = [cfg.data.reference_call_timeout_s, cfg.sandbox.memory_mb]
+    blob = json.dumps([CACHE_VERSION, limits, program, exprs], ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _to_json(outcomes: list[CallOutcome]) -> bytes:
+    rows = [
+        [o.status, base64.b64encode(encode(o.value)).decode() if o.ok else None, o.error] for o in outcomes
+    ]
+    return json.dumps({"outcomes": rows}).encode()
+
+
+def _from_json(path: Path) -> list[CallOutcome] | None:
+    try:
+        rows = json.loads(path.read_bytes())["outcomes"]
+        return [CallOutcome(s, decode(base64.b64decode(v)) if s == "ok" else None, e) for s, v, e in rows]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # absent or corrupt cache entry: recompute
+
+
+def _run_references(
+    cfg: Config, problems: list[Problem], cache_dir: Path, report: dict
+) -> list[list[CallOutcome]]:
+    """Outcomes of :func:`reference_exprs` per problem, from the cache or the sandbox."""
+    chunks: list[tuple[int, str, list[str], Path]] = []
+    for i, p in enumerate(problems):
+        exprs = reference_exprs(p)
+        for start in range(0, len(exprs), CHUNK_CALLS):
+            part = exprs[start : start + CHUNK_CALLS]
+            chunks.append(
+                (
+                    i,
+                    p.reference_solution,
+                    part,
+                    cache_dir / f"{_cache_key(cfg, p.reference_solution, part)}.json",
+                )
+            )
+    results: dict[int, list[CallOutcome]] = {}
+    missing = []
+    for k, (_, _, _, path) in enumerate(chunks):
+        cached = _from_json(path)
+        if cached is None:
+            missing.append(k)
+        else:
+            results[k] = cached
+    report["cache_hits"], report["sandbox_programs"] = len(chunks) - len(missing), len(missing)
+    if missing:
+        executor = _reference_executor(cfg)
+        try:
+            for start in range(
+                0, len(missing), BATCH_PROGRAMS
+            ):  # cache each batch: an interrupted run resumes
+                batch = missing[start : start + BATCH_PROGRAMS]
+                ran = executor.run_many([(chunks[k][1], chunks[k][2]) for k in batch])
+                infra = [problems[chunks[k][0]].id for k, out in zip(batch, ran, strict=True)
+                         if any(o.status == "infra_error" for o in out)]  # fmt: skip
+                if infra:  # D4: never a score, never cached
+                    raise RuntimeError(
+                        f"prepare: sandbox infrastructure failure on {len(infra)} program(s), e.g. {infra[:3]}"
+                    )
+                for k, out in zip(batch, ran, strict=True):
+                    _write_atomic(chunks[k][3], _to_json(out))
+                    results[k] = out
+                log.info(
+                    "reference programs: %d/%d done", min(start + BATCH_PROGRAMS, len(missing)), len(missing)
+                )
+        finally:
+            executor.close()
+    per_problem: list[list[CallOutcome]] = [[] for _ in problems]
+    for k, (i, _, _, _) in enumerate(chunks):
+        per_problem[i] += results[k]
+    return per_problem
+
+
+# --------------------------------------------------------------------------------------------------
+# Verification, gating, outputs
+# --------------------------------------------------------------------------------------------------
+
+
+def _verify(
+    cfg: Config, group: str, problems: list[tuple[str, Problem]], outcomes: list, report: dict
+) -> list[Problem]:
+    kept, seen = [], set()
+    for (name, p), out in zip(problems, outcomes, strict=True):
+        stats = report["sources"][f"{group}/{name}"]
+        filled, excluded = resolve(p, out, cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol)
+        for e in excluded:
+            report["excluded_test_reasons"][e["reason"]] += 1
+        if excluded:
+            report["excluded_tests"][p.id] = excluded[:20]
+        if p.metadata.get("skipped_tests"):  # dataset asserts the loader could not turn into calls
+            report["skipped_asserts"][p.id] = p.metadata["skipped_tests"][:20]
+        stats["excluded_tests"] = stats.get("excluded_tests", 0) + len(excluded)
+        reason = ""
+        if p.id in seen:
+            reason = "duplicate id in this set"
+        elif not filled.tests:
+            why = Counter(e["reason"] for e in excluded) + Counter(
+                s["reason"] for s in p.metadata.get("skipped_tests", [])
+            )
+            reason = "no golden tests left" + (f" ({dict(why.most_common(3))})" if why else "")
+        if reason:
+            report["rejected"].append({"id": p.id, "set": group, "reason": reason})
+            stats["rejected"] = stats.get("rejected", 0) + 1
+            continue
+        seen.add(p.id)
+        stats["kept"] = stats.get("kept", 0) + 1
+        kept.append(filled)
+    return kept
+
+
+def _summary(report: dict[str, Any]) -> None:
+    print(f"\n{'set/source':<36}{'loaded':>8}{'kept':>8}{'rejected':>10}{'excl. tests':>13}")
+    for key, s in report["sources"].items():
+        print(
+            f"{key:<36}{s['loaded']:>8}{s.get('kept', 0):>8}{s.get('rejected', 0):>10}{s.get('excluded_tests', 0):>13}"
+        )
+    for key, why in report["skipped_sources"].items():
+        print(f"{key:<36} skipped: {why}")
+    print(f"sandbox programs run: {report['sandbox_programs']} (cache hits: {report['cache_hits']}); "
+          f"report: {report['report_path']}")  # fmt: skip
+
+
+@flow(name="prepare", validate_parameters=False)
+def prepare_flow(cfg: Config) -> dict[str, Any]:
+    """Load, verify, gate and write the prepared sets; returns the report (also ``report.json``)."""
+    from tasks.quality import validate_problems
+
+    t0 = time.monotonic()
+    out_dir = Path(cfg.data.prepared_dir)
+    report: dict[str, Any] = {
+        "sources": {}, "skipped_sources": {}, "rejected": [], "excluded_tests": {}, "skipped_asserts": {},
+        "excluded_test_reasons": Counter(), "outputs": {},
+    }  # fmt: skip
+    loaded = _load(cfg, report)
+    if not loaded["train"]:
+        raise DatasetError(
+            f"no training problems: every train source was skipped ({report['skipped_sources']})"
+        )
+    flat = [p for problems in loaded.values() for _, p in problems]
+    outcomes = iter(_run_references(cfg, flat, out_dir.parent / "cache" / "expected", report))
+    final = {group: _verify(cfg, group, problems, [next(outcomes) for _ in problems], report)
+             for group, problems in loaded.items()}  # fmt: skip
+    for group, problems in final.items():  # .fn: a task run would walk every test value as an input
+        if problems:
+            validate_problems.fn(problems, out_dir / "quality" / f"{group}.json")
+        report["outputs"][group] = {"problems": len(problems), "tests": sum(len(p.tests) for p in problems),
+                                    "plus_tests": sum(len(p.plus_tests) for p in problems)}  # fmt: skip
+    for group, problems in final.items():  # write only after every set passed
+        if group in ("train", "val") or problems:
+            save_prepared(problems, out_dir / f"{group}.parquet")
+        else:  # a skipped benchmark must not leave a stale file behind
+            (out_dir / f"{group}.parquet").unlink(missing_ok=True)
+    report["seconds"] = round(time.monotonic() - t0, 2)
+    report["report_path"] = str(out_dir / "report.json")
+    _write_atomic(out_dir / "report.json", json.dumps(report, indent=1, sort_keys=True, default=str).encode())
+    _summary(report)
+    return report
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    """Run the prepare flow; data mistakes become one-line :class:`UserError`."""
+    from tasks.quality import DataQualityError
+
+    try:
+        return prepare_flow(cfg)
+    except (DatasetError, DataQualityError) as exc:
+        raise UserError(f"prepare: {exc}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flows.prepare [--params FILE] [key=value ...]``."""
+    return stage_main(run, "prepare: verified problem sets for train/val/eval", argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
