@@ -1,0 +1,435 @@
+"""Benchmark evaluation, pure parts: job building, verdicts, aggregation and selection rules.
+
+What it does:
+  * Code LLM (ALGORITHM.md §13.1, EvalPlus protocol): one sandbox program per *distinct* sample of a
+    problem (identical code is deduplicated and runs once), with every base and plus input as one call;
+    a sample passes ``base`` when all base calls match the reference output and ``plus`` when it passes
+    base AND all plus inputs (EvalPlus semantics). EvalPlus' special oracles (``find_zero``, MBPP set
+    equality, ...) are applied in the trusted parent. Aggregates unbiased pass@k and avg@n per split.
+  * Test LLM (ALGORITHM.md §13.2, UnLeakedTestBench definitions): the first ``k`` asserts of one suite per
+    problem are checked on the reference (pass@k), the suites that fully pass it are run on mutants of the
+    reference (mut@k), and Mul = pass@k × mut@k / 100.
+  * Test-time collaboration: candidate scoring by the tests the Test LLM wrote (most passed tests wins,
+    ties broken by output agreement with the other candidates).
+
+What it does not: generate text, run code (the caller passes executor outcomes in), touch files, or
+import prefect/mlflow/sandbox. Infrastructure failures (``infra_error``) are never scored: affected
+samples and mutants are dropped from the denominators and counted (ALGORITHM.md D4).
+
+How to run: imported by ``tasks/evaluate.py``, ``flows/solve.py`` and ``flows/attack.py``; unit tests in
+``tests/test_evaluation.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from codea1_core.metrics import pass_at_k
+from codea1_core.types import CallOutcome, Problem
+from codea1_core.values import values_equal
+
+INFRA = "infra_error"
+
+
+class Generator(Protocol):
+    """What evaluation needs from a policy (``codea1_core.policy.Policy`` satisfies it)."""
+
+    def generate(self, prompts: list, n: int, sampling: Any) -> list[list[Any]]:  # items have ``.text``
+        ...
+
+
+# --------------------------------------------------------------------------------------------------
+# Code LLM: jobs, verdicts, aggregation
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SampleVerdict:
+    """EvalPlus verdict of one code sample; ``infra`` samples are excluded from every rate."""
+
+    base: bool
+    plus: bool
+    infra: bool = False
+
+
+@dataclass
+class CodeJobs:
+    """Deduplicated sandbox jobs for a benchmark: ``sample_job[p][s]`` indexes ``jobs``."""
+
+    jobs: list[tuple[str, list[str]]] = field(default_factory=list)
+    job_problem: list[int] = field(default_factory=list)
+    sample_job: list[list[int]] = field(default_factory=list)
+
+
+def program_for(problem: Problem, code: str) -> str:
+    """The program of one sample: the problem's import lines, then the extracted code.
+
+    The imports make ``List``/``math`` available as in the HumanEval prompt the model completed; a
+    sample that re-imports them is unaffected. ``metadata["test_program"]`` (BigCodeBench's unittest
+    class and its check function) is appended after the code.
+    """
+    header = "\n".join(problem.imports)
+    program = f"{header}\n{code}" if header else code
+    suffix = problem.metadata.get("test_program", "")
+    return f"{program}\n{suffix}" if suffix else program
+
+
+def benchmark_calls(problem: Problem) -> list[str]:
+    """Every call of a problem: base inputs first, then EvalPlus plus inputs.
+
+    For EvalPlus' "output is not None" MBPP tasks (which return ``re.Match`` objects, not plain data)
+    the call is wrapped so the sandbox returns ``out is not None`` (a bool result stays as it is).
+    """
+    calls = [t.call for t in problem.tests] + [t.call for t in problem.plus_tests]
+    if problem.source == "mbppplus" and problem.entry_point in _MBPP_NOT_NONE:
+        return [f"(lambda r: r if isinstance(r, bool) else r is not None)({c})" for c in calls]
+    return calls
+
+
+def build_code_jobs(problems: Sequence[Problem], codes: Sequence[Sequence[str]]) -> CodeJobs:
+    """One job per distinct (problem, program); ``codes[p][s]`` is sample s of problem p."""
+    if len(problems) != len(codes):
+        raise ValueError(f"{len(problems)} problems but {len(codes)} sample lists")
+    out = CodeJobs()
+    for p_idx, (problem, samples) in enumerate(zip(problems, codes, strict=True)):
+        seen: dict[str, int] = {}
+        calls = benchmark_calls(problem)
+        row = []
+        for code in samples:
+            program = program_for(problem, code)
+            if program not in seen:
+                seen[program] = len(out.jobs)
+                out.jobs.append((program, calls))
+                out.job_problem.append(p_idx)
+            row.append(seen[program])
+        out.sample_job.append(row)
+    return out
+
+
+def _call_args(call: str) -> list[Any] | None:
+    """Literal positional arguments of ``f(a, b)``; None when not plain literals."""
+    try:
+        node = ast.parse(call, mode="eval").body
+        if not isinstance(node, ast.Call) or node.keywords:
+            return None
+        return [ast.literal_eval(a) for a in node.args]
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        return None
+
+
+def _poly(xs: list, x: float) -> float:
+    return sum(coeff * math.pow(x, i) for i, coeff in enumerate(xs))
+
+
+def _surface_area(base_edge: float, height: float) -> int:
+    slant = math.sqrt((base_edge / 2) ** 2 + height**2)
+    return round(base_edge**2 + 4 * (base_edge * slant) / 2)
+
+
+def _digit_distance(num1: int, num2: int) -> int:
+    a, b = str(num1), str(num2)
+    width = max(len(a), len(b))
+    return sum(abs(int(x) - int(y)) for x, y in zip(a.zfill(width), b.zfill(width), strict=True))
+
+
+_MBPP_SET_EQ = {"similar_elements", "find_char_long", "common_in_nested_lists", "extract_singly"}
+_MBPP_SET_EQ |= {"larg_nnum", "intersection_array", "find_dissimilar", "Diff"}
+_MBPP_NOT_NONE = {"check_str", "text_match_three", "text_starta_endb"}
+
+
+def _special_oracle(problem: Problem, call: str, out: Any, expected: Any, atol: float) -> bool | None:
+    """EvalPlus' special oracles (evalplus/eval/__init__.py); None = use the plain comparison."""
+    ep = problem.entry_point
+    try:
+        if problem.source == "humanevalplus" and ep == "find_zero":
+            args = _call_args(call)
+            return args is not None and abs(_poly(*args, out)) <= (atol or 1e-6)
+        if problem.source != "mbppplus":
+            return None
+        if ep == "are_equivalent":
+            return True
+        if ep in _MBPP_SET_EQ:
+            return set(out) == set(expected)
+        if ep in _MBPP_NOT_NONE:  # ``out`` is already ``r is not None`` (see benchmark_calls)
+            return out == (expected if isinstance(expected, bool) else expected is not None)
+        if ep == "sum_div" and out == 0:
+            return True
+        if ep in ("surface_Area", "digit_distance_nums"):
+            args = _call_args(call)
+            if args is None:
+                return None
+            if ep == "surface_Area":
+                return abs(out - _surface_area(*args)) <= atol if out != expected else True
+            return out == expected or out == _digit_distance(*args)
+    except Exception:  # a wrong-typed output of untrusted code: not a match
+        return False
+    return None
+
+
+def call_matches(
+    problem: Problem, call: str, outcome: CallOutcome, expected: Any, rel_tol: float, abs_tol: float
+) -> bool:
+    """Whether one call's outcome matches the reference output (EvalPlus tolerance: the task's atol)."""
+    if not outcome.ok:
+        return False
+    atol = problem.atol if problem.atol > 0 else abs_tol
+    special = _special_oracle(problem, call, outcome.value, expected, atol)
+    if special is not None:
+        return special
+    return values_equal(outcome.value, expected, rel_tol, atol)
+
+
+def judge_sample(
+    problem: Problem, outcomes: Sequence[CallOutcome], rel_tol: float, abs_tol: float
+) -> SampleVerdict:
+    """Base and plus verdict of one sample from its outcomes (in :func:`benchmark_calls` order)."""
+    cases = list(problem.tests) + list(problem.plus_tests)
+    if len(outcomes) != len(cases):
+        raise ValueError(f"{problem.id}: {len(outcomes)} outcomes for {len(cases)} calls")
+    if any(o.status == INFRA for o in outcomes):
+        return SampleVerdict(base=False, plus=False, infra=True)
+    ok = [
+        call_matches(problem, c.call, o, c.expected, rel_tol, abs_tol)
+        for c, o in zip(cases, outcomes, strict=True)
+    ]
+    n_base = len(problem.tests)
+    base = all(ok[:n_base])
+    return SampleVerdict(base=base, plus=base and all(ok[n_base:]))
+
+
+def verdicts_for(
+    problems: Sequence[Problem],
+    jobs: CodeJobs,
+    results: Sequence[Sequence[CallOutcome]],
+    rel_tol: float,
+    abs_tol: float,
+) -> list[list[SampleVerdict]]:
+    """Per problem, per sample verdicts; each distinct job is judged once."""
+    if len(results) != len(jobs.jobs):
+        raise ValueError(f"{len(results)} results for {len(jobs.jobs)} jobs")
+    judged = [
+        judge_sample(problems[p], res, rel_tol, abs_tol)
+        for p, res in zip(jobs.job_problem, results, strict=True)
+    ]
+    return [[judged[j] for j in row] for row in jobs.sample_job]
+
+
+def _split_metrics(prefix: str, passed: list[list[bool]], k_list: Sequence[int]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    rows = [r for r in passed if r]
+    if not rows:
+        return out
+    n_max = max(len(r) for r in rows)
+    for k in k_list:
+        if k > n_max:
+            continue
+        # problems that lost samples to infra errors use k = min(k, n) (pass@n when n < k)
+        vals = [pass_at_k(len(r), sum(r), min(k, len(r))) for r in rows]
+        out[f"{prefix}/pass@{k}"] = 100.0 * sum(vals) / len(vals)
+    out[f"{prefix}/avg@{n_max}"] = 100.0 * sum(sum(r) / len(r) for r in rows) / len(rows)
+    return out
+
+
+def aggregate_code(
+    bench: str,
+    problems: Sequence[Problem],
+    verdicts: Sequence[Sequence[SampleVerdict]],
+    k_list: Sequence[int],
+) -> dict[str, float]:
+    """Flat metrics ``code/<bench>/{base,plus}/pass@k`` and ``avg@n`` in percent.
+
+    ``code/<bench>/pass@k`` is the headline number: plus when the benchmark has plus inputs, else base.
+    """
+    base = [[v.base for v in row if not v.infra] for row in verdicts]
+    plus = [[v.plus for v in row if not v.infra] for row in verdicts]
+    has_plus = any(p.plus_tests for p in problems)
+    out = _split_metrics(f"code/{bench}/base", base, k_list)
+    if has_plus:
+        out |= _split_metrics(f"code/{bench}/plus", plus, k_list)
+    headline = "plus" if has_plus else "base"
+    for key, value in list(out.items()):
+        if key.startswith(f"code/{bench}/{headline}/"):
+            out[key.replace(f"/{headline}/", "/", 1)] = value
+    out[f"code/{bench}/n_problems"] = float(sum(1 for r in base if r))
+    out[f"code/{bench}/n_samples"] = float(sum(len(r) for r in verdicts))
+    out[f"code/{bench}/infra_errors"] = float(sum(v.infra for r in verdicts for v in r))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Test LLM: pass@k on the reference, mut@k on mutants, Mul
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TestVerdict:
+    """One generated test checked on the reference: ``correct`` = the call runs and its answer holds."""
+
+    __test__ = False
+
+    call: str
+    answer: str
+    correct: bool
+    expected: Any = None
+    reason: str = ""
+
+
+def reference_exprs(tests: Sequence[Any]) -> list[str]:
+    """Interleaved ``[call_1, answer_1, call_2, answer_2, ...]`` evaluated in the reference program.
+
+    The predicted ANSWER is evaluated in the sandbox like any call (ALGORITHM.md §18.2 proposal) and
+    compared in the trusted parent (D2).
+    """
+    return [expr for t in tests for expr in (t.call, t.answer)]
+
+
+def judge_reference(
+    tests: Sequence[Any], outcomes: Sequence[CallOutcome], rel_tol: float, abs_tol: float
+) -> list[TestVerdict] | None:
+    """Verdicts of ``tests`` (objects with ``call``/``answer``); None when the sandbox failed (D4)."""
+    if len(outcomes) != 2 * len(tests):
+        raise ValueError(f"{len(outcomes)} outcomes for {len(tests)} tests (expected call+answer pairs)")
+    if any(o.status == INFRA for o in outcomes):
+        return None
+    verdicts = []
+    for i, test in enumerate(tests):
+        got, ans = outcomes[2 * i], outcomes[2 * i + 1]
+        if not got.ok:
+            verdicts.append(
+                TestVerdict(test.call, test.answer, False, None, f"call {got.status}: {got.error}")
+            )
+        elif not ans.ok:
+            verdicts.append(TestVerdict(test.call, test.answer, False, got.value, f"answer {ans.status}"))
+        else:
+            same = values_equal(ans.value, got.value, rel_tol, abs_tol)
+            verdicts.append(
+                TestVerdict(test.call, test.answer, same, got.value, "" if same else "wrong answer")
+            )
+    return verdicts
+
+
+def mutant_killed(
+    verdicts: Sequence[TestVerdict], outcomes: Sequence[CallOutcome], rel_tol: float, abs_tol: float
+) -> bool | None:
+    """A mutant is killed when any test fails or errors on it; None when the sandbox failed (D4).
+
+    ``outcomes`` are the mutant's results for the calls of ``verdicts`` (all correct on the reference).
+    """
+    if len(outcomes) != len(verdicts):
+        raise ValueError(f"{len(outcomes)} outcomes for {len(verdicts)} tests")
+    if any(o.status == INFRA for o in outcomes):
+        return None
+    return any(
+        not o.ok or not values_equal(o.value, v.expected, rel_tol, abs_tol)
+        for v, o in zip(verdicts, outcomes, strict=True)
+    )
+
+
+@dataclass(frozen=True)
+class SuiteRecord:
+    """What one problem contributes to the Test-LLM metrics."""
+
+    problem_id: str
+    generated: int
+    """Asserts considered: min(k, parsed + invalid) of the suite."""
+    verdicts: tuple[TestVerdict, ...]
+    killed: int = 0
+    mutants: int = 0
+    """Mutants that completed (infra failures excluded)."""
+
+    @property
+    def passes_reference(self) -> bool:
+        return bool(self.verdicts) and all(v.correct for v in self.verdicts)
+
+
+def aggregate_tests(bench: str, records: Sequence[SuiteRecord], k: int) -> dict[str, float]:
+    """``test/<bench>/pass@k``, ``mut@k``, ``mul`` (ALGORITHM.md §13.2) in percent.
+
+    ``pass@k`` is the share of generated tests (first k asserts of one suite) correct on the reference;
+    ``pass@k_ult`` uses the strict UnLeakedTestBench denominator k × #problems (missing tests count as
+    wrong); ``mul`` / ``mul_ult`` multiply each with ``mut@k``. ``mut@k`` averages killed/completed over
+    problems whose suite passes the reference.
+    """
+    out: dict[str, float] = {}
+    n = len(records)
+    correct = sum(v.correct for r in records for v in r.verdicts)
+    generated = sum(r.generated for r in records)
+    kept = [r for r in records if r.passes_reference and r.mutants > 0]
+    out[f"test/{bench}/pass@{k}"] = 100.0 * correct / generated if generated else 0.0
+    out[f"test/{bench}/pass@{k}_ult"] = 100.0 * correct / (k * n) if n else 0.0
+    out[f"test/{bench}/mut@{k}"] = (
+        100.0 * sum(r.killed / r.mutants for r in kept) / len(kept) if kept else 0.0
+    )
+    out[f"test/{bench}/mul"] = out[f"test/{bench}/pass@{k}"] * out[f"test/{bench}/mut@{k}"] / 100.0
+    out[f"test/{bench}/mul_ult"] = out[f"test/{bench}/pass@{k}_ult"] * out[f"test/{bench}/mut@{k}"] / 100.0
+    out[f"test/{bench}/n_problems"] = float(n)
+    out[f"test/{bench}/suites_passing_reference"] = float(sum(r.passes_reference for r in records))
+    out[f"test/{bench}/mutants_mean"] = sum(r.mutants for r in kept) / len(kept) if kept else 0.0
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Test-time collaboration: score candidates by generated tests
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CandidateScore:
+    """Vote of one candidate: valid tests passed, and output agreement with the other candidates."""
+
+    index: int
+    passed: int
+    valid: int
+    agreement: int
+
+
+def score_candidates(
+    call_outcomes: Sequence[Sequence[CallOutcome]],
+    answer_outcomes: Sequence[CallOutcome],
+    tests: Sequence[tuple[int, int]],
+    rel_tol: float,
+    abs_tol: float,
+) -> list[CandidateScore]:
+    """Score candidates on generated tests.
+
+    Args:
+        call_outcomes: ``[candidate][call]`` outcomes of every distinct call on every candidate.
+        answer_outcomes: outcome of every distinct predicted answer, evaluated without any candidate.
+        tests: ``(call index, answer index)`` pairs; a test is valid when its answer evaluates.
+        rel_tol: relative float tolerance.
+        abs_tol: absolute float tolerance.
+
+    Returns:
+        One score per candidate, in input order. Agreement counts, per call, the other candidates whose
+        output equals this one's (the tie-break of :func:`select_candidate`).
+    """
+    valid = [(c, a) for c, a in tests if answer_outcomes[a].ok]
+    scores = []
+    for i, outs in enumerate(call_outcomes):
+        passed = sum(
+            1
+            for c, a in valid
+            if outs[c].ok and values_equal(outs[c].value, answer_outcomes[a].value, rel_tol, abs_tol)
+        )
+        agreement = 0
+        for j, other in enumerate(call_outcomes):
+            if j == i:
+                continue
+            agreement += sum(
+                1
+                for o, q in zip(outs, other, strict=True)
+                if o.ok and q.ok and values_equal(o.value, q.value, rel_tol, abs_tol)
+            )
+        scores.append(CandidateScore(index=i, passed=passed, valid=len(valid), agreement=agreement))
+    return scores
+
+
+def select_candidate(scores: Sequence[CandidateScore]) -> int:
+    """Most valid tests passed wins; ties: most agreement with other candidates; then the lowest index."""
+    if not scores:
+        raise ValueError("no candidates to select from")
+    return max(scores, key=lambda s: (s.passed, s.agreement, -s.index)).index

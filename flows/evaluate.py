@@ -1,0 +1,247 @@
+"""Evaluate stage: benchmark the Code LLM and the Test LLM, write metrics and an HTML report.
+
+What it does (ALGORITHM.md §13), read top to bottom:
+  1. resolve the models: ``--code-model/--test-model`` (or the function arguments, or the params keys
+     ``eval.code_model/eval.test_model``, e.g. ``codea1 evaluate eval.code_model=DIR``) win, else the latest
+     training export ``<orchestration.checkpoint_dir>/final/{code,test}``, else ``model.code_path`` /
+     ``model.test_path``;
+  2. Code LLM on every ``data.eval_benchmarks`` entry (EvalPlus protocol, ``eval.n_samples`` samples,
+     base and plus pass@k / avg@n);
+  3. Test LLM on every ``eval.test_sources`` entry (pass@k, mut@k, Mul on the references), and
+     test-time collaboration on every ``eval.solve_benchmarks`` entry (``flows/solve.py``);
+  4. write ``<eval.out_dir>/metrics.json`` (DVC metrics, flat keys such as ``code/humanevalplus/plus/pass@1``)
+     and ``report.html`` (plots embedded; training curves from ``<checkpoint_dir>/metrics.jsonl`` when
+     present); log the same numbers to MLflow through ``tasks.tracking`` (``@`` becomes ``_at_`` there,
+     as MLflow metric names cannot hold ``@``).
+
+What it does not: train or register models (``flows/register.py`` reads ``metrics.json``).
+
+How to run::
+
+    python -m flows.evaluate [--params params.yaml] [--code-model DIR] [--test-model DIR] [key=value ...]
+    python -m flows.evaluate --compare outputs/eval/metrics.json other/metrics.json [--out report.html]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from codea1_core.config import Config
+from codea1_core.report import render_report
+from flows.common import UserError, load_stage_config, quiet_env, run_user_errors
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------------------
+
+
+def resolve_model_path(cfg: Config, role: str, override: str | None = None) -> str:
+    """The model to evaluate for ``role``: argument, ``eval.<role>_model``, latest training export, config path."""
+    override = override or (cfg.eval.code_model if role == "code" else cfg.eval.test_model)
+    if override:
+        return override
+    final = Path(cfg.orchestration.checkpoint_dir) / "final" / role
+    if final.is_dir():
+        return str(final)
+    return cfg.model.code_path if role == "code" else cfg.model.test_path
+
+
+def load_policy(cfg: Config, role: str, override: str | None = None) -> Any:
+    """The policy to evaluate; a model that cannot be loaded is a UserError naming the path."""
+    from codea1_core.policy import Policy
+
+    path = resolve_model_path(cfg, role, override)
+    try:
+        return Policy(path, cfg, role)
+    except OSError as exc:
+        raise UserError(f"{exc} (train or warm-start first, or pass --{role}-model)") from None
+
+
+def load_history(cfg: Config) -> list[dict[str, Any]]:
+    """Training metrics history (one JSON object per iteration) from ``<checkpoint_dir>/metrics.jsonl``."""
+    path = Path(cfg.orchestration.checkpoint_dir) / "metrics.jsonl"
+    rows: list[dict[str, Any]] = []
+    if not path.is_file():
+        return rows
+    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            row = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            log.warning("%s:%d: skipping a malformed history line", path, line_no)
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def read_metrics(path: str | Path) -> dict[str, Any]:
+    """A metrics JSON file (flat mapping); UserError naming the file otherwise."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path}: metrics file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not a JSON metrics file ({exc})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object of metrics, got {type(data).__name__}")
+    return data
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------------
+# The flow
+# --------------------------------------------------------------------------------------------------
+
+
+def _track(cfg: Config, metrics: dict[str, float], report: Path) -> None:
+    from tasks.tracking import make_tracker
+
+    tracker = make_tracker(cfg, run_name="evaluate")
+    try:
+        tracker.log_iteration(0, {k.replace("@", "_at_"): v for k, v in metrics.items()})
+        tracker.log_file(report, "eval")
+        tracker.end()
+    except Exception:
+        tracker.end("FAILED")
+        raise
+
+
+@flow(name="evaluate", validate_parameters=False)
+def evaluate_flow(
+    cfg: Config,
+    code_model: str | None = None,
+    test_model: str | None = None,
+    code_policy: Any = None,
+    test_policy: Any = None,
+    executor: Any = None,
+) -> dict[str, float]:
+    """Benchmarks -> ``metrics.json`` + ``report.html`` (+ MLflow). Policies/executor may be injected."""
+    from tasks.evaluate import evaluate_code_task, evaluate_tests_task, load_benchmark
+
+    out_dir = Path(cfg.eval.out_dir)
+    code_label = "(given policy)" if code_policy is not None else resolve_model_path(cfg, "code", code_model)
+    test_label = "(given policy)" if test_policy is not None else resolve_model_path(cfg, "test", test_model)
+    own_executor = executor is None
+    if own_executor:
+        from sandbox import make_executor
+
+        executor = make_executor(cfg.sandbox)
+    metrics: dict[str, float] = {}
+    try:
+        # ---- Code LLM ---------------------------------------------------------------------------
+        if cfg.data.eval_benchmarks and code_policy is None:
+            code_policy = load_policy(cfg, "code", code_model)
+        for bench in cfg.data.eval_benchmarks:
+            problems = load_benchmark(cfg, bench)
+            metrics |= evaluate_code_task(code_policy, problems, cfg, executor, bench)
+        # ---- Test LLM ---------------------------------------------------------------------------
+        if (cfg.eval.test_sources or cfg.eval.solve_benchmarks) and test_policy is None:
+            test_policy = load_policy(cfg, "test", test_model)
+        for source in cfg.eval.test_sources:
+            problems = load_benchmark(cfg, source)
+            metrics |= evaluate_tests_task(
+                test_policy, problems, cfg, executor, source, str(out_dir / "mutants")
+            )
+        # ---- Test-time collaboration (both models) ----------------------------------------------
+        for bench in cfg.eval.solve_benchmarks:
+            from flows.solve import solve_benchmark
+
+            if code_policy is None:
+                code_policy = load_policy(cfg, "code", code_model)
+            metrics |= solve_benchmark(
+                load_benchmark(cfg, bench), code_policy, test_policy, cfg, executor, bench
+            )
+    finally:
+        if own_executor and hasattr(executor, "close"):
+            executor.close()
+    # ---- Outputs --------------------------------------------------------------------------------
+    metrics = {k: round(float(v), 4) for k, v in sorted(metrics.items())}
+    _write_atomic(out_dir / "metrics.json", json.dumps(metrics, indent=1, sort_keys=True) + "\n")
+    report = out_dir / "report.html"
+    notes = [f"code model: {code_label}", f"test model: {test_label}"]
+    _write_atomic(report, render_report(metrics, history=load_history(cfg), notes=notes))
+    if cfg.tracking.backend != "null":
+        _track(cfg, metrics, report)
+    return metrics
+
+
+def run(
+    cfg: Config,
+    code_model: str | None = None,
+    test_model: str | None = None,
+    code_policy: Any = None,
+    test_policy: Any = None,
+    executor: Any = None,
+) -> dict[str, float]:
+    """Run the evaluate flow; returns the flat metrics written to ``metrics.json``."""
+    try:
+        return evaluate_flow(cfg, code_model, test_model, code_policy, test_policy, executor)
+    except FileNotFoundError as exc:
+        raise UserError(str(exc)) from None
+
+
+def compare(paths: list[str], out: str | Path) -> Path:
+    """Comparison report of several metrics files (one column per file) written to ``out``."""
+    if len(paths) < 2:
+        raise UserError("--compare needs at least two metrics files")
+    runs = {}
+    for p in paths:
+        name = str(p)
+        runs[name if name not in runs else f"{name} ({len(runs)})"] = read_metrics(p)
+    first = next(iter(runs.values()))
+    out = Path(out)
+    _write_atomic(
+        out,
+        render_report(first, runs=runs, title="codea1 run comparison", notes=[f"runs: {', '.join(runs)}"]),
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flows.evaluate`` / ``codea1 evaluate``; exit 2 with one line on user errors."""
+    quiet_env()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(description="Evaluate the Code LLM and the Test LLM on benchmarks.")
+    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    parser.add_argument("--code-model", default=None, help="Code-LLM model dir (default: latest export)")
+    parser.add_argument("--test-model", default=None, help="Test-LLM model dir (default: latest export)")
+    parser.add_argument("--compare", nargs="+", metavar="METRICS_JSON", help="compare metrics files instead")
+    parser.add_argument(
+        "--out", default=None, help="report path for --compare (default: outputs/eval/compare.html)"
+    )
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. eval.n_samples=4")
+    args = parser.parse_args(argv)
+
+    def go() -> None:
+        if args.compare:
+            out = args.out or "outputs/eval/compare.html"
+            print(f"wrote {compare(args.compare, out)}")
+            return
+        cfg = load_stage_config(args.params, list(args.overrides))
+        metrics = run(cfg, args.code_model, args.test_model)
+        for key, value in metrics.items():
+            print(f"{key}: {value}")
+        print(f"wrote {Path(cfg.eval.out_dir) / 'metrics.json'} and {Path(cfg.eval.out_dir) / 'report.html'}")
+
+    return run_user_errors(go)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,297 @@
+"""Test-time collaboration: the Code LLM proposes, the Test LLM's white-box tests pick (ALGORITHM.md §15.6).
+
+What it does: N candidate solutions from the Code LLM; for each distinct candidate one test suite from
+the Test LLM written against that candidate (white-box, the §4.2 prompt); every distinct test call runs
+on every candidate and every predicted answer is evaluated on its own, all in one sandbox batch. The
+candidate passing the most valid tests (tests whose answer evaluates) wins; ties go to the candidate
+whose outputs agree most with the other candidates', then to the earliest. The selection rule is ours
+(the paper does not publish it, §18.1 item 12).
+
+* ``codea1 solve --problem FILE`` prints the chosen code, its tests and the vote.
+* :func:`solve_benchmark` scores the chosen candidates of a benchmark (EvalPlus base/plus verdicts).
+
+Problem file formats (``--problem``):
+  * ``.json`` / ``.yaml`` / ``.yml``: a mapping with ``entry_point`` (required), ``prompt`` (the
+    code-role text: signature + docstring) and/or ``description`` (plain text; each defaults to the
+    other), optional ``imports`` (list of import lines) and ``id``.
+  * ``.py``: a stub such as ``def f(x):\\n    \"\"\"What f does.\"\"\"``; the entry point is the last
+    top-level function (or ``--entry-point``), the prompt is the file, the description its docstring.
+
+How to run: ``python -m flows.solve --problem problem.yaml [--n 8] [--code-model DIR] [--test-model DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from codea1_core.config import Config
+from codea1_core.evaluation import (
+    CandidateScore,
+    benchmark_calls,
+    judge_sample,
+    program_for,
+    score_candidates,
+    select_candidate,
+)
+from codea1_core.types import Problem
+from flows.common import UserError, load_stage_config, quiet_env, run_user_errors
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    """The chosen candidate, the tests that voted and every candidate's score."""
+
+    code: str
+    chosen: int
+    candidates: tuple[str, ...]
+    tests: tuple[tuple[str, str, bool], ...]
+    """(call, predicted answer, chosen candidate passes) of every valid test."""
+    votes: tuple[CandidateScore, ...]
+
+
+# --------------------------------------------------------------------------------------------------
+# Problem files
+# --------------------------------------------------------------------------------------------------
+
+
+def _problem_from_py(path: Path, text: str, entry_point: str | None) -> Problem:
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as exc:
+        raise UserError(f"{path}:{exc.lineno}: not valid Python ({exc.msg})") from None
+    funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    if entry_point:
+        funcs = [f for f in funcs if f.name == entry_point]
+    if not funcs:
+        raise UserError(f"{path}: no top-level function{' ' + entry_point if entry_point else ''} found")
+    fn = funcs[-1]
+    imports = tuple(ast.unparse(n) for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom))
+    doc = ast.get_docstring(fn) or ""
+    return Problem(
+        id=f"user/{fn.name}",
+        source="user",
+        split="test",
+        prompt=text,
+        description=doc or text,
+        entry_point=fn.name,
+        reference_solution="",
+        imports=imports,
+    )
+
+
+def load_problem_file(path: str | Path, entry_point: str | None = None) -> Problem:
+    """A :class:`Problem` (without reference) from a JSON, YAML or Python file; UserError naming the file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: problem file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: cannot read ({exc})") from None
+    if path.suffix == ".py":
+        return _problem_from_py(path, text, entry_point)
+    if path.suffix not in (".json", ".yaml", ".yml"):
+        raise UserError(f"{path}: unsupported problem file type {path.suffix!r} (use .json, .yaml or .py)")
+    try:
+        import yaml
+
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise UserError(f"{path}: cannot parse: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping with entry_point and prompt/description")
+    ep = entry_point or data.get("entry_point")
+    if not isinstance(ep, str) or not ep.isidentifier():
+        raise UserError(f"{path}: entry_point: expected a function name, got {ep!r}")
+    prompt, desc = (
+        data.get("prompt") or data.get("description"),
+        data.get("description") or data.get("prompt"),
+    )
+    if not isinstance(prompt, str) or not isinstance(desc, str):
+        raise UserError(f"{path}: prompt/description: expected text in at least one of them")
+    imports = data.get("imports", [])
+    if not isinstance(imports, list) or not all(isinstance(i, str) for i in imports):
+        raise UserError(f"{path}: imports: expected a list of import lines")
+    return Problem(
+        id=str(data.get("id", f"user/{ep}")),
+        source="user",
+        split="test",
+        prompt=prompt,
+        description=desc,
+        entry_point=ep,
+        reference_solution="",
+        imports=tuple(imports),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Selection
+# --------------------------------------------------------------------------------------------------
+
+
+def select_many(
+    problems: Sequence[Problem],
+    candidates: Sequence[Sequence[str]],
+    test_policy: Any,
+    cfg: Config,
+    executor: Any,
+) -> list[SolveResult]:
+    """Write white-box tests for every distinct candidate, run them all in one batch, pick per problem."""
+    from codea1_core.parsing import extract_tests
+    from codea1_core.prompts import test_messages
+    from tasks.evaluate import eval_sampling
+
+    uniq = [list(dict.fromkeys(c for c in cands)) for cands in candidates]
+    flat = [(p, c) for p, cands in zip(problems, uniq, strict=True) for c in cands]
+    prompts = [test_messages(p, c, cfg.reward.k) for p, c in flat]
+    texts = (
+        [row[0].text for row in test_policy.generate(prompts, 1, eval_sampling(cfg, 1))] if prompts else []
+    )
+    jobs, plan, pos = [], [], 0
+    for problem, cands in zip(problems, uniq, strict=True):
+        pairs: dict[tuple[str, str], None] = {}
+        for text in texts[pos : pos + len(cands)]:
+            for t in extract_tests(text, problem.entry_point, cfg.tests.parse_mode).tests:
+                pairs[(t.call, t.answer)] = None
+        pos += len(cands)
+        calls = list(dict.fromkeys(c for c, _ in pairs))
+        answers = list(dict.fromkeys(a for _, a in pairs))
+        tests = [(calls.index(c), answers.index(a)) for c, a in pairs]
+        first = len(jobs)
+        jobs += [(program_for(problem, c), calls) for c in cands]
+        jobs.append(("\n".join(problem.imports) or "pass", answers))
+        plan.append((first, cands, calls, answers, tests))
+    results = executor.run_many(jobs) if jobs else []
+    out = []
+    for first, cands, calls, answers, tests in plan:
+        call_outs, answer_outs = results[first : first + len(cands)], results[first + len(cands)]
+        votes = score_candidates(
+            call_outs, answer_outs, tests, cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol
+        )
+        best = select_candidate(votes)
+        rows = []
+        for c, a in tests:
+            if answer_outs[a].ok:
+                got = call_outs[best][c]
+                passed = got.ok and _equal(got.value, answer_outs[a].value, cfg)
+                rows.append((calls[c], answers[a], passed))
+        out.append(SolveResult(cands[best], best, tuple(cands), tuple(rows), tuple(votes)))
+    return out
+
+
+def _equal(a: Any, b: Any, cfg: Config) -> bool:
+    from codea1_core.values import values_equal
+
+    return values_equal(a, b, cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol)
+
+
+def solve(
+    problem: Problem, code_policy: Any, test_policy: Any, cfg: Config, executor: Any, n: int | None = None
+) -> SolveResult:
+    """Test-time collaboration on one problem (see the module docstring)."""
+    from tasks.evaluate import generate_codes
+
+    codes = generate_codes([problem], code_policy, cfg, n or cfg.eval.solve_candidates)
+    return select_many([problem], codes, test_policy, cfg, executor)[0]
+
+
+def solve_benchmark(
+    problems: Sequence[Problem],
+    code_policy: Any,
+    test_policy: Any,
+    cfg: Config,
+    executor: Any,
+    bench: str = "humanevalplus",
+) -> dict[str, float]:
+    """Pass rate (percent) of the chosen candidates, next to the candidates' mean and best-of-N."""
+    from tasks.evaluate import generate_codes
+
+    codes = generate_codes(problems, code_policy, cfg, cfg.eval.solve_candidates)
+    chosen = select_many(problems, codes, test_policy, cfg, executor)
+    jobs = [
+        (program_for(p, c), benchmark_calls(p))
+        for p, r in zip(problems, chosen, strict=True)
+        for c in r.candidates
+    ]
+    results = executor.run_many(jobs) if jobs else []
+    rel, abs_ = cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol
+    chosen_ok, base_ok, mean_ok, any_ok, pos = [], [], [], [], 0
+    for i, (p, r) in enumerate(zip(problems, chosen, strict=True)):
+        verdicts = [judge_sample(p, res, rel, abs_) for res in results[pos : pos + len(r.candidates)]]
+        pos += len(r.candidates)
+        by_code = dict(zip(r.candidates, verdicts, strict=True))
+        per_sample = [by_code[c].plus for c in codes[i]]
+        chosen_ok.append(verdicts[r.chosen].plus)
+        base_ok.append(verdicts[r.chosen].base)
+        mean_ok.append(sum(per_sample) / len(per_sample) if per_sample else 0.0)
+        any_ok.append(any(v.plus for v in verdicts))
+    n = max(len(problems), 1)
+    prefix = f"solve/{bench}"
+    return {
+        f"{prefix}/pass@1": 100.0 * sum(chosen_ok) / n,
+        f"{prefix}/base/pass@1": 100.0 * sum(base_ok) / n,
+        f"{prefix}/candidates/pass@1": 100.0 * sum(mean_ok) / n,
+        f"{prefix}/candidates/best_of_n": 100.0 * sum(any_ok) / n,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------------
+
+
+def format_result(result: SolveResult) -> str:
+    """Human-readable chosen code, its tests and the vote table."""
+    lines = [f"# chosen candidate {result.chosen} of {len(result.candidates)}", result.code, "", "# tests"]
+    lines += [f"{'PASS' if ok else 'FAIL'}  assert {call} == {answer}" for call, answer, ok in result.tests]
+    lines += ["", "# vote (candidate: tests passed / valid, agreement)"]
+    lines += [
+        f"{v.index}: {v.passed}/{v.valid}, {v.agreement}{'  <- chosen' if v.index == result.chosen else ''}"
+        for v in result.votes
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``codea1 solve --problem FILE``; exit 2 with one line on user errors."""
+    quiet_env()
+    parser = argparse.ArgumentParser(
+        description="Test-time collaboration: pick a Code-LLM candidate with Test-LLM tests."
+    )
+    parser.add_argument(
+        "--problem", required=True, help="problem file (.json, .yaml or .py; see the module docstring)"
+    )
+    parser.add_argument("--entry-point", default=None, help="function name (default: from the file)")
+    parser.add_argument("--n", type=int, default=None, help="candidates (default: eval.solve_candidates)")
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--code-model", default=None)
+    parser.add_argument("--test-model", default=None)
+    parser.add_argument("overrides", nargs="*", help="key=value overrides")
+    args = parser.parse_args(argv)
+
+    def go() -> None:
+        from flows.evaluate import load_policy
+        from sandbox import make_executor
+
+        problem = load_problem_file(args.problem, args.entry_point)
+        cfg = load_stage_config(args.params, list(args.overrides))
+        code = load_policy(cfg, "code", args.code_model)
+        test = load_policy(cfg, "test", args.test_model)
+        executor = make_executor(cfg.sandbox)
+        try:
+            print(format_result(solve(problem, code, test, cfg, executor, args.n)))
+        finally:
+            if hasattr(executor, "close"):
+                executor.close()
+
+    return run_user_errors(go)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
