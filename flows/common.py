@@ -18,6 +18,7 @@ from codea1_core.config import Config, ConfigError, load_config
 
 QUIET_ENV = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
     "DO_NOT_TRACK": "1",
     "GX_ANALYTICS_ENABLED": "false",
     "TOKENIZERS_PARALLELISM": "false",

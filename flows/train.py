@@ -1,0 +1,278 @@
+"""The ``train`` stage: co-evolve the Code LLM and the Test LLM, one Prefect flow run per training run.
+
+What it does: ALGORITHM.md §3's loop, top to bottom, each step a named Prefect task run (``rollout_code[it=3]``
+...): sample B problems (seeded, last partial batch dropped), roll out code, roll out tests (white-box; black-box
+for ``selfplay``), gate them, replay the Mistake Book, execute in two phases, score, update the book, build both
+GRPO batches (TOPVAR for the Test LLM) and update both policies in the same step, validate every ``eval.every``
+steps, checkpoint atomically, log to MLflow. Modes (D10): ``codea1`` (two models), ``golden`` (Code LLM on golden
+tests, §7.4), ``selfplay`` (one model plays both roles, same formulas, §18.2). ``resume: auto`` continues from the
+last complete iteration with the same MLflow run; no step is logged twice.
+What it does not: prepare data, warm-start, or run the benchmark evaluation (other stages).
+
+Outputs (``orchestration.checkpoint_dir``, default ``outputs/train``): ``checkpoints/`` (it_N + LATEST),
+``mistake_book.json``, ``outcomes/it_N.parquet``, ``history.csv`` (plots), ``metrics.json``, ``final/{code,test}``
+(exported HF dirs for the evaluate stage).
+
+Run: ``python -m flows.train [--params params.yaml] [key=value ...]`` or ``codea1 train``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from codea1_core import loop
+from codea1_core.config import Config, load_config
+from flows.common import UserError, stage_main
+from tasks import checkpoint as ckpt
+from tasks.execute import execute, execute_golden
+from tasks.mistake_book import merge_mistake_book, retrieve_replay
+from tasks.rollout import extract_codes, gate_tests, load_policy, rollout_code, rollout_tests
+from tasks.score import evaluate, score, write_outcomes
+from tasks.tracking import log_iteration, make_tracker
+from tasks.update import update_code, update_test
+
+log = logging.getLogger("codea1.train")
+
+
+@dataclass
+class TrainRun:
+    """What one training run holds between iterations (built by :func:`setup`)."""
+
+    cfg: Config
+    train_set: list[Any]
+    val_set: list[Any]
+    total: int
+    start: int
+    fingerprint: str
+    policies: dict[str, Any]
+    book: Any
+    tracker: Any
+    history: list[dict[str, Any]]
+    out_dir: Path
+    executor: Any = None
+
+    @property
+    def code_pol(self) -> Any:
+        return self.policies["code"]
+
+    @property
+    def test_pol(self) -> Any:
+        return self.policies.get("test", self.policies["code"])
+
+
+def as_task(task: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a Prefect task (a named task run in the UI) under ``orchestration.task_timeout_s``.
+
+    Collections and objects are passed ``quote``-d: Prefect then skips walking them for futures (B*M*N
+    completions with their token ids would otherwise be visited element by element on every call).
+    """
+    from prefect.utilities.annotations import quote
+
+    cfg = kwargs.get("cfg") or next((a for a in args if isinstance(a, Config)), None)
+    if cfg is not None and cfg.orchestration.task_timeout_s > 0:
+        task = task.with_options(timeout_seconds=cfg.orchestration.task_timeout_s)
+    plain = (int, float, str, bool, type(None), Config)
+    args = tuple(a if isinstance(a, plain) else quote(a) for a in args)
+    kwargs = {k: v if isinstance(v, plain) else quote(v) for k, v in kwargs.items()}
+    return task(*args, **kwargs)
+
+
+def as_function(task: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a task's plain function (no Prefect): the baseline of ``bench/iteration_bench.py``."""
+    return getattr(task, "fn", task)(*args, **kwargs)
+
+
+@flow(name="train", flow_run_name="train-{mode}", log_prints=True)
+def train_flow(
+    params: str = "params.yaml",
+    overrides: list[str] | None = None,
+    config: dict | None = None,
+    mode: str = "",
+) -> dict[str, Any]:
+    """Prefect entry point: a params file + ``key=value`` overrides (deployments), or a full config dict."""
+    cfg = Config.from_dict(config, source="config") if config else load_config(params, overrides or [])
+    return train(cfg)
+
+
+def train(cfg: Config) -> dict[str, Any]:
+    """The training loop of §3 (runs inside :func:`train_flow`)."""
+    from sandbox import make_executor
+
+    run = setup(cfg, make_tracker)
+    try:
+        with make_executor(cfg.sandbox) as run.executor:
+            if run.start == 0 and cfg.eval.every > 0 and run.val_set:  # validate before training (§3 step 16)
+                val = evaluate(run.code_pol, run.val_set, cfg, run.executor, 0)
+                log_iteration(run.tracker, 0, {"iteration": 0, **val})
+            for it in range(run.start + 1, run.total + 1):
+                iteration(run, it)
+            summary = finish(run)
+    except BaseException:
+        run.tracker.end("FAILED")  # a re-run resumes the same MLflow run
+        raise
+    run.tracker.end("FINISHED")
+    return summary
+
+
+def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
+    """Problems, resume state, tracker, policies (restored from the last checkpoint) and the Mistake Book."""
+    from codea1_core.mistake_book import MistakeBook
+
+    out_dir = Path(cfg.orchestration.checkpoint_dir)
+    train_set, val_set = load_problems(cfg)
+    total = loop.total_steps(
+        len(train_set), cfg.data.train_batch_size, cfg.data.epochs, cfg.orchestration.max_steps
+    )
+    fingerprint = loop.config_fingerprint(cfg.flat())
+    state = ckpt.resume_or_start(out_dir, cfg.orchestration.resume, fingerprint)
+    tracker = tracker_factory(cfg, run_id=state["run_id"], run_name=f"train-{cfg.mode}")
+    ckpt.save_run_info(out_dir, fingerprint, tracker.run_id)
+    for row in state["history"]:  # backfill iterations checkpointed before a kill but not yet logged
+        log_iteration.fn(tracker, int(row["iteration"]), row)
+    seed_everything(cfg.seed)  # adapter initialisation is part of the run's identity
+    policies = {"code": load_policy(cfg.model.code_path, cfg, "code", total)}
+    if cfg.mode == "codea1":  # selfplay: one model plays both roles; golden: no Test LLM
+        policies["test"] = load_policy(cfg.model.test_path, cfg, "test", total)
+    book = None
+    if cfg.mistake_book.enabled and cfg.mode != "golden":
+        mb = cfg.mistake_book
+        book = MistakeBook.from_config(mb)
+        if state["book"]:
+            book = MistakeBook.from_dict(
+                state["book"], mb.top_k, mb.tie_break, mb.max_per_problem, mb.enabled
+            )
+    if state["path"] is not None:
+        for role, pol in policies.items():
+            pol.load(state["path"] / role)
+    log.info("train: mode=%s, %d problems, %d steps, resuming after iteration %d", cfg.mode, len(train_set), total,
+             state["iteration"])  # fmt: skip
+    return TrainRun(cfg, train_set, val_set, total, state["iteration"], fingerprint, policies, book, tracker,
+                    state["history"], out_dir)  # fmt: skip
+
+
+def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
+    """One training step, ALGORITHM.md §3 steps 1-16, each piece a task run named ``<task>[it=N]``."""
+    from codea1_core.outcomes import plan_golden, plan_problem
+
+    cfg, ex, times = run.cfg, run.executor, {}
+    golden, selfplay = cfg.mode == "golden", cfg.mode == "selfplay"
+
+    def timed(name: str, task: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        out = call(task, *args, **kwargs)
+        times[f"time/{name}_s"] = time.perf_counter() - t0
+        return out
+
+    t_iter = time.perf_counter()
+    idx = loop.batch_indices(len(run.train_set), cfg.data.train_batch_size, cfg.data.seed, it - 1)  # step 1
+    problems = [run.train_set[i] for i in idx]
+    code_out = timed("rollout_code", rollout_code, run.code_pol, problems, cfg, it)  # step 2
+    codes = extract_codes(code_out)  # step 3
+    metrics: dict[str, float] = {}
+    test_out = test_batch = None
+    if golden:  # §7.4: golden tests only, no Test LLM
+        plans = [plan_golden(p, c) for p, c in zip(problems, codes, strict=True)]
+        outcomes, sb = timed("execute", execute_golden, ex, plans, cfg, it)
+        scores, sm = timed("score", score, outcomes, cfg, it, golden=True)
+    else:
+        args = (run.test_pol, problems, codes, cfg, it, selfplay)
+        test_out = timed("rollout_tests", rollout_tests, *args)  # steps 4-5 (black-box prompts for selfplay)
+        suites, gate_m = timed("gate_tests", gate_tests, problems, test_out, cfg, it)  # step 6 + GX gate
+        replay = retrieve_replay(run.book, problems, cfg)  # step 7, before this step's book update
+        plans = [plan_problem(*a) for a in zip(problems, codes, suites, replay, strict=True)]
+        outcomes, sb = timed("execute", execute, ex, plans, cfg, it)  # step 8
+        scores, sm = timed("score", score, outcomes, cfg, it)  # step 9
+        book_path = run.out_dir / "mistake_book.json"
+        book_m = timed("merge_mistake_book", merge_mistake_book, run.book, outcomes, it, book_path)
+        metrics |= gate_m | book_m  # step 10
+        groups, _ = loop.test_groups(test_out, scores, cfg.grpo.update_n)  # step 11: TOPVAR
+        test_batch = loop.build_group_batch(groups, cfg.grpo)
+    code_batch = loop.build_group_batch(loop.code_groups(code_out, scores), cfg.grpo)  # steps 12-14
+    if selfplay:  # one model learns from both roles' samples in one step (§18.2)
+        metrics |= timed("update_code", update_code, run.code_pol, code_batch.concat(test_batch), it)
+    else:  # step 15: both policies update from the same rollouts
+        metrics |= timed("update_code", update_code, run.code_pol, code_batch, it)
+        if test_batch is not None:
+            metrics |= timed("update_test", update_test, run.test_pol, test_batch, it)
+    if cfg.eval.every > 0 and it % cfg.eval.every == 0 and run.val_set:  # step 16
+        metrics |= timed("evaluate", evaluate, run.code_pol, run.val_set, cfg, ex, it)
+    parquet = write_outcomes(run.out_dir / "outcomes" / f"it_{it:06d}.parquet", outcomes)
+    times["time/iteration_s"] = time.perf_counter() - t_iter
+    row = {"iteration": it, **metrics, **sm, **sb, **times}
+    run.history.append(row)
+    ckpt.write_history(run.out_dir, run.history, row)
+    state = {"fingerprint": run.fingerprint, "run_id": run.tracker.run_id, "history": run.history}
+    book = run.book.to_dict() if run.book is not None else None
+    call(ckpt.checkpoint, str(run.out_dir), it, run.policies, book, state, cfg.orchestration.keep_checkpoints)
+    samples = loop.sample_rows(problems, code_out, test_out, scores, cfg.tracking.log_samples)
+    files = {"outcomes": str(parquet), "mistake_book": str(run.out_dir / "mistake_book.json")}
+    call(log_iteration, run.tracker, it, row, samples, files)
+    return row
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch so initialisation does not depend on what ran before in the process."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def load_problems(cfg: Config) -> tuple[list[Any], list[Any]]:
+    """Prepared train/val problems (``data/prepared``); lab-only configs fall back to generating them."""
+    prepared = Path(cfg.data.prepared_dir)
+    if (prepared / "train.parquet").is_file():
+        from codea1_core.datasets import load_prepared
+
+        val = load_prepared(prepared / "val.parquet") if (prepared / "val.parquet").is_file() else []
+        return load_prepared(prepared / "train.parquet"), val
+    if set(cfg.data.train_sources) <= {"lab"}:
+        from codea1_core.lab import lab_problems
+
+        log.warning("%s/train.parquet absent: generating the lab problems in memory", prepared)
+        return lab_problems(cfg.lab, "train"), lab_problems(cfg.lab, "val")
+    raise UserError(
+        f"{prepared}/train.parquet not found: run `codea1 prepare` (or `dvc repro prepare`) first"
+    )
+
+
+def finish(run: TrainRun) -> dict[str, Any]:
+    """Export the final policies for evaluation and register them (once per completed run)."""
+    final = run.out_dir / "final"
+    done = final / "DONE.json"
+    from codea1_core.report import training_chart
+
+    summary = dict(run.history[-1]) if run.history else {"iteration": 0}
+    if done.is_file() and json.loads(done.read_text()).get("iteration") == run.total:
+        return summary
+    png = training_chart(run.history)
+    if png is not None:  # reward curves + Mistake Book dynamics, also in the MLflow run
+        (final.parent / "plots").mkdir(parents=True, exist_ok=True)
+        (final.parent / "plots" / "training.png").write_bytes(png)
+        run.tracker.log_file(final.parent / "plots" / "training.png", "plots")
+    versions = {}
+    for role, pol in run.policies.items():
+        pol.export(final / role)
+        versions[role] = run.tracker.register(role, final / role, run.total)
+    ckpt.write_json_atomic(done, {"iteration": run.total, "versions": versions, "run_id": run.tracker.run_id})
+    return summary
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    """DVC/CLI entry point (``flows.common.stage_main``)."""
+    return train_flow(config=cfg.to_dict())
+
+
+if __name__ == "__main__":
+    raise SystemExit(stage_main(run, "Co-evolution training (Code-A1)"))

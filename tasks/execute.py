@@ -1,0 +1,105 @@
+"""Execution task: run a step's programs in the sandbox in two phases and assemble the outcome matrices.
+
+What it does (ALGORITHM.md §3 step 8, §6, D1-D4): phase 1 runs every problem's reference job in ONE
+``run_many`` (the executor shards it across its warm pool); phase 2 runs every candidate job of every
+problem in ONE ``run_many``; each (program, call) runs exactly once. Jobs whose outcome contains
+``infra_error`` are retried once more as a batch; if the share of calls still failing for infrastructure
+reasons exceeds ``sandbox.max_infra_failure_frac`` the step aborts with :class:`InfraFailure` (D4: an
+infrastructure failure is never a score). The executor is created once per flow run, not here.
+What it does not: score (``tasks/score.py``) or judge values (``codea1_core.outcomes`` does, in this
+trusted parent).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from codea1_core.config import Config
+
+
+class InfraFailure(RuntimeError):
+    """Too many calls of a step failed for infrastructure reasons (D4): the step is aborted, not scored."""
+
+
+def _infra_count(outcomes: list[list[Any]]) -> tuple[int, int]:
+    calls = sum(len(o) for o in outcomes)
+    infra = sum(1 for o in outcomes for c in o if c.status == "infra_error")
+    return infra, calls
+
+
+def run_jobs(
+    executor: Any, jobs: list[tuple[str, list[str]]], max_infra_frac: float, label: str
+) -> list[list[Any]]:
+    """``run_many`` with one batch retry of the jobs that hit infra errors, then the D4 abort rule."""
+    if not jobs:
+        return []
+    outcomes = list(executor.run_many(jobs))
+    retry = [i for i, o in enumerate(outcomes) if any(c.status == "infra_error" for c in o)]
+    if retry:
+        again = executor.run_many([jobs[i] for i in retry])
+        for i, o in zip(retry, again, strict=True):
+            outcomes[i] = o
+    infra, calls = _infra_count(outcomes)
+    if calls and infra / calls > max_infra_frac:
+        raise InfraFailure(
+            f"{label}: {infra}/{calls} calls hit sandbox infrastructure errors "
+            f"(> sandbox.max_infra_failure_frac={max_infra_frac}); step aborted, nothing scored"
+        )
+    return outcomes
+
+
+@task(name="execute", task_run_name="execute[it={iteration}]", cache_policy=NO_CACHE)
+def execute(
+    executor: Any, plans: list[Any], cfg: Config, iteration: int
+) -> tuple[list[Any], dict[str, float]]:
+    """Two-phase execution of all problems of a step; returns outcome matrices and ``sandbox/`` metrics."""
+    t0 = time.perf_counter()
+    frac = cfg.sandbox.max_infra_failure_frac
+    ref_out = run_jobs(executor, [p.reference_job() for p in plans], frac, f"iteration {iteration} reference")
+    cand_jobs = [p.candidate_jobs(r) for p, r in zip(plans, ref_out, strict=True)]
+    flat = run_jobs(
+        executor, [j for jobs in cand_jobs for j in jobs], frac, f"iteration {iteration} candidates"
+    )
+    matrices, i = [], 0
+    for plan, ref, jobs in zip(plans, ref_out, cand_jobs, strict=True):
+        cand = flat[i : i + len(jobs)]
+        i += len(jobs)
+        matrices.append(plan.assemble(ref, cand, cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol))
+    return matrices, outcome_metrics(ref_out + flat, time.perf_counter() - t0)
+
+
+@task(name="execute_golden", task_run_name="execute_golden[it={iteration}]", cache_policy=NO_CACHE)
+def execute_golden(
+    executor: Any, plans: list[Any], cfg: Config, iteration: int
+) -> tuple[list[Any], dict[str, float]]:
+    """Golden mode (§7.4): every code of every problem on its golden tests, in one ``run_many``."""
+    t0 = time.perf_counter()
+    jobs = [p.jobs() for p in plans]
+    flat = run_jobs(
+        executor, [j for js in jobs for j in js], cfg.sandbox.max_infra_failure_frac, f"it {iteration}"
+    )
+    outcomes, i = [], 0
+    for plan, js in zip(plans, jobs, strict=True):
+        outcomes.append(
+            plan.assemble(flat[i : i + len(js)], cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol)
+        )
+        i += len(js)
+    return outcomes, outcome_metrics(flat, time.perf_counter() - t0)
+
+
+def outcome_metrics(outcomes: list[list[Any]], seconds: float) -> dict[str, float]:
+    """``sandbox/`` metrics of one step: programs, calls, time-outs, infra errors, calls per second."""
+    infra, calls = _infra_count(outcomes)
+    timeouts = sum(1 for o in outcomes for c in o if c.status == "timeout")
+    return {
+        "sandbox/programs": float(len(outcomes)),
+        "sandbox/calls": float(calls),
+        "sandbox/timeouts": float(timeouts),
+        "sandbox/timeout_rate": timeouts / calls if calls else 0.0,
+        "sandbox/infra_errors": float(infra),
+        "sandbox/calls_per_s": calls / seconds if seconds > 0 else 0.0,
+    }

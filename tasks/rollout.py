@@ -1,0 +1,130 @@
+"""Rollout tasks: load the policies, sample code and tests, parse them, gate the generated tests.
+
+What it does: thin Prefect tasks around ``Policy.generate`` (ALGORITHM.md §3 steps 2-6), the parsers of
+``codea1_core.parsing`` and the data engineer's GX gate (``tasks.quality.gate_tests``). Sampling seeds are
+derived from (cfg.seed, iteration, role), so a resumed run samples what the uninterrupted run sampled.
+What it does not: execute anything or compute rewards.
+
+The rollout backend is chosen in ONE place, :func:`load_policy` (``rollout.backend: hf | vllm``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from codea1_core.config import Config
+from codea1_core.loop import iteration_seed
+from codea1_core.types import Problem
+
+
+def load_policy(path: str, cfg: Config, role: str, total_steps: int) -> Any:
+    """A trainable policy for ``role``; with ``rollout.backend: vllm`` generation goes through vLLM."""
+    from codea1_core.policy import Policy
+
+    policy = Policy(path, cfg, role=role, total_steps=total_steps)
+    if cfg.rollout.backend == "vllm":
+        from codea1_core import vllm_engine
+
+        policy = vllm_engine.attach(policy, cfg)
+    return policy
+
+
+def sampling(cfg: Config, iteration: int, role: str) -> Any:
+    """Training-rollout sampling parameters (§3 step 2: temperature 1.0, top-p 1.0, no top-k)."""
+    from codea1_core.policy import SamplingParams
+
+    max_new = cfg.rollout.max_new_tokens_code if role == "code" else cfg.rollout.max_new_tokens_test
+    return SamplingParams(
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        top_k=cfg.rollout.top_k,
+        max_new_tokens=max_new,
+        seed=iteration_seed(cfg.seed, iteration, role),
+    )
+
+
+@task(name="rollout_code", task_run_name="rollout_code[it={iteration}]", cache_policy=NO_CACHE)
+def rollout_code(policy: Any, problems: list[Problem], cfg: Config, iteration: int) -> list[list[Any]]:
+    """M code completions per problem (§3 step 2)."""
+    from codea1_core.prompts import code_messages
+
+    prompts = [code_messages(p) for p in problems]
+    return policy.generate(prompts, cfg.rollout.n_code, sampling(cfg, iteration, "code"))
+
+
+@task(name="rollout_tests", task_run_name="rollout_tests[it={iteration}]", cache_policy=NO_CACHE)
+def rollout_tests(
+    policy: Any, problems: list[Problem], codes: list[list[str]], cfg: Config, iteration: int, blackbox: bool
+) -> list[list[list[Any]]]:
+    """N suites per (problem, code): ``[B][M][N]`` completions (§3 steps 4-5; black-box prompts for Self-Play)."""
+    from codea1_core.prompts import test_messages, test_messages_blackbox
+
+    k = cfg.reward.k
+    prompts = [
+        test_messages_blackbox(p, k) if blackbox else test_messages(p, code, k)
+        for p, row in zip(problems, codes, strict=True)
+        for code in row
+    ]
+    flat = policy.generate(prompts, cfg.rollout.n_tests, sampling(cfg, iteration, "test"))
+    out, i = [], 0
+    for row in codes:
+        out.append(flat[i : i + len(row)])
+        i += len(row)
+    return out
+
+
+def extract_codes(completions: list[list[Any]]) -> list[list[str]]:
+    """The code block of every completion (§5.1)."""
+    from codea1_core.parsing import extract_code
+
+    return [[extract_code(c.text) for c in row] for row in completions]
+
+
+@task(name="gate_tests", task_run_name="gate_tests[it={iteration}]", cache_policy=NO_CACHE)
+def gate_tests(
+    problems: list[Problem], completions: list[list[list[Any]]], cfg: Config, iteration: int
+) -> tuple[list[list[list[Any]]], dict[str, float]]:
+    """Parse every suite (§5.2, D5) and drop the tests the GX gate rejects; a rejected test counts invalid.
+
+    Returns ``suites[b][m][n]`` (``ParsedSuite``) and gate metrics (``test/rejected_rate``, per reason).
+    """
+    from codea1_core.parsing import extract_tests
+    from tasks.quality import gate_tests as gx_gate
+
+    suites = [
+        [
+            [extract_tests(c.text, p.entry_point, cfg.tests.parse_mode) for c in per_code]
+            for per_code in per_problem
+        ]
+        for p, per_problem in zip(problems, completions, strict=True)
+    ]
+    rows, where = [], []
+    for b, p in enumerate(problems):
+        for m, per_code in enumerate(suites[b]):
+            for n, suite in enumerate(per_code):
+                for t, test in enumerate(suite.tests):
+                    suite_id = f"{b}/{m}/{n}"
+                    rows.append(
+                        {"problem_id": p.id, "suite_id": suite_id, "call": test.call, "answer": test.answer,
+                         "entry_point": p.entry_point}
+                    )  # fmt: skip
+                    where.append((b, m, n, t))
+    if not rows:
+        return suites, {"test/rejected_rate": 0.0}
+    gate = getattr(gx_gate, "fn", gx_gate)(rows, cfg.tests)
+    rejected: dict[tuple[int, int, int], dict[int, str]] = {}
+    for (b, m, n, t), ok, reason in zip(where, gate.accepted_mask, gate.reasons, strict=True):
+        if not ok:
+            rejected.setdefault((b, m, n), {})[t] = f"gate_{reason}"
+    for (b, m, n), drop in rejected.items():
+        suite = suites[b][m][n]
+        kept = tuple(t for i, t in enumerate(suite.tests) if i not in drop)
+        reasons = (*suite.reasons, *drop.values())
+        suites[b][m][n] = dataclasses.replace(
+            suite, tests=kept, invalid=suite.invalid + len(drop), reasons=reasons
+        )
+    return suites, {**gate.metrics(), "test/gate_rows": float(len(rows))}

@@ -1,0 +1,320 @@
+"""Experiment tracking: the ONLY module that imports mlflow.
+
+What it does: a :class:`Tracker` protocol with an MLflow implementation (:class:`MlflowTracker`: one run per
+training run, flattened params, git/DVC tags, per-iteration metrics with ``step=iteration``, artifacts,
+checkpoint registration as versions of ``codea1-code`` / ``codea1-test``) and a :class:`NullTracker` for tests
+and ``tracking.backend: null``; plus the registry helpers the ``register`` stage uses (aliases).
+What it does not: decide what to log (the train flow does) or when to promote (``flows/register.py``).
+
+Resume safety: MLflow appends duplicate metric points, so the tracker reads the steps already logged under
+``progress/iteration`` when it re-opens a run and silently skips them (``log_iteration`` is idempotent per step).
+
+Store: ``cfg.tracking.tracking_uri`` (default ``sqlite:///mlflow/mlflow.db``; ``$MLFLOW_TRACKING_URI`` wins),
+artifacts under ``cfg.tracking.artifact_location``. Browse with ``mlflow ui --backend-store-uri <uri>``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from codea1_core.config import Config
+
+log = logging.getLogger(__name__)
+
+STEP_KEY = "progress/iteration"
+MODEL_NAMES = {"code": "codea1-code", "test": "codea1-test"}
+
+
+class Tracker(Protocol):
+    """What the train flow needs from experiment tracking."""
+
+    run_id: str | None
+
+    def logged_steps(self) -> set[int]: ...
+
+    def log_iteration(self, step: int, metrics: dict[str, float]) -> bool: ...
+
+    def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None: ...
+
+    def log_dict(self, data: dict[str, Any], artifact_file: str) -> None: ...
+
+    def log_file(self, path: str | Path, artifact_dir: str) -> None: ...
+
+    def register(self, role: str, model_dir: str | Path, step: int) -> str | None: ...
+
+    def end(self, status: str = "FINISHED") -> None: ...
+
+
+class NullTracker:
+    """Records calls in memory; logs nothing anywhere (tests, ``tracking.backend: null``)."""
+
+    def __init__(self) -> None:
+        self.run_id: str | None = None
+        self.metrics: dict[int, dict[str, float]] = {}
+        self.artifacts: list[str] = []
+        self.registered: list[tuple[str, int]] = []
+        self.status = "RUNNING"
+
+    def logged_steps(self) -> set[int]:
+        return set(self.metrics)
+
+    def log_iteration(self, step: int, metrics: dict[str, float]) -> bool:
+        if step in self.metrics:
+            return False
+        self.metrics[step] = dict(metrics)
+        return True
+
+    def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None:
+        self.artifacts.append(artifact_file)
+
+    def log_dict(self, data: dict[str, Any], artifact_file: str) -> None:
+        self.artifacts.append(artifact_file)
+
+    def log_file(self, path: str | Path, artifact_dir: str) -> None:
+        self.artifacts.append(f"{artifact_dir}/{Path(path).name}")
+
+    def register(self, role: str, model_dir: str | Path, step: int) -> str | None:
+        self.registered.append((role, step))
+        return None
+
+    def end(self, status: str = "FINISHED") -> None:
+        self.status = status
+
+
+def tracking_uri(cfg: Config) -> str:
+    """The MLflow store: ``$MLFLOW_TRACKING_URI`` wins over ``tracking.tracking_uri``."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or cfg.tracking.tracking_uri
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    return uri
+
+
+def _client(cfg: Config):
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri(cfg)
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def _experiment_id(client: Any, cfg: Config) -> str:
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    if exp is not None:
+        return exp.experiment_id
+    location = Path(cfg.tracking.artifact_location).resolve()
+    location.mkdir(parents=True, exist_ok=True)
+    return client.create_experiment(cfg.tracking.experiment, artifact_location=location.as_uri())
+
+
+def run_tags(repo_dir: str | Path = ".") -> dict[str, str]:
+    """Git commit and DVC data hashes (from ``dvc.lock`` when present) as MLflow tags."""
+    tags: dict[str, str] = {}
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=repo_dir,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        tags["git.commit"] = out.stdout.strip() if out.returncode == 0 else "none"
+    except (OSError, subprocess.SubprocessError):
+        tags["git.commit"] = "unknown"
+    lock = Path(repo_dir) / "dvc.lock"
+    if lock.is_file():
+        import yaml
+
+        stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+        for stage, body in stages.items():
+            for out in body.get("outs", []) or []:
+                digest = out.get("md5") or out.get("hash") or ""
+                tags[f"dvc.{stage}.{out.get('path')}"] = str(digest)
+    return tags
+
+
+class MlflowTracker:
+    """One MLflow run per training run, re-opened by id on resume."""
+
+    def __init__(self, cfg: Config, run_id: str | None = None, run_name: str | None = None) -> None:
+        from mlflow.entities import Param, RunTag
+
+        self.cfg = cfg
+        self.client = _client(cfg)
+        if run_id is not None and self._run_exists(run_id):
+            self.run_id = run_id
+            self.client.update_run(run_id, status="RUNNING")
+        else:
+            exp_id = _experiment_id(self.client, cfg)
+            run = self.client.create_run(exp_id, run_name=run_name, tags={"codea1.mode": cfg.mode})
+            self.run_id = run.info.run_id
+            params = [
+                Param(k, json.dumps(v) if isinstance(v, list) else str(v)) for k, v in cfg.flat().items()
+            ]
+            tags = [RunTag(k, v) for k, v in run_tags().items()]
+            for i in range(0, len(params), 100):  # MLflow caps a batch at 100 params
+                self.client.log_batch(self.run_id, params=params[i : i + 100])
+            self.client.log_batch(self.run_id, tags=tags)
+        self._steps = {int(m.step) for m in self.client.get_metric_history(self.run_id, STEP_KEY)}
+
+    def _run_exists(self, run_id: str) -> bool:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_run(run_id).info.lifecycle_stage == "active"
+        except MlflowException:
+            return False
+
+    def logged_steps(self) -> set[int]:
+        return set(self._steps)
+
+    def log_iteration(self, step: int, metrics: dict[str, float]) -> bool:
+        """Log one iteration's metrics at ``step``; returns False (and logs nothing) if the step exists."""
+        from mlflow.entities import Metric
+
+        if step in self._steps:
+            return False
+        now_ms = int(time.time() * 1000)
+        rows = [Metric(k, float(v), now_ms, step) for k, v in sorted(metrics.items()) if _is_number(v)]
+        rows.append(Metric(STEP_KEY, float(step), now_ms, step))  # last: marks the step complete
+        for i in range(0, len(rows), 1000):
+            self.client.log_batch(self.run_id, metrics=rows[i : i + 1000])
+        self._steps.add(step)
+        return True
+
+    def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None:
+        import pandas as pd
+
+        self.client.log_table(self.run_id, pd.DataFrame(rows), artifact_file)
+
+    def log_dict(self, data: dict[str, Any], artifact_file: str) -> None:
+        self.client.log_dict(self.run_id, data, artifact_file)
+
+    def log_file(self, path: str | Path, artifact_dir: str) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_dir)
+        else:
+            self.client.log_artifact(self.run_id, str(path), artifact_dir)
+
+    def register(self, role: str, model_dir: str | Path, step: int) -> str | None:
+        """Log an exported HF model dir and register it as a new version of ``codea1-<role>``."""
+        artifact_dir = f"checkpoints/{role}/it_{step:06d}"
+        self.client.log_artifacts(self.run_id, str(model_dir), artifact_dir)
+        if not self.cfg.tracking.register:
+            return None
+        return register_version(self.client, MODEL_NAMES[role], self.run_id, artifact_dir, step)
+
+    def end(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def register_version(client: Any, name: str, run_id: str, artifact_dir: str, step: int) -> str:
+    """Create ``name`` if needed and add a version whose source is the run's artifact dir."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_registered_model(name)
+    except MlflowException as exc:
+        if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
+            raise
+    source = f"{client.get_run(run_id).info.artifact_uri}/{artifact_dir}"
+    version = client.create_model_version(name, source, run_id=run_id, tags={"iteration": str(step)})
+    return str(version.version)
+
+
+def make_tracker(cfg: Config, run_id: str | None = None, run_name: str | None = None) -> Tracker:
+    """``MlflowTracker`` or ``NullTracker`` from ``cfg.tracking.backend``."""
+    if cfg.tracking.backend == "null":
+        return NullTracker()
+    return MlflowTracker(cfg, run_id=run_id, run_name=run_name)
+
+
+# ------------------------------------------------------------------------------------------------
+# Registry helpers for the register stage
+# ------------------------------------------------------------------------------------------------
+
+
+def latest_version(cfg: Config, name: str) -> dict[str, Any] | None:
+    """The newest version of a registered model as ``{version, run_id}``, or None."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client(cfg)
+    try:
+        versions = client.search_model_versions(f"name='{name}'")
+    except MlflowException:
+        return None
+    if not versions:
+        return None
+    newest = max(versions, key=lambda v: int(v.version))
+    return {"version": str(newest.version), "run_id": newest.run_id}
+
+
+def alias_info(cfg: Config, name: str, alias: str) -> dict[str, Any] | None:
+    """The version behind ``alias`` with its tags, or None."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client(cfg)
+    try:
+        mv = client.get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return None
+    return {"version": str(mv.version), "tags": dict(mv.tags or {}), "run_id": mv.run_id}
+
+
+def set_alias(cfg: Config, name: str, version: str, alias: str, tags: dict[str, str] | None = None) -> None:
+    """Point ``alias`` at ``version`` and tag the version (e.g. with its evaluation number)."""
+    client = _client(cfg)
+    client.set_registered_model_alias(name, alias, version)
+    for key, value in (tags or {}).items():
+        client.set_model_version_tag(name, version, key, value)
+
+
+def log_to_run(
+    cfg: Config, run_id: str | None, metrics: dict[str, float], data: dict[str, Any], name: str
+) -> None:
+    """Log a decision (metrics + a JSON artifact) to an existing run, or to a new one when ``run_id`` is None."""
+    client = _client(cfg)
+    if run_id is None:
+        run_id = client.create_run(_experiment_id(client, cfg), run_name=name).info.run_id
+    for key, value in metrics.items():
+        if _is_number(value):
+            client.log_metric(run_id, key, float(value))
+    client.log_dict(run_id, data, f"{name}.json")
+
+
+# ------------------------------------------------------------------------------------------------
+# The per-iteration logging task
+# ------------------------------------------------------------------------------------------------
+
+
+@task(name="log_iteration", task_run_name="log_iteration[it={step}]", cache_policy=NO_CACHE, retries=2)
+def log_iteration(
+    tracker: Tracker,
+    step: int,
+    metrics: dict[str, float],
+    samples: list[dict[str, Any]] | None = None,
+    files: dict[str, str] | None = None,
+) -> bool:
+    """Metrics at ``step`` (skipped when already logged: resume never duplicates a step), the sample-rollouts
+    table and per-iteration files (``{artifact_dir: path}``: outcome parquet, Mistake Book snapshot, plots)."""
+    if step in tracker.logged_steps():
+        return False
+    if samples:
+        tracker.log_table(samples, f"samples/it_{step:06d}.json")
+    for artifact_dir, path in (files or {}).items():
+        if Path(path).exists():
+            tracker.log_file(path, artifact_dir)
+    return tracker.log_iteration(step, metrics)  # last: the step marker means "everything logged"

@@ -1,0 +1,127 @@
+"""dvc.yaml: the DAG and params wiring — `reward.alpha` re-runs train and later, never prepare/warmstart.
+
+The tests run in a temporary copy of the pipeline definition (dvc.yaml + params.yaml) where every stage's
+command is replaced by a stub that writes the stage's declared outputs: they check DVC's decisions (what
+re-runs, which params each stage tracks, `dvc exp run -S`), not the stages themselves (their own tests do).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+DVC = str(Path(sys.executable).with_name("dvc"))
+STUB = """
+import json, pathlib, sys, time, yaml
+CSV = ("iteration,code/reward_mean,test/reward_mean,mistake_book/size,mistake_book/added,mistake_book/removed,"
+       "sandbox/timeouts,sandbox/infra_errors\\n1,0.5,0.4,3,3,0,0,0\\n2,0.6,0.3,5,3,1,1,0\\n")
+stage = yaml.safe_load(open("dvc.yaml"))["stages"][sys.argv[1]]
+params = yaml.safe_load(open("params.yaml"))
+stamp = json.dumps({"stage": sys.argv[1], "t": time.time_ns(), "alpha": params["reward"]["alpha"]})
+for kind in ("outs", "metrics", "plots"):
+    for entry in stage.get(kind, []):
+        path = pathlib.Path(entry if isinstance(entry, str) else next(iter(entry)))
+        if path.suffix:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(CSV if path.suffix == ".csv" else stamp)
+        else:
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "stub.json").write_text(stamp)
+"""
+
+
+def _dvc(cwd: Path, *args: str) -> str:
+    env = dict(os.environ, DVC_NO_ANALYTICS="1", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
+               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")  # fmt: skip
+    proc = subprocess.run([DVC, *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, f"dvc {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout + proc.stderr
+
+
+def _ran(output: str) -> list[str]:
+    return re.findall(r"Running stage '(\w+)'", output)
+
+
+@pytest.fixture()
+def stub_repo(tmp_path: Path, repo_root: Path) -> Path:
+    """A git + DVC repo with the real dvc.yaml/params.yaml, stub commands and placeholder code deps."""
+    pipeline = yaml.safe_load((repo_root / "dvc.yaml").read_text())
+    produced = set()
+    for stage in pipeline["stages"].values():
+        for kind in ("outs", "metrics", "plots"):
+            produced |= {e if isinstance(e, str) else next(iter(e)) for e in stage.get(kind, [])}
+    for name, stage in pipeline["stages"].items():
+        stage["cmd"] = f"{sys.executable} stub.py {name}"
+        for dep in stage.get("deps", []):
+            if dep in produced or any(dep.startswith(p + "/") for p in produced):
+                continue
+            target = tmp_path / dep
+            if Path(dep).suffix:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(f"# placeholder for {dep}\n")
+            else:
+                target.mkdir(parents=True, exist_ok=True)
+                (target / "placeholder.py").write_text("")
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
+    shutil.copy(repo_root / "params.yaml", tmp_path / "params.yaml")
+    (tmp_path / "stub.py").write_text(STUB)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    _dvc(tmp_path, "init", "-q")
+    return tmp_path
+
+
+def _plots(cwd: Path) -> str:
+    out = _dvc(cwd, "plots", "show", "--json")
+    return out[out.index("{") :]
+
+
+def _commit(cwd: Path) -> None:
+    subprocess.run(["git", "add", "-A"], cwd=cwd, check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"], cwd=cwd, check=True
+    )
+
+
+def test_alpha_reruns_train_and_later_only(stub_repo: Path) -> None:
+    first = _ran(_dvc(stub_repo, "repro"))
+    assert first == ["prepare", "warmstart", "train", "evaluate", "register"]
+    assert "up to date" in _dvc(stub_repo, "status")
+    params = stub_repo / "params.yaml"
+    params.write_text(params.read_text().replace("alpha: 0.5", "alpha: 0.25"))
+    status = _dvc(stub_repo, "status")
+    assert "train:" in status and "prepare:" not in status and "warmstart:" not in status
+    assert _ran(_dvc(stub_repo, "repro")) == ["train", "evaluate", "register"]
+    plots = json.loads(_plots(stub_repo))  # `dvc plots show` renders the curves from history.csv
+    for name in ("rewards", "mistake_book"):
+        values = plots["data"][name][0]["content"]["data"]["values"]
+        assert [v["iteration"] for v in values][:2] == ["1", "2"], name
+    # a key no stage reads (eval.promote_metric is register's only) re-runs register alone
+    params.write_text(params.read_text().replace("promote_metric: ", "promote_metric: x"))
+    assert _ran(_dvc(stub_repo, "repro")) == ["register"]
+
+
+def test_exp_run_with_set_param(stub_repo: Path) -> None:
+    _dvc(stub_repo, "repro")
+    _commit(stub_repo)
+    out = _dvc(stub_repo, "exp", "run", "-S", "reward.alpha=0.75")
+    assert _ran(out) == ["train", "evaluate", "register"], out
+    shown = _dvc(stub_repo, "exp", "show", "--no-pager", "--csv")
+    assert "0.75" in shown
+
+
+def test_stage_params_are_declared_precisely(repo_root: Path) -> None:
+    """Guard: prepare must not track whole sections train reads (else alpha sweeps re-prepare data)."""
+    stages = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]
+    assert "reward" not in stages["prepare"]["params"] and "data" not in stages["prepare"]["params"]
+    assert "reward" in stages["train"]["params"] and "mistake_book" in stages["train"]["params"]
+    outs = {next(iter(o)): o[next(iter(o))] for o in stages["train"]["outs"] if isinstance(o, dict)}
+    assert outs["outputs/train/checkpoints"]["persist"] and outs["outputs/train/mistake_book.json"]["persist"]
+    assert [m for m in stages["train"]["metrics"]] == [{"outputs/train/metrics.json": {"cache": False}}]

@@ -1,0 +1,84 @@
+"""Register stage: champion only when the evaluation beats the current champion, else candidate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from codea1_core.config import Config
+from flows.common import UserError
+from flows.register import decide, metric_value, register
+from tasks import tracking
+from tasks.tracking import MlflowTracker
+
+
+@pytest.fixture()
+def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return Config().replace(
+        **{
+            "tracking.tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+            "tracking.artifact_location": str(tmp_path / "artifacts"),
+            "orchestration.checkpoint_dir": str(tmp_path / "train"),
+            "eval.promote_metric": "code/lab_heldout/pass@1",
+        }
+    )
+
+
+def _train_and_eval(cfg: Config, tmp_path: Path, value: float) -> Path:
+    """What the train + evaluate stages leave behind: registered versions, DONE.json, eval metrics."""
+    model = tmp_path / "export"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    tr = MlflowTracker(cfg)
+    versions = {role: tr.register(role, model, 1) for role in ("code", "test")}
+    final = Path(cfg.orchestration.checkpoint_dir) / "final"
+    final.mkdir(parents=True, exist_ok=True)
+    (final / "DONE.json").write_text(json.dumps({"iteration": 1, "versions": versions, "run_id": tr.run_id}))
+    eval_path = tmp_path / "eval.json"
+    eval_path.write_text(json.dumps({"code/lab_heldout/pass@1": value, "other": 1}))
+    return eval_path
+
+
+def test_promotion_sequence(cfg: Config, tmp_path: Path) -> None:
+    out = tmp_path / "register.json"
+    first = register(cfg, _train_and_eval(cfg, tmp_path, 0.40), out)
+    assert first["decision"] == "champion" and first["champion_value"] is None
+    assert tracking.alias_info(cfg, "codea1-code", "champion")["version"] == "1"
+    worse = register(cfg, _train_and_eval(cfg, tmp_path, 0.30), out)
+    assert worse["decision"] == "candidate" and worse["champion_value"] == pytest.approx(0.40)
+    assert tracking.alias_info(cfg, "codea1-code", "champion")["version"] == "1"
+    assert tracking.alias_info(cfg, "codea1-code", "candidate")["version"] == "2"
+    assert json.loads(out.read_text())["decision"] == "candidate"
+    better = register(cfg, _train_and_eval(cfg, tmp_path, 0.55), out)
+    assert better["decision"] == "champion" and better["models"]["test"]["alias"] == "champion"
+    assert tracking.alias_info(cfg, "codea1-test", "champion")["version"] == "3"
+    # the decision is logged to the training run
+    run_id = json.loads((Path(cfg.orchestration.checkpoint_dir) / "final" / "DONE.json").read_text())[
+        "run_id"
+    ]
+    run = MlflowTracker(cfg, run_id=run_id).client.get_run(run_id)
+    assert run.data.metrics["register/new"] == pytest.approx(0.55)
+    assert run.data.metrics["register/promoted"] == 1.0
+
+
+def test_equal_number_is_not_promoted() -> None:
+    assert decide(0.5, 0.5) == "candidate"
+    assert decide(0.5, None) == "champion"
+
+
+def test_metric_lookup_errors(tmp_path: Path) -> None:
+    src = tmp_path / "m.json"
+    assert metric_value({"code": {"he": {"pass@1": 0.2}}}, "code/he/pass@1", src) == 0.2
+    with pytest.raises(UserError, match="m.json: metric 'code/x' .*not found"):
+        metric_value({"code": {}}, "code/x", src)
+    with pytest.raises(UserError, match="not a number"):
+        metric_value({"a": "high"}, "a", src)
+
+
+def test_missing_eval_file_is_a_user_error(cfg: Config, tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="run the evaluate stage"):
+        register(cfg, tmp_path / "nope.json", tmp_path / "out.json")
+    assert not (tmp_path / "out.json").exists()

@@ -1,0 +1,130 @@
+"""Prefect deployments: the objects ``codea1 serve`` registers, and (slow) a real server -> serve -> UI-style run.
+
+The end-to-end test starts ``prefect server start`` on a free 127.0.0.1 port with its own PREFECT_HOME, runs
+``python -m flows.serve`` against it, triggers a tiny training run through the API (``run_deployment``), waits
+for it, checks MLflow got its metrics, and stops only the two processes it started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from test_train_flow import build_tiny, tiny_config
+
+from codea1_core.config import ConfigError
+from flows.serve import EVALUATE_DEPLOYMENT, TRAIN_DEPLOYMENT, build_deployments
+
+
+def test_deployment_objects(tmp_path: Path, repo_root: Path) -> None:
+    params = tmp_path / "p.yaml"
+    params.write_text("mode: golden\n")
+    train, evaluate = build_deployments(str(params), ["reward.alpha=0.25"], cron="0 3 * * *")
+    assert (train.name, train.flow_name) == (TRAIN_DEPLOYMENT, "train")
+    assert (evaluate.name, evaluate.flow_name) == (EVALUATE_DEPLOYMENT, "evaluate-params")
+    assert train.parameters == {"params": str(params), "overrides": ["reward.alpha=0.25"]}
+    assert train.schedules and train.schedules[0].schedule.cron == "0 3 * * *"
+    assert {"params", "overrides"} <= set(train._parameter_openapi_schema.properties)
+    assert train.entrypoint.endswith("flows/train.py:train_flow")
+    with pytest.raises(ConfigError, match="reward.alpha"):
+        build_deployments(str(params), ["reward.alpha=high"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else "server exited"
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"prefect server at {url} not healthy after {timeout_s}s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+@pytest.mark.slow
+def test_serve_end_to_end(tmp_path: Path, repo_root: Path) -> None:
+    import asyncio
+
+    from mlflow.tracking import MlflowClient
+
+    model = build_tiny(tmp_path / "model")
+    cfg = tiny_config(tmp_path, model, **{"orchestration.max_steps": 1})
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(cfg.to_dict()))
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = dict(
+        os.environ, PREFECT_HOME=str(tmp_path / "prefect_home"), PREFECT_API_URL=api, OMP_NUM_THREADS="1"
+    )
+    env.pop("MLFLOW_TRACKING_URI", None)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    serving = None
+    try:
+        _wait_healthy(api, server, 180)
+        serving = subprocess.Popen(
+            [sys.executable, "-m", "flows.serve", "--params", str(params)], cwd=repo_root, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )  # fmt: skip
+        run = asyncio.run(_trigger(api, f"train/{TRAIN_DEPLOYMENT}", serving))
+        assert run.state.is_completed(), run.state
+        client = MlflowClient(tracking_uri=cfg.tracking.tracking_uri)
+        exp = client.get_experiment_by_name(cfg.tracking.experiment)
+        (mlrun,) = client.search_runs([exp.experiment_id])
+        assert [m.step for m in client.get_metric_history(mlrun.info.run_id, "code/reward_mean")] == [1]
+    finally:
+        if serving is not None:
+            _stop(serving)
+        _stop(server)
+
+
+async def _trigger(api: str, name: str, serving: subprocess.Popen):
+    """Wait for the deployment to appear (served), then run it through the API and wait for the result."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api}):  # this process's client talks to the test's server
+        async with get_client() as client:
+            deadline = time.monotonic() + 180
+            while True:
+                assert serving.poll() is None, serving.stdout.read() if serving.stdout else "serve exited"
+                try:
+                    await client.read_deployment_by_name(name)
+                    break
+                except Exception:  # not registered yet
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(1)
+        return await run_deployment(name, timeout=600, poll_interval=2)
