@@ -181,6 +181,7 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
         plans = [plan_golden(p, c) for p, c in zip(problems, codes, strict=True)]
         outcomes, sb = timed("execute", execute_golden, ex, plans, cfg, it)
         scores, sm = timed("score", score, outcomes, cfg, it, golden=True)
+        merge_mistake_book.fn(None, outcomes, it, run.out_dir / "mistake_book.json")  # a DVC out in all modes
     else:
         args = (run.test_pol, problems, codes, cfg, it, selfplay)
         test_out = timed("rollout_tests", rollout_tests, *args)  # steps 4-5 (black-box prompts for selfplay)

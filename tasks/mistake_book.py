@@ -30,8 +30,16 @@ def retrieve_replay(book: Any, problems: list[Any], cfg: Config) -> list[list[An
 def merge_mistake_book(
     book: Any, matrices: list[Any], iteration: int, path: str | Path | None = None
 ) -> dict[str, float]:
-    """Update the book from this step's outcomes; ``mistake_book/`` metrics (size, added, removed, ...)."""
+    """Update the book from this step's outcomes; ``mistake_book/`` metrics (size, added, removed, ...).
+
+    Without a book (``golden`` mode, ``mistake_book.enabled: false``) an empty, disabled book is written, so
+    the DVC out exists in every mode.
+    """
     if book is None:
+        if path is not None:
+            from codea1_core.mistake_book import MistakeBook
+
+            write_json_atomic(path, MistakeBook(enabled=False).to_dict())
         return {}
     totals: dict[str, float] = {}
     replayed = passed = 0

@@ -286,6 +286,9 @@ def test_modes_and_ablations(prefect_harness, tiny_model, tmp_path, monkeypatch,
     has_book = mode != "golden" and extra.get("mistake_book.enabled", True)
     assert (ckpt / "mistake_book.json").is_file() == has_book
     assert ("mistake_book/size" in summary) == has_book
+    # dvc.yaml declares the book as a train out: it must exist in every mode (empty when there is no book)
+    book = json.loads((tmp_path / "train" / "mistake_book.json").read_text())
+    assert (book["problems"] == {}) or has_book
 
 
 def test_missing_prepared_data_is_a_user_error(tmp_path: Path) -> None:
