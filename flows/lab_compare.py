@@ -1,0 +1,604 @@
+"""``make lab-compare``: the paper's comparison in small, as DVC experiments (ALGORITHM.md §14, §15, D10).
+
+What it does: one DVC experiment per (mode, seed) — ``golden``, ``selfplay``, ``codea1`` and ``codea1`` without
+the Mistake Book (``codea1_nomb``: ``mistake_book.enabled=false``), seeds 1..N setting ``seed`` and ``data.seed``
+— each ``dvc exp run evaluate -S mode=... -S seed=... -n lc-<tag>-<mode>-s<seed>`` (prepare → warmstart → train
+→ evaluate; ``register`` is not run and ``tracking.register=false``, so a comparison never touches the model
+registry). It then reads every experiment's ``outputs/eval/metrics.json`` and ``outputs/train/history.csv`` and
+writes ``<out>/`` (default ``outputs/lab_compare/``): ``table.md`` / ``table.json`` (mean ± sample std over
+seeds per mode), ``rewards.png``, ``mistake_book.png`` (vs the paper's §15.4 figure), ``report.html``,
+``runs/<name>/`` and ``dvc.log``; prints the table and the wall time. Exit 1 when an experiment failed.
+
+Two runners (``--runner``, default ``auto``):
+  * ``queue``: ``dvc exp run --queue`` + ``dvc exp run --run-all --jobs N``. Each experiment runs in an isolated
+    temp copy (``.dvc/tmp/exps``), the workspace is never touched, and results are read from the experiment
+    commit (``git show <refs/exps/..>:<file>``). Files not committed yet are copied in with ``-C``. It needs the
+    metrics files NOT git-ignored (DVC cannot commit ignored files into the experiment), which is not the case
+    while ``.gitignore`` has ``/outputs/``; ``auto`` then falls back to
+  * ``workspace``: experiments one after another in the workspace. Before, ``params.yaml``, ``dvc.lock`` and
+    every stage output of ``dvc.yaml`` are moved to ``.dvc/tmp/lab_compare_backup``; ``params.yaml`` is reset
+    before each experiment; each run's two files are copied to ``runs/<name>/``; afterwards (also on failure
+    or Ctrl-C) the experiments' outputs are deleted and the user's files moved back. While it runs, the
+    workspace holds the experiment being run — do not use the repo for anything else meanwhile.
+Either way each experiment also stays a git ref under ``refs/exps`` (``dvc exp show``; ``dvc exp remove -A``).
+MLflow: queued runs log to their temp copy's ``mlflow/`` store (dropped with it); workspace runs log to the
+user's store (``tracking.*``), as any ``dvc exp run`` would.
+Prepare and warmstart are shared through DVC (unchanged stage / run cache) only where their params agree:
+both read ``seed`` and warmstart also reads ``mode``, so they run once per seed (and mode).
+
+What it does not: change the pipeline, or pick a winner (read the table with its std and number of seeds).
+
+Run: ``python -m flows.lab_compare [--seeds 3] [--modes golden,selfplay,codea1,codea1_nomb] [--quick]
+[--runner auto|queue|workspace] [--jobs 1] [--out DIR] [--collect-only TAG] [key=value ...]``
+(``make lab-compare``). Values go to ``dvc exp run -S`` as YAML: write strings that look like YAML keywords
+quoted, e.g. ``"tracking.backend='null'"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flows.common import UserError, quiet_env, run_user_errors
+
+MODES: dict[str, list[str]] = {
+    "golden": ["mode=golden"],
+    "selfplay": ["mode=selfplay"],
+    "codea1": ["mode=codea1"],
+    "codea1_nomb": ["mode=codea1", "mistake_book.enabled=false"],
+}
+"""Comparison arms (D10) as ``-S`` overrides; ``codea1_nomb`` is the §15.4 Mistake Book ablation."""
+QUICK_OVERRIDES = [
+    "orchestration.max_steps=2",
+    "eval.n_samples=2",
+    "rollout.n_code=2",
+    "rollout.n_tests=2",
+    "lab.warmstart_epochs=1",
+]
+"""``--quick`` (tests, smoke): one seed and a tiny run, passed to every experiment."""
+COMMON_OVERRIDES = ["tracking.register=false"]
+"""Every experiment: no model versions in the registry (``register`` is not run either; nothing is promoted)."""
+EVAL_FILE = "outputs/eval/metrics.json"
+HISTORY_FILE = "outputs/train/history.csv"
+COLUMNS: list[tuple[str, str, str]] = [
+    ("code pass@1 held-out (base)", "eval", "code/lab_heldout/base/pass@1"),
+    ("test pass@5", "eval", "test/lab_heldout/pass@5"),
+    ("mut@5", "eval", "test/lab_heldout/mut@5"),
+    ("Mul", "eval", "test/lab_heldout/mul"),
+    ("final code reward", "history", "code/reward_mean"),
+    ("final test reward", "history", "test/reward_mean"),
+]
+"""(column title, source, key): the paper's Table 15.1/15.2 in small plus the final training rewards."""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One planned DVC experiment."""
+
+    name: str
+    mode: str
+    seed: int
+    overrides: tuple[str, ...]
+
+
+@dataclass
+class RunResult:
+    """What one experiment produced (empty dicts when it failed or a file was missing)."""
+
+    experiment: Experiment
+    metrics: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    error: str = ""
+
+
+# ------------------------------------------------------------------------------------------------
+# Plan
+# ------------------------------------------------------------------------------------------------
+
+
+def plan(modes: Sequence[str], seeds: int, extra: Sequence[str], tag: str) -> list[Experiment]:
+    """Experiments for every (mode, seed); names ``lc-<tag>-<mode>-s<seed>`` (valid git ref names)."""
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise UserError(f"--modes: unknown mode(s) {unknown}; choose from {sorted(MODES)}")
+    if seeds < 1:
+        raise UserError(f"--seeds: expected >= 1, got {seeds}")
+    out = []
+    for mode in modes:
+        for seed in range(1, seeds + 1):
+            overrides = (*MODES[mode], f"seed={seed}", f"data.seed={seed}", *extra)
+            out.append(Experiment(f"lc-{tag}-{mode}-s{seed}", mode, seed, overrides))
+    return out
+
+
+def validate(params: Path, experiments: Sequence[Experiment]) -> None:
+    """Every experiment's overrides must load (one clear ConfigError otherwise), before anything is queued."""
+    from codea1_core.config import load_config
+
+    for exp in experiments:
+        load_config(params, list(exp.overrides))
+
+
+# ------------------------------------------------------------------------------------------------
+# Run (DVC queue)
+# ------------------------------------------------------------------------------------------------
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python` = this venv
+    return env
+
+
+def _cmd(args: list[str], repo: Path, log: io.TextIOBase | None = None) -> str:
+    proc = subprocess.run(args, cwd=repo, env=_env(), capture_output=True, text=True, check=False)
+    if log is not None:
+        log.write(f"$ {' '.join(args)}\n{proc.stdout}{proc.stderr}\n")
+        log.flush()
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise UserError(f"`{' '.join(args[:4])} ...` failed (exit {proc.returncode}): {' | '.join(tail)}")
+    return proc.stdout
+
+
+def untracked_paths(repo: Path, exclude: Sequence[str] = ()) -> list[str]:
+    """Not-ignored files/dirs git does not track yet (new dirs collapsed): copied into each queued experiment.
+
+    Left out: symlinks (DVC's copy follows them: a ``.venv`` link would copy a whole environment) and anything
+    overlapping ``exclude`` (stage outputs, e.g. a user's checkpoints, must never leak into an experiment).
+    """
+    out = _cmd(["git", "ls-files", "--others", "--exclude-standard", "--directory"], repo)
+    paths = [line.rstrip("/") for line in out.splitlines() if line.strip()]
+    excl = [Path(e) for e in exclude]
+
+    def overlaps(path: Path) -> bool:
+        return any(path == e or e in path.parents or path in e.parents for e in excl)
+
+    return [p for p in paths if not (repo / p).is_symlink() and not overlaps(Path(p))]
+
+
+def queue_and_run(repo: Path, experiments: Sequence[Experiment], jobs: int, out: Path, log: Any) -> None:
+    """``dvc exp run --queue evaluate -S ... -n NAME [-C PATH ...]`` per experiment, then ``--run-all``."""
+    exclude = [*_stage_outs(repo), str(out.relative_to(repo)) if out.is_relative_to(repo) else ""]
+    copy = [a for p in untracked_paths(repo, [e for e in exclude if e]) for a in ("-C", p)]
+    params = repo / "params.yaml"
+    before = params.read_bytes()
+    try:
+        for exp in experiments:
+            sets = [a for o in exp.overrides for a in ("-S", o)]
+            _cmd(["dvc", "exp", "run", "--queue", "evaluate", *sets, "-n", exp.name, *copy], repo, log)
+    finally:
+        if params.read_bytes() != before:  # DVC restores it; never leave the user's params changed
+            params.write_bytes(before)
+    proc = subprocess.run(
+        ["dvc", "exp", "run", "--run-all", "--jobs", str(jobs)], cwd=repo, env=_env(), stdout=log, stderr=log
+    )
+    log.write(f"# dvc exp run --run-all: exit {proc.returncode}\n")
+
+
+def queue_can_return_results(repo: Path) -> bool:
+    """Queued runs return only what their experiment commit holds: the metrics files must not be git-ignored."""
+    codes = [
+        subprocess.run(["git", "check-ignore", "-q", rel], cwd=repo, check=False).returncode
+        for rel in (EVAL_FILE, HISTORY_FILE)
+    ]
+    return codes == [1, 1]  # 1: not ignored (0: ignored; 128: not a git repo)
+
+
+def _stage_outs(repo: Path) -> list[str]:
+    """Every out/metrics/plots path of ``dvc.yaml`` plus the ``.gitignore`` DVC writes beside them."""
+    import yaml
+
+    stages = (yaml.safe_load((repo / "dvc.yaml").read_text()) or {}).get("stages", {})
+    paths = set()
+    for stage in stages.values():
+        for kind in ("outs", "metrics", "plots"):
+            for entry in stage.get(kind, []):
+                path = next(iter(entry)) if isinstance(entry, dict) else entry
+                paths.update({path, str(Path(path).parent / ".gitignore")})
+    return sorted(p for p in paths if not p.startswith(".."))
+
+
+def run_in_workspace(repo: Path, experiments: Sequence[Experiment], runs: Path, log: Any) -> None:
+    """``dvc exp run evaluate -S ... -n NAME`` one after another in the workspace, outputs copied to ``runs/``.
+
+    Before: ``params.yaml``, ``dvc.lock`` and every stage output are moved aside (``.dvc/tmp/lab_compare_backup``);
+    ``params.yaml`` is reset before each experiment (``-S`` edits it in place); after (also on failure or
+    Ctrl-C) the experiments' outputs are deleted and the user's files moved back, so the workspace is as before.
+    """
+    backup = repo / ".dvc" / "tmp" / "lab_compare_backup"
+    if backup.exists():
+        raise UserError(
+            f"{backup} exists: an earlier lab-compare was interrupted; restore or delete it first"
+        )
+    paths = ["params.yaml", "dvc.lock", *_stage_outs(repo)]
+    params = (repo / "params.yaml").read_bytes()
+    parents = {q for rel in paths for q in (repo / rel).parents if repo in q.parents}
+    new_dirs = sorted((q for q in parents if not q.exists()), key=lambda q: -len(q.parts))
+    for rel in paths:
+        if (repo / rel).exists():
+            (backup / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(repo / rel, backup / rel)
+    try:
+        for exp in experiments:
+            (repo / "params.yaml").write_bytes(params)
+            sets = [a for o in exp.overrides for a in ("-S", o)]
+            args = ["dvc", "exp", "run", "evaluate", *sets, "-n", exp.name]
+            log.write(f"$ {' '.join(args)}\n")
+            log.flush()  # the experiment's output streams into the same file (tail -f it)
+            proc = subprocess.run(
+                args, cwd=repo, env=_env(), stdout=log, stderr=subprocess.STDOUT, check=False
+            )
+            if proc.returncode != 0:
+                log.write(f"# {exp.name} failed: exit {proc.returncode}\n")
+                continue
+            for rel in (EVAL_FILE, HISTORY_FILE):
+                (runs / exp.name).mkdir(parents=True, exist_ok=True)
+                shutil.copy2(repo / rel, runs / exp.name / Path(rel).name)
+    finally:
+        for rel in paths:
+            target = repo / rel
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+            if (backup / rel).exists():
+                os.replace(backup / rel, target)
+        shutil.rmtree(backup, ignore_errors=True)
+        for folder in new_dirs:  # folders the experiments created, deepest first, if now empty
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+
+
+def collect_dir(runs: Path, experiments: Sequence[Experiment]) -> list[RunResult]:
+    """Results from ``runs/<name>/{metrics.json,history.csv}`` (workspace mode)."""
+    results = []
+    for exp in experiments:
+        res, folder = RunResult(exp), runs / exp.name
+        try:
+            res.metrics = json.loads((folder / Path(EVAL_FILE).name).read_text())
+            res.history = parse_history((folder / Path(HISTORY_FILE).name).read_text())
+        except FileNotFoundError:
+            res.error = "no outputs (the experiment failed; see dvc.log)"
+        except json.JSONDecodeError as exc:
+            res.error = f"unreadable {folder / Path(EVAL_FILE).name}: {exc}"
+        results.append(res)
+    return results
+
+
+# ------------------------------------------------------------------------------------------------
+# Collect
+# ------------------------------------------------------------------------------------------------
+
+
+def exp_refs(repo: Path) -> dict[str, str]:
+    """Experiment name -> commit, from ``refs/exps/<..>/<baseline>/<name>``."""
+    out = _cmd(["git", "for-each-ref", "--format=%(refname) %(objectname)", "refs/exps"], repo)
+    refs = {}
+    for line in out.splitlines():
+        ref, _, sha = line.partition(" ")
+        if ref.count("/") >= 4 and not ref.startswith(("refs/exps/celery", "refs/exps/exec")):
+            refs[ref.rsplit("/", 1)[1]] = sha
+    return refs
+
+
+def parse_history(text: str) -> list[dict[str, Any]]:
+    """``history.csv`` rows with numbers as floats (empty cells dropped)."""
+    rows = []
+    for raw in csv.DictReader(io.StringIO(text)):
+        row: dict[str, Any] = {}
+        for key, value in raw.items():
+            if value in ("", None):
+                continue
+            try:
+                row[key] = float(value)
+            except ValueError:
+                row[key] = value
+        rows.append(row)
+    return rows
+
+
+def collect(repo: Path, experiments: Sequence[Experiment]) -> list[RunResult]:
+    """Read each experiment's eval metrics and training history from its experiment commit."""
+    refs = exp_refs(repo)
+    results = []
+    for exp in experiments:
+        res = RunResult(exp)
+        sha = refs.get(exp.name)
+        if sha is None:
+            res.error = "no experiment commit (failed or not run; see dvc_queue.log / `dvc queue logs`)"
+        else:
+            try:
+                res.metrics = json.loads(_cmd(["git", "show", f"{sha}:{EVAL_FILE}"], repo))
+                res.history = parse_history(_cmd(["git", "show", f"{sha}:{HISTORY_FILE}"], repo))
+            except (UserError, json.JSONDecodeError) as exc:
+                res.error = f"unreadable outputs in {sha[:8]}: {exc}"
+        results.append(res)
+    return results
+
+
+# ------------------------------------------------------------------------------------------------
+# Aggregate (pure)
+# ------------------------------------------------------------------------------------------------
+
+
+def _num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def final_value(history: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    """The last finite value of ``key`` in the history, or None."""
+    vals = [float(row[key]) for row in history if _num(row.get(key))]
+    return vals[-1] if vals else None
+
+
+def row_values(result: RunResult) -> dict[str, float | None]:
+    """One experiment's value per table column (None when missing)."""
+    out: dict[str, float | None] = {}
+    for title, source, key in COLUMNS:
+        if source == "eval":
+            value = result.metrics.get(key)
+            out[title] = float(value) if _num(value) else None
+        else:
+            out[title] = final_value(result.history, key)
+    return out
+
+
+def aggregate(results: Sequence[RunResult]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per mode and column: ``{mean, std, n, values}``; std is the sample std (None when n < 2)."""
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    for res in results:
+        if res.error:
+            continue
+        cells = table.setdefault(res.experiment.mode, {t: {"values": []} for t, _, _ in COLUMNS})
+        for title, value in row_values(res).items():
+            if value is not None:
+                cells[title]["values"].append(value)
+    for cells in table.values():
+        for cell in cells.values():
+            vals = cell["values"]
+            cell["n"] = len(vals)
+            cell["mean"] = statistics.fmean(vals) if vals else None
+            cell["std"] = statistics.stdev(vals) if len(vals) > 1 else None
+    return table
+
+
+def _cell(cell: Mapping[str, Any]) -> str:
+    if cell["mean"] is None:
+        return "–"
+    std = f" ± {cell['std']:.2f}" if cell["std"] is not None else ""
+    return f"{cell['mean']:.2f}{std}"
+
+
+def table_markdown(table: Mapping[str, Mapping[str, Mapping[str, Any]]], results: Sequence[RunResult]) -> str:
+    """Markdown table (one row per mode, ``mean ± std (n seeds)``) plus the failed experiments."""
+    titles = [t for t, _, _ in COLUMNS]
+    lines = ["| mode | seeds | " + " | ".join(titles) + " |", "|---" * (len(titles) + 2) + "|"]
+    for mode in [m for m in MODES if m in table]:
+        n = max(c["n"] for c in table[mode].values())
+        lines.append(f"| {mode} | {n} | " + " | ".join(_cell(table[mode][t]) for t in titles) + " |")
+    failed = [r for r in results if r.error]
+    if failed:
+        lines.append("")
+        lines.extend(f"- FAILED {r.experiment.name}: {r.error}" for r in failed)
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# Plots and report
+# ------------------------------------------------------------------------------------------------
+
+PAPER_PASS_RATE = {"codea1": 0.76, "codea1_nomb": 0.86, "golden": 0.74, "replay": 0.55}
+"""§15.4 (fig:mistakebook, approximate): training pass rate at the end of training; replay pass rate."""
+
+
+def mean_curve(
+    results: Sequence[RunResult], mode: str, keys: Sequence[str]
+) -> tuple[list[float], list[float]]:
+    """Mean over seeds of the first present key per iteration (iterations where any seed has a value)."""
+    by_it: dict[float, list[float]] = {}
+    for res in results:
+        if res.experiment.mode != mode or res.error:
+            continue
+        for i, row in enumerate(res.history):
+            value = next((row[k] for k in keys if _num(row.get(k))), None)
+            if value is not None:
+                it = float(row["iteration"]) if _num(row.get("iteration")) else float(i)
+                by_it.setdefault(it, []).append(float(value))
+    xs = sorted(by_it)
+    return xs, [statistics.fmean(by_it[x]) for x in xs]
+
+
+def _png(fig: Any) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def rewards_chart(results: Sequence[RunResult]) -> bytes:
+    """Code and test reward per iteration, one line per mode (mean over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
+    for ax, key in zip(axes, ("code/reward_mean", "test/reward_mean"), strict=True):
+        for mode in MODES:
+            xs, ys = mean_curve(results, mode, [key])
+            if xs:
+                ax.plot(xs, ys, marker=".", label=mode)
+        ax.set(title=f"{key} (mean over seeds)", xlabel="iteration", ylabel="reward")
+        ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def mistake_book_chart(results: Sequence[RunResult]) -> bytes:
+    """codea1's Mistake Book added/removed per iteration; training pass rates vs the paper's §15.4 figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2))
+    for key in ("mistake_book/added", "mistake_book/removed", "mistake_book/size"):
+        xs, ys = mean_curve(results, "codea1", [key])
+        if xs:
+            left.plot(xs, ys, marker=".", label=key)
+    left.set(title="codea1: Mistake Book (mean over seeds)", xlabel="iteration", ylabel="tests")
+    left.legend(fontsize=8)
+    lines = [
+        (m, ["code/pass_new", "code/pass_golden", "code/reward_mean"]) for m in ("codea1", "codea1_nomb")
+    ]
+    lines += [("golden", ["code/pass_golden", "code/pass_new", "code/reward_mean"])]
+    for mode, keys in lines:
+        xs, ys = mean_curve(results, mode, keys)
+        if xs:
+            (line,) = right.plot(xs, ys, marker=".", label=f"{mode} pass rate")
+            right.axhline(PAPER_PASS_RATE[mode], ls="--", lw=0.8, color=line.get_color())
+    xs, ys = mean_curve(results, "codea1", ["mistake_book/replay_pass_rate"])
+    if xs:
+        (line,) = right.plot(xs, ys, marker="x", label="codea1 replay pass rate")
+        right.axhline(PAPER_PASS_RATE["replay"], ls="--", lw=0.8, color=line.get_color())
+    right.set(title="training pass rate (dashed: paper §15.4)", xlabel="iteration", ylim=(0, 1.05))
+    right.legend(fontsize=7)
+    return _png(fig)
+
+
+def report_html(table_md: str, charts: Mapping[str, bytes], results: Sequence[RunResult], notes: str) -> str:
+    """One self-contained HTML page: the table, the plots, every experiment's metrics side by side."""
+    import base64
+    import html
+
+    from codea1_core.report import comparison_table
+
+    parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>codea1 lab compare</title>"]
+    parts.append("<style>body{font-family:sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:2px 6px}")
+    parts.append("table{border-collapse:collapse}</style></head><body><h1>codea1 lab compare</h1>")
+    parts.append(f"<p>{html.escape(notes)}</p><pre>{html.escape(table_md)}</pre>")
+    for name, png in charts.items():
+        data = base64.b64encode(png).decode("ascii")
+        parts.append(f"<h2>{html.escape(name)}</h2><img alt='{name}' src='data:image/png;base64,{data}'/>")
+    runs = {r.experiment.name: r.metrics for r in results if not r.error}
+    if runs:
+        parts.append("<h2>All experiments</h2>" + comparison_table(runs))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _write(path: Path, data: str | bytes) -> None:
+    """Atomic write (temp file in the same folder, then ``os.replace``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+    os.replace(tmp, path)
+
+
+def write_outputs(out: Path, results: Sequence[RunResult], wall_s: float) -> str:
+    """Write table.md/json, plots, report.html and runs/<name>/; return the markdown table."""
+    table = aggregate(results)
+    table_md = table_markdown(table, results)
+    for res in results:
+        if not res.error:
+            _write(out / "runs" / res.experiment.name / "metrics.json", json.dumps(res.metrics, indent=1))
+            _write(out / "runs" / res.experiment.name / "history.json", json.dumps(res.history))
+    experiments = {
+        r.experiment.name: {"mode": r.experiment.mode, "seed": r.experiment.seed,
+                            "overrides": list(r.experiment.overrides), "error": r.error or None}
+        for r in results
+    }  # fmt: skip
+    _write(
+        out / "table.json",
+        json.dumps({"table": table, "experiments": experiments, "wall_s": wall_s}, indent=1),
+    )
+    _write(out / "table.md", table_md)
+    charts = {"rewards": rewards_chart(results), "mistake_book": mistake_book_chart(results)}
+    for name, png in charts.items():
+        _write(out / f"{name}.png", png)
+    notes = f"{len(results)} experiments, wall time {wall_s / 60:.1f} min; mean ± sample std over seeds."
+    _write(out / "report.html", report_html(table_md, charts, results, notes))
+    return table_md
+
+
+# ------------------------------------------------------------------------------------------------
+# Entry point
+# ------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flows.lab_compare``; exit 0 when every experiment produced results, 1 otherwise."""
+    quiet_env()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 1..N per mode (default 3)")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma list from {list(MODES)}")
+    parser.add_argument(
+        "--quick", action="store_true", help="1 seed and tiny runs: " + " ".join(QUICK_OVERRIDES)
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="experiments in parallel (default 1)")
+    parser.add_argument("--out", default="outputs/lab_compare", help="output folder")
+    parser.add_argument("--repo", default=".", help="repository root (default: cwd)")
+    parser.add_argument("--collect-only", metavar="TAG", help="skip running; collect experiments lc-TAG-*")
+    parser.add_argument(
+        "--runner",
+        choices=["auto", "queue", "workspace"],
+        default="auto",
+        help="queue (isolated temp dirs; needs the metrics files not git-ignored) or workspace (sequential, "
+        "workspace restored afterwards); auto picks queue when it can return results",
+    )
+    parser.add_argument("overrides", nargs="*", help="key=value passed to every experiment")
+    args = parser.parse_args(argv)
+    outcome: dict[str, int] = {}
+
+    def run() -> None:
+        repo = Path(args.repo).resolve()
+        tag = args.collect_only or time.strftime("%Y%m%d-%H%M%S")
+        seeds = 1 if args.quick else args.seeds
+        extra = [*(QUICK_OVERRIDES if args.quick else []), *COMMON_OVERRIDES, *args.overrides]
+        experiments = plan([m for m in args.modes.split(",") if m], seeds, extra, tag)
+        validate(repo / "params.yaml", experiments)
+        out, start = repo / args.out, time.monotonic()
+        runner = args.runner
+        if runner == "auto":
+            runner = "queue" if queue_can_return_results(repo) else "workspace"
+        if args.collect_only:
+            runner = "workspace" if (out / "runs" / experiments[0].name).is_dir() else "queue"
+        else:
+            out.mkdir(parents=True, exist_ok=True)
+            print(
+                f"lab-compare: {len(experiments)} experiments (tag {tag}, {runner} runner), log {out / 'dvc.log'}"
+            )
+            if runner == "workspace" and args.runner == "auto":
+                print(f"  ({EVAL_FILE} is git-ignored, so queued experiments could not return it)")
+            with open(out / "dvc.log", "w") as log:
+                if runner == "queue":
+                    queue_and_run(repo, experiments, args.jobs, out, log)
+                else:
+                    run_in_workspace(repo, experiments, out / "runs", log)
+        wall_s = time.monotonic() - start
+        results = collect(repo, experiments) if runner == "queue" else collect_dir(out / "runs", experiments)
+        print(write_outputs(out, results, wall_s))
+        print(f"wall time: {wall_s:.0f} s ({wall_s / 60:.1f} min); outputs in {out}")
+        outcome["failed"] = sum(1 for r in results if r.error)
+
+    code = run_user_errors(run)
+    return code or (1 if outcome.get("failed") else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
