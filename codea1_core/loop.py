@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # Sections whose values do not change what is trained: a checkpoint stays resumable across them.
@@ -81,6 +81,8 @@ class GroupBatch:
     advantages: list[float]
     zero_variance_groups: int
     groups: int
+    in_zero_variance_group: list[bool] = field(default_factory=list)
+    """Per sample: True when its group had zero reward variance (D9: what ``skip_zero_variance_groups`` skips)."""
 
     def __len__(self) -> int:
         return len(self.advantages)
@@ -93,6 +95,7 @@ class GroupBatch:
             self.advantages + other.advantages,
             self.zero_variance_groups + other.zero_variance_groups,
             self.groups + other.groups,
+            self.in_zero_variance_group + other.in_zero_variance_group,
         )
 
 
@@ -107,17 +110,19 @@ def build_group_batch(groups: list[tuple[list[Any], list[float], list[bool]]], g
     prompt_ids: list[list[int]] = []
     completion_ids: list[list[int]] = []
     advantages: list[float] = []
+    flags: list[bool] = []
     zero = 0
     for completions, rewards, mask in groups:
-        if is_zero_variance(rewards, mask):
-            zero += 1
+        flat = is_zero_variance(rewards, mask)
+        zero += flat
         adv = group_advantages(rewards, mask, grpo.adv_eps)
         for comp, a, keep in zip(completions, adv, mask, strict=True):
             if keep:
                 prompt_ids.append(list(comp.prompt_ids))
                 completion_ids.append(list(comp.token_ids))
                 advantages.append(float(a))
-    return GroupBatch(prompt_ids, completion_ids, advantages, zero, len(groups))
+                flags.append(flat)
+    return GroupBatch(prompt_ids, completion_ids, advantages, zero, len(groups), flags)
 
 
 def code_groups(

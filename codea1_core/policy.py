@@ -67,6 +67,8 @@ class TrainBatch:
     completion_ids: list[list[int]]
     advantages: list[float]
     old_logprobs: list[list[float]] | None = None
+    in_zero_variance_group: list[bool] | None = None
+    """Per sample: its GRPO group had zero variance (D9). None: fall back to advantage == 0."""
 
 
 class _RawLogprobRecorder:
@@ -328,10 +330,16 @@ class Policy:
 
     def _check_batch(self, batch: TrainBatch) -> None:
         n = len(batch.completion_ids)
-        if len(batch.prompt_ids) != n or len(batch.advantages) != n:
+        flags = batch.in_zero_variance_group
+        if (
+            len(batch.prompt_ids) != n
+            or len(batch.advantages) != n
+            or (flags is not None and len(flags) != n)
+        ):
             raise ValueError(
                 f"TrainBatch ({self.role}): {len(batch.prompt_ids)} prompts, {n} completions, "
-                f"{len(batch.advantages)} advantages; expected equal counts"
+                f"{len(batch.advantages)} advantages, {len(flags) if flags is not None else n} group flags; "
+                "expected equal counts"
             )
         for i in range(n):
             if not batch.prompt_ids[i]:
@@ -351,13 +359,18 @@ class Policy:
         Old log-probs are recomputed with the current weights when ``batch.old_logprobs`` is None, and
         reference log-probs come from the adapter-disabled model (LoRA) or the frozen copy (full), both
         before the first update (§3 step 13). One optimizer step per mini-batch, one scheduler step per call.
-        With ``grpo.skip_zero_variance_groups`` (D9) samples with advantage 0 are left out entirely.
+        With ``grpo.skip_zero_variance_groups`` (D9) the samples of zero-variance groups are left out entirely.
         """
         t0, g = time.perf_counter(), self.cfg.grpo
         self._check_batch(batch)
         all_idx = [i for i in range(len(batch.completion_ids)) if batch.completion_ids[i]]
         zero = [i for i in all_idx if batch.advantages[i] == 0.0]
-        train_idx = [i for i in all_idx if not (g.skip_zero_variance_groups and batch.advantages[i] == 0.0)]
+        flat = (
+            set(zero)
+            if batch.in_zero_variance_group is None
+            else {i for i in all_idx if batch.in_zero_variance_group[i]}
+        )  # D9 skips zero-variance GROUPS, not a member of a spread group that sits exactly at the mean
+        train_idx = [i for i in all_idx if not (g.skip_zero_variance_groups and i in flat)]
         lr = self.optimizer.param_groups[0]["lr"]
         if batch.old_logprobs is None:
             old = self._logprobs_no_grad(batch, train_idx, reference=False)

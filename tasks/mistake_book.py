@@ -51,9 +51,13 @@ def merge_mistake_book(
         for key, value in counts.items():
             if key != "size":
                 totals[key] = totals.get(key, 0.0) + float(value)
-        flags = (
-            [f for row in matrix.replay_passed for f in row] if getattr(matrix, "replay_passed", None) else []
-        )
+        infra = getattr(matrix, "code_infra", ())
+        flags = [
+            f
+            for m, row in enumerate(getattr(matrix, "replay_passed", None) or ())
+            if not (m < len(infra) and infra[m])  # D4: an infra-masked code is never a replay failure
+            for f in row
+        ]
         replayed += len(flags)
         passed += sum(bool(f) for f in flags)
     metrics = {f"mistake_book/{k}": v for k, v in totals.items()}

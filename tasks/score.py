@@ -76,16 +76,22 @@ def golden_pass_rate(policy: Any, problems: list[Any], cfg: Config, executor: An
 def write_outcomes(path: str | Path, matrices: list[Any]) -> Path:
     """The step's outcome rows as parquet (temp file + ``os.replace``) so every reward can be re-derived."""
     import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [row for m in matrices for row in _rows(m)]
-    frame = pd.DataFrame(rows)
-    for col in frame.columns:  # nested values -> JSON text so any row shape fits parquet
-        if frame[col].map(lambda v: isinstance(v, (list, dict, tuple))).any():
-            frame[col] = frame[col].map(lambda v: json.dumps(v, default=str))
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    frame.to_parquet(tmp, index=False)
+    try:  # lists stay parquet lists, so ``OutcomeMatrix.from_rows`` reads the rows back unchanged
+        table = pa.Table.from_pylist(rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # a row shape parquet cannot hold: nested -> JSON text
+        frame = pd.DataFrame(rows)
+        for col in frame.columns:
+            if frame[col].map(lambda v: isinstance(v, (list, dict, tuple))).any():
+                frame[col] = frame[col].map(lambda v: json.dumps(v, default=str))
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+    pq.write_table(table, tmp)
     os.replace(tmp, path)
     return path
 

@@ -23,7 +23,8 @@ def _step(policy: Any, batch: GroupBatch, role: str) -> dict[str, float]:
     metrics[f"grpo/{role}/samples"] = float(len(batch))
     if len(batch) == 0:
         return metrics
-    out = policy.step(TrainBatch(batch.prompt_ids, batch.completion_ids, batch.advantages, None))
+    flags = batch.in_zero_variance_group or None
+    out = policy.step(TrainBatch(batch.prompt_ids, batch.completion_ids, batch.advantages, None, flags))
     metrics.update({f"grpo/{role}/{k}": float(v) for k, v in out.items() if isinstance(v, (int, float))})
     return metrics
 
