@@ -237,7 +237,7 @@ class OutcomeMatrix:
 
         Every row has the same keys. Replay rows (``kind == "replay"``, ``n == -1``) exist for every code,
         even without replayed tests, so each code appears. ``fails`` of a replay row are the failed flags.
-        Expected values are Python literals (``values.to_literal``). ``outcomes.matrix_from_rows``
+        Expected values are Python literals (``values.to_literal``). :meth:`from_rows`
         rebuilds the matrix, so every reward can be re-derived offline.
         """
         from codea1_core.values import to_literal  # local: types stays importable on its own
