@@ -264,6 +264,10 @@ class EvalConfig:
     """Cap on problems per benchmark (0 = all)."""
     promote_metric: str = "code/lab_heldout/pass@1"
     """Metric of the evaluation that decides the ``champion`` alias (higher is better)."""
+    baseline: bool = True
+    """Also evaluate the starting models (``model.code_path``/``test_path``, when local dirs other than the
+    evaluated ones: the lab's warm start) with the same settings and seeds, as ``warmstart/...`` and
+    ``delta/...`` keys (``flows/evaluate.py``); cached by content hash."""
     out_dir: str = "outputs/eval"
     """Where ``evaluate`` writes ``metrics.json``, ``report.html`` and the mutant cache."""
     bigcodebench_path: str = ""

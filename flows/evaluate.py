@@ -9,7 +9,11 @@ What it does (ALGORITHM.md §13), read top to bottom:
      base and plus pass@k / avg@n);
   3. Test LLM on every ``eval.test_sources`` entry (pass@k, mut@k, Mul on the references), and
      test-time collaboration on every ``eval.solve_benchmarks`` entry (``flows/solve.py``);
-  4. write ``<eval.out_dir>/metrics.json`` (DVC metrics, flat keys such as ``code/humanevalplus/plus/pass@1``)
+  4. when the starting models ``model.code_path``/``model.test_path`` are local dirs other than the
+     evaluated ones (the lab's warm start), evaluate them too with the same settings and seeds (cached
+     under ``<eval.out_dir>/baseline_cache/`` by content hash) as ``warmstart/<key>``, and add
+     ``delta/<key>`` = trained - warm start for every rate (``eval.baseline: false`` turns it off);
+  5. write ``<eval.out_dir>/metrics.json`` (DVC metrics, flat keys such as ``code/humanevalplus/plus/pass@1``)
      and ``report.html`` (plots embedded; training curves from ``<checkpoint_dir>/metrics.jsonl`` when
      present); log the same numbers to MLflow through ``tasks.tracking`` (``@`` becomes ``_at_`` there,
      as MLflow metric names cannot hold ``@``).
@@ -39,10 +43,31 @@ from flows.common import UserError, load_stage_config, quiet_env, run_user_error
 
 log = logging.getLogger(__name__)
 
+BASELINE_PREFIX = "warmstart"
+"""Key prefix of the starting models' numbers in ``metrics.json`` (``delta/...`` = trained - baseline)."""
+BASELINE_CACHE_VERSION = "1"
+RATE_TAGS = ("pass@", "avg@", "mut@", "mul")
+"""Metric name parts that mark a rate (percent) worth a ``delta/`` key."""
+
 
 # --------------------------------------------------------------------------------------------------
 # Inputs
 # --------------------------------------------------------------------------------------------------
+
+
+def model_role(cfg: Config, role: str) -> str:
+    """Which trained model plays ``role``: in ``selfplay`` one model plays both roles (D10)."""
+    return "code" if cfg.mode == "selfplay" else role
+
+
+def evaluated_roles(cfg: Config) -> tuple[str, ...]:
+    """``golden`` trains no Test LLM (§14: it is a Code-LLM baseline), so only the code role is evaluated."""
+    return ("code",) if cfg.mode == "golden" else ("code", "test")
+
+
+def start_path(cfg: Config, role: str) -> str:
+    """The starting model of ``role`` (``model.code_path`` / ``model.test_path``), mode-aware."""
+    return cfg.model.code_path if model_role(cfg, role) == "code" else cfg.model.test_path
 
 
 def resolve_model_path(cfg: Config, role: str, override: str | None = None) -> str:
@@ -50,10 +75,10 @@ def resolve_model_path(cfg: Config, role: str, override: str | None = None) -> s
     override = override or (cfg.eval.code_model if role == "code" else cfg.eval.test_model)
     if override:
         return override
-    final = Path(cfg.orchestration.checkpoint_dir) / "final" / role
+    final = Path(cfg.orchestration.checkpoint_dir) / "final" / model_role(cfg, role)
     if final.is_dir():
         return str(final)
-    return cfg.model.code_path if role == "code" else cfg.model.test_path
+    return start_path(cfg, role)
 
 
 def load_policy(cfg: Config, role: str, override: str | None = None) -> Any:
@@ -123,6 +148,103 @@ def _track(cfg: Config, metrics: dict[str, float], report: Path) -> None:
         raise
 
 
+def _evaluate_models(
+    cfg: Config, code_policy: Any, test_policy: Any, executor: Any, mutant_dir: str, solve: bool = True
+) -> dict[str, float]:
+    """Code LLM on ``data.eval_benchmarks``, Test LLM on ``eval.test_sources`` (+ solve benchmarks)."""
+    from tasks.evaluate import evaluate_code_task, evaluate_tests_task, load_benchmark
+
+    metrics: dict[str, float] = {}
+    for bench in cfg.data.eval_benchmarks:
+        metrics |= evaluate_code_task(code_policy(), load_benchmark(cfg, bench), cfg, executor, bench)
+    for source in cfg.eval.test_sources if "test" in evaluated_roles(cfg) else []:
+        problems = load_benchmark(cfg, source)
+        metrics |= evaluate_tests_task(test_policy(), problems, cfg, executor, source, mutant_dir)
+    for bench in cfg.eval.solve_benchmarks if solve and "test" in evaluated_roles(cfg) else []:
+        from flows.solve import solve_benchmark
+
+        metrics |= solve_benchmark(
+            load_benchmark(cfg, bench), code_policy(), test_policy(), cfg, executor, bench
+        )
+    return metrics
+
+
+def _lazy(policy: Any, cfg: Config, role: str, override: str | None) -> Any:
+    """A zero-argument getter that loads the role's policy on first use (or returns the given one)."""
+    cache = [policy]
+
+    def get() -> Any:
+        if cache[0] is None:
+            cache[0] = load_policy(cfg, role, override)
+        return cache[0]
+
+    return get
+
+
+def baseline_paths(cfg: Config, code_model: str | None, test_model: str | None) -> dict[str, str] | None:
+    """The starting models (``model.code_path``/``test_path``) when they are local dirs other than the
+    evaluated ones — the warm start of the default lab run; ``None`` when there is nothing to compare."""
+    if not cfg.eval.baseline:
+        return None
+    roles = evaluated_roles(cfg)
+    paths = {role: start_path(cfg, role) for role in roles}
+    overrides = {"code": code_model, "test": test_model}
+    evaluated = {role: resolve_model_path(cfg, role, overrides[role]) for role in roles}
+    if not all(Path(p).is_dir() for p in paths.values()):
+        return None
+    if all(Path(paths[r]).resolve() == Path(evaluated[r]).resolve() for r in paths):
+        return None
+    return paths
+
+
+def _dir_digest(path: Path, h: Any) -> None:
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f.relative_to(path).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+
+
+def baseline_cache_key(cfg: Config, paths: dict[str, str]) -> str:
+    """Content hash of the baseline models, the evaluation settings and the evaluated data files."""
+    import hashlib
+
+    h = hashlib.sha256(f"{BASELINE_CACHE_VERSION}\0{cfg.seed}\0".encode())
+    h.update(
+        json.dumps(
+            [cfg.eval, cfg.data.eval_benchmarks, cfg.reward.k, cfg.tests, cfg.sandbox], default=str
+        ).encode()
+    )
+    for role in sorted(paths):
+        _dir_digest(Path(paths[role]), h)
+    for name in sorted({*cfg.data.eval_benchmarks, *cfg.eval.test_sources}):
+        data = Path(cfg.data.prepared_dir) / f"eval_{name}.parquet"
+        h.update(data.read_bytes() if data.is_file() else name.encode())
+    return h.hexdigest()
+
+
+def baseline_metrics(cfg: Config, paths: dict[str, str], executor: Any, mutant_dir: str) -> dict[str, float]:
+    """Metrics of the starting models with the same protocol and seeds, cached by content hash."""
+    cache = Path(cfg.eval.out_dir) / "baseline_cache" / f"{baseline_cache_key(cfg, paths)}.json"
+    if cache.is_file():
+        try:
+            return {k: float(v) for k, v in json.loads(cache.read_text(encoding="utf-8")).items()}
+        except (ValueError, AttributeError, TypeError):
+            log.warning("%s: damaged baseline cache entry, re-evaluating", cache)
+    code = _lazy(None, cfg, "code", paths["code"])
+    test = _lazy(None, cfg, "test", paths.get("test"))  # never called in golden mode
+    metrics = _evaluate_models(cfg, code, test, executor, mutant_dir, solve=False)
+    _write_atomic(cache, json.dumps(metrics, sort_keys=True) + "\n")
+    return metrics
+
+
+def with_baseline(metrics: dict[str, float], base: dict[str, float]) -> dict[str, float]:
+    """``metrics`` plus ``warmstart/<key>`` for every baseline number and ``delta/<key>`` for every rate."""
+    out = dict(metrics)
+    for key, value in base.items():
+        out[f"{BASELINE_PREFIX}/{key}"] = value
+        if key in metrics and any(tag in key.rsplit("/", 1)[-1] for tag in RATE_TAGS):
+            out[f"delta/{key}"] = metrics[key] - value
+    return out
+
+
 @flow(name="evaluate", validate_parameters=False)
 def evaluate_flow(
     cfg: Config,
@@ -131,43 +253,37 @@ def evaluate_flow(
     code_policy: Any = None,
     test_policy: Any = None,
     executor: Any = None,
+    baseline_policies: tuple[Any, Any] | None = None,
 ) -> dict[str, float]:
-    """Benchmarks -> ``metrics.json`` + ``report.html`` (+ MLflow). Policies/executor may be injected."""
-    from tasks.evaluate import evaluate_code_task, evaluate_tests_task, load_benchmark
+    """Benchmarks -> ``metrics.json`` + ``report.html`` (+ MLflow). Policies/executor may be injected.
 
+    The starting models (the warm start) are evaluated too, with the same settings and seeds, as
+    ``warmstart/...`` keys with ``delta/...`` = trained - warm start (``eval.baseline``, §19).
+    """
     out_dir = Path(cfg.eval.out_dir)
     code_label = "(given policy)" if code_policy is not None else resolve_model_path(cfg, "code", code_model)
     test_label = "(given policy)" if test_policy is not None else resolve_model_path(cfg, "test", test_model)
+    if "test" not in evaluated_roles(cfg):
+        test_label = "(not evaluated: golden mode trains no Test LLM)"
+    injected = code_policy is not None or test_policy is not None
+    base_paths = None if injected else baseline_paths(cfg, code_model, test_model)
     own_executor = executor is None
     if own_executor:
         from sandbox import make_executor
 
         executor = make_executor(cfg.sandbox)
-    metrics: dict[str, float] = {}
+    mutant_dir = str(out_dir / "mutants")
     try:
-        # ---- Code LLM ---------------------------------------------------------------------------
-        if cfg.data.eval_benchmarks and code_policy is None:
-            code_policy = load_policy(cfg, "code", code_model)
-        for bench in cfg.data.eval_benchmarks:
-            problems = load_benchmark(cfg, bench)
-            metrics |= evaluate_code_task(code_policy, problems, cfg, executor, bench)
-        # ---- Test LLM ---------------------------------------------------------------------------
-        if (cfg.eval.test_sources or cfg.eval.solve_benchmarks) and test_policy is None:
-            test_policy = load_policy(cfg, "test", test_model)
-        for source in cfg.eval.test_sources:
-            problems = load_benchmark(cfg, source)
-            metrics |= evaluate_tests_task(
-                test_policy, problems, cfg, executor, source, str(out_dir / "mutants")
+        code = _lazy(code_policy, cfg, "code", code_model)
+        test = _lazy(test_policy, cfg, "test", test_model)
+        metrics = _evaluate_models(cfg, code, test, executor, mutant_dir)
+        if baseline_policies is not None and cfg.eval.baseline:
+            base = _evaluate_models(
+                cfg, *(lambda p=p: p for p in baseline_policies), executor, mutant_dir, False
             )
-        # ---- Test-time collaboration (both models) ----------------------------------------------
-        for bench in cfg.eval.solve_benchmarks:
-            from flows.solve import solve_benchmark
-
-            if code_policy is None:
-                code_policy = load_policy(cfg, "code", code_model)
-            metrics |= solve_benchmark(
-                load_benchmark(cfg, bench), code_policy, test_policy, cfg, executor, bench
-            )
+            metrics = with_baseline(metrics, base)
+        elif base_paths is not None:
+            metrics = with_baseline(metrics, baseline_metrics(cfg, base_paths, executor, mutant_dir))
     finally:
         if own_executor and hasattr(executor, "close"):
             executor.close()
@@ -176,6 +292,8 @@ def evaluate_flow(
     _write_atomic(out_dir / "metrics.json", json.dumps(metrics, indent=1, sort_keys=True) + "\n")
     report = out_dir / "report.html"
     notes = [f"code model: {code_label}", f"test model: {test_label}"]
+    if base_paths:
+        notes.append(f"baseline ({BASELINE_PREFIX}/...): {', '.join(base_paths.values())}")
     _write_atomic(report, render_report(metrics, history=load_history(cfg), notes=notes))
     if cfg.tracking.backend != "null":
         _track(cfg, metrics, report)
@@ -189,10 +307,13 @@ def run(
     code_policy: Any = None,
     test_policy: Any = None,
     executor: Any = None,
+    baseline_policies: tuple[Any, Any] | None = None,
 ) -> dict[str, float]:
     """Run the evaluate flow; returns the flat metrics written to ``metrics.json``."""
     try:
-        return evaluate_flow(cfg, code_model, test_model, code_policy, test_policy, executor)
+        return evaluate_flow(
+            cfg, code_model, test_model, code_policy, test_policy, executor, baseline_policies
+        )
     except FileNotFoundError as exc:
         raise UserError(str(exc)) from None
 

@@ -1,7 +1,12 @@
 """Printed at the end of ``make run``: the headline numbers and where to look at the results.
 
-Reads only files the pipeline wrote (``outputs/``, ``dvc.lock``); never fails the run — a missing piece
-is reported as missing.
+What it does: reads only files the pipeline wrote (``outputs/``) and prints the learning table — every rate
+the evaluate stage measured for both the warm start and the trained models (``warmstart/<key>``,
+``<key>``, ``delta/<key>``; Code LLM pass@1 per benchmark and subset, Test LLM validity pass@k and mut@k),
+the promotion metric first — then the other evaluation numbers, the registry decision and where to look.
+What it does not: compute anything or fail the run — a missing piece is reported as missing.
+
+How to run: ``python -m flows.summary [params.yaml]`` (the last step of ``make run``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,37 @@ def _fmt(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _headline_keys(metrics: dict[str, Any], promote: str) -> list[str]:
+    """Keys with a warm-start and a delta value worth a line: code pass@1, test pass@k / mut@k."""
+    keys = []
+    for key in metrics:
+        if not key.startswith("delta/"):
+            continue
+        base = key[len("delta/") :]
+        last = base.rsplit("/", 1)[-1]
+        code = base.startswith("code/") and base.count("/") == 2 and last == "pass@1"
+        test = base.startswith("test/") and last.startswith(("pass@", "mut@")) and not last.endswith("_ult")
+        if base == promote or code or test:
+            keys.append(base)
+    return sorted(keys, key=lambda k: (k != promote, not k.startswith("code/"), k))
+
+
+def print_learning(metrics: dict[str, Any], promote: str) -> None:
+    """The warm start -> trained table (same evaluation protocol and seeds for both)."""
+    keys = _headline_keys(metrics, promote)
+    if not keys:
+        print(
+            "learning:   no warm-start baseline in outputs/eval/metrics.json (eval.baseline off or no warm start)"
+        )
+        return
+    print("learning (warm start -> trained, same evaluation protocol and seeds; percent):")
+    for key in keys:
+        mark = "  <- promote metric" if key == promote else ""
+        before, after, delta = metrics.get(f"warmstart/{key}"), metrics.get(key), metrics[f"delta/{key}"]
+        print(f"  {key:42s} {_fmt(before):>7s} -> {_fmt(after):>7s}  ({delta:+.1f}){mark}")
+    print("  (*_seen: new parameters of training families; *_unseen: families never trained on)")
+
+
 def main(params: str = "params.yaml") -> int:
     try:
         cfg = load_config(params)
@@ -41,16 +77,24 @@ def main(params: str = "params.yaml") -> int:
         keys = sorted(k for k in train_summary if isinstance(train_summary[k], (int, float, str)))
         print("training:   " + ", ".join(f"{k}={_fmt(train_summary[k])}" for k in keys[:12]))
     if eval_metrics:
-        print("evaluation:")
+        print_learning(eval_metrics, cfg.eval.promote_metric)
+        print("evaluation (trained models; warmstart/ and delta/ keys in outputs/eval/metrics.json):")
         for key in sorted(eval_metrics):
+            if key.startswith(("warmstart/", "delta/")):
+                continue
             if isinstance(eval_metrics[key], (int, float)):
                 print(f"  {key:48s} {_fmt(eval_metrics[key])}")
     else:
         print("evaluation: outputs/eval/metrics.json not found")
     if register:
-        print("registry:   " + ", ".join(f"{k}={_fmt(v)}" for k, v in register.items() if not isinstance(v, dict)))
+        print(
+            "registry:   "
+            + ", ".join(f"{k}={_fmt(v)}" for k, v in register.items() if not isinstance(v, dict))
+        )
     print("\nWhere to look:")
-    print(f"  MLflow runs + registry : make ui -> http://127.0.0.1:5000  (store: {cfg.tracking.tracking_uri})")
+    print(
+        f"  MLflow runs + registry : make ui -> http://127.0.0.1:5000  (store: {cfg.tracking.tracking_uri})"
+    )
     print("  registered models      : codea1-code, codea1-test (aliases: champion / candidate)")
     print("  DVC metrics and plots  : .venv/bin/dvc metrics show ; .venv/bin/dvc plots show")
     print("  HTML report            : outputs/eval/report.html")

@@ -11,6 +11,9 @@ What it does:
   * :func:`cached_mutants` — mutants generated once per (source, max, seed) and cached on disk under a
     content hash.
   * :func:`load_benchmark` — prepared parquet sets, BigCodeBench and UnLeakedTestBench by name.
+  * :func:`lab_subsets` — the lab's held-out split cut into ``seen`` (training families, new parameters)
+    and ``unseen`` (held-out families); both tasks also report these subsets as ``<bench>_seen`` /
+    ``<bench>_unseen`` from the same samples (no extra generation or execution).
 
 What it does not: decide which benchmarks to run or write reports (``flows/evaluate.py`` does).
 Infrastructure failures are never scored: a benchmark whose share of ``infra_error`` calls exceeds
@@ -103,23 +106,35 @@ def evaluate_code(
     executor: Any,
     bench: str = "val",
     n: int | None = None,
+    subsets: dict[str, list[int]] | None = None,
 ) -> dict[str, float]:
-    """Code-LLM metrics of one benchmark (``code/<bench>/...``, percent)."""
+    """Code-LLM metrics of one benchmark (``code/<bench>/...``, percent), plus ``code/<bench>_<subset>/...``."""
     n = n or cfg.eval.n_samples
     codes = generate_codes(problems, policy, cfg, n)
-    return score_codes(problems, codes, cfg, executor, bench)
+    return score_codes(problems, codes, cfg, executor, bench, subsets)
 
 
 def score_codes(
-    problems: Sequence[Problem], codes: Sequence[Sequence[str]], cfg: Config, executor: Any, bench: str
+    problems: Sequence[Problem],
+    codes: Sequence[Sequence[str]],
+    cfg: Config,
+    executor: Any,
+    bench: str,
+    subsets: dict[str, list[int]] | None = None,
 ) -> dict[str, float]:
-    """Execute given samples (one ``run_many``, deduplicated) and aggregate their EvalPlus verdicts."""
+    """Execute given samples (one ``run_many``, deduplicated) and aggregate their EvalPlus verdicts.
+
+    ``subsets`` (name -> problem indices) are aggregated again from the same verdicts as ``<bench>_<name>``.
+    """
     jobs = build_code_jobs(problems, codes)
     results = executor.run_many(jobs.jobs) if jobs.jobs else []
     check_infra(results, cfg, f"code/{bench}")
     verdicts = verdicts_for(problems, jobs, results, cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol)
     metrics = aggregate_code(bench, problems, verdicts, cfg.eval.k_list)
     metrics[f"code/{bench}/programs_run"] = float(len(jobs.jobs))
+    for name, idx in (subsets or {}).items():
+        sub = [problems[i] for i in idx]
+        metrics |= aggregate_code(f"{bench}_{name}", sub, [verdicts[i] for i in idx], cfg.eval.k_list)
     return metrics
 
 
@@ -127,8 +142,8 @@ def score_codes(
 def evaluate_code_task(
     policy: Any, problems: list[Problem], cfg: Config, executor: Any, bench: str
 ) -> dict[str, float]:
-    """Prefect wrapper of :func:`evaluate_code`."""
-    return evaluate_code(policy, problems, cfg, executor, bench)
+    """Prefect wrapper of :func:`evaluate_code`, with the lab's seen/unseen subsets when they apply."""
+    return evaluate_code(policy, problems, cfg, executor, bench, subsets=lab_subsets(problems))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -170,10 +185,17 @@ def generate_suites(problems: Sequence[Problem], policy: Any, cfg: Config) -> li
 
 
 def evaluate_tests(
-    policy: Any, problems: Sequence[Problem], cfg: Config, executor: Any, bench: str, cache_dir: str | Path
+    policy: Any,
+    problems: Sequence[Problem],
+    cfg: Config,
+    executor: Any,
+    bench: str,
+    cache_dir: str | Path,
+    subsets: dict[str, list[int]] | None = None,
 ) -> tuple[dict[str, float], list[SuiteRecord]]:
     """Test-LLM metrics (``test/<bench>/pass@k``, ``mut@k``, ``mul``) and the per-problem records."""
-    return score_suites(problems, generate_suites(problems, policy, cfg), cfg, executor, bench, cache_dir)
+    texts = generate_suites(problems, policy, cfg)
+    return score_suites(problems, texts, cfg, executor, bench, cache_dir, subsets)
 
 
 def score_suites(
@@ -183,8 +205,12 @@ def score_suites(
     executor: Any,
     bench: str,
     cache_dir: str | Path,
+    subsets: dict[str, list[int]] | None = None,
 ) -> tuple[dict[str, float], list[SuiteRecord]]:
-    """Parse test responses, check them on the references, then run the passing suites on mutants."""
+    """Parse test responses, check them on the references, then run the passing suites on mutants.
+
+    ``subsets`` (name -> problem indices) are aggregated again from the same records as ``<bench>_<name>``.
+    """
     from codea1_core.parsing import extract_tests
 
     k = cfg.eval.tests_per_suite
@@ -229,20 +255,42 @@ def score_suites(
         )
         for i, p in enumerate(problems)
     ]
-    return aggregate_tests(bench, records, k), records
+    metrics = aggregate_tests(bench, records, k)
+    for name, idx in (subsets or {}).items():
+        metrics |= aggregate_tests(f"{bench}_{name}", [records[i] for i in idx], k)
+    return metrics, records
 
 
 @task(name="evaluate-tests", task_run_name="evaluate-tests[{bench}]", cache_policy=NO_CACHE)
 def evaluate_tests_task(
     policy: Any, problems: list[Problem], cfg: Config, executor: Any, bench: str, cache_dir: str
 ) -> dict[str, float]:
-    """Prefect wrapper of :func:`evaluate_tests` (metrics only)."""
-    return evaluate_tests(policy, problems, cfg, executor, bench, cache_dir)[0]
+    """Prefect wrapper of :func:`evaluate_tests` (metrics only), with the lab's seen/unseen subsets."""
+    return evaluate_tests(policy, problems, cfg, executor, bench, cache_dir, lab_subsets(problems))[0]
 
 
 # --------------------------------------------------------------------------------------------------
 # Data
 # --------------------------------------------------------------------------------------------------
+
+
+def lab_subsets(problems: Sequence[Problem]) -> dict[str, list[int]]:
+    """``seen`` / ``unseen`` problem indices of a lab set (training vs held-out families); ``{}`` otherwise.
+
+    ``seen`` problems are new parameters of training families; ``unseen`` ones belong to families never
+    trained on (``codea1_core.lab``). Sets with any non-lab problem, or with only one kind, get no subsets.
+    """
+    from codea1_core.lab import FAMILIES
+
+    kinds = []
+    for p in problems:
+        family = FAMILIES.get(str((p.metadata or {}).get("family", "")))
+        if family is None or not p.id.startswith("lab/"):
+            return {}
+        kinds.append("unseen" if family.heldout else "seen")
+    if len(set(kinds)) < 2:
+        return {}
+    return {name: [i for i, k in enumerate(kinds) if k == name] for name in ("seen", "unseen")}
 
 
 def load_benchmark(cfg: Config, name: str) -> list[Problem]:

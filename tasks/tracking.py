@@ -183,7 +183,11 @@ class MlflowTracker:
         if step in self._steps:
             return False
         now_ms = int(time.time() * 1000)
-        rows = [Metric(k, float(v), now_ms, step) for k, v in sorted(metrics.items()) if _is_number(v)]
+        rows = [  # MLflow names cannot hold '@' (pass@k -> pass_at_k, as in flows/evaluate.py)
+            Metric(k.replace("@", "_at_"), float(v), now_ms, step)
+            for k, v in sorted(metrics.items())
+            if _is_number(v)
+        ]
         rows.append(Metric(STEP_KEY, float(step), now_ms, step))  # last: marks the step complete
         for i in range(0, len(rows), 1000):
             self.client.log_batch(self.run_id, metrics=rows[i : i + 1000])
