@@ -46,7 +46,9 @@ def start_uis(params: str, prefect_port: int, mlflow_port: int) -> int:
             env=env,
         ),
     ]  # fmt: skip
-    print(f"Prefect UI: http://127.0.0.1:{prefect_port}   (export PREFECT_API_URL=http://127.0.0.1:{prefect_port}/api)")
+    print(
+        f"Prefect UI: http://127.0.0.1:{prefect_port}   (export PREFECT_API_URL=http://127.0.0.1:{prefect_port}/api)"
+    )
     print(f"MLflow UI:  http://127.0.0.1:{mlflow_port}    (store: {tracking_uri})")
     print("Ctrl-C stops both.", flush=True)
     try:

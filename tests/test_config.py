@@ -76,7 +76,9 @@ def test_yaml_1e_minus_6_is_rejected_with_the_file_and_key(tmp_path: Path) -> No
     path = tmp_path / "params.yaml"
     path.write_text("sandbox:\n  float_rel_tol: 1e-6\n")
     assert yaml.safe_load(path.read_text())["sandbox"]["float_rel_tol"] == "1e-6"  # the PyYAML trap itself
-    with pytest.raises(ConfigError, match=r"params.yaml: sandbox.float_rel_tol: expected float, got str '1e-6'"):
+    with pytest.raises(
+        ConfigError, match=r"params.yaml: sandbox.float_rel_tol: expected float, got str '1e-6'"
+    ):
         load_config(path)
 
 
@@ -88,7 +90,9 @@ def test_ints_are_accepted_for_floats_and_config_is_frozen() -> None:
 
 
 def test_overrides_go_through_the_same_validation() -> None:
-    cfg = apply_overrides(Config(), ["reward.alpha=0.25", "mistake_book.enabled=false", "data.train_sources=[lab, mbpp]"])
+    cfg = apply_overrides(
+        Config(), ["reward.alpha=0.25", "mistake_book.enabled=false", "data.train_sources=[lab, mbpp]"]
+    )
     assert cfg.reward.alpha == 0.25 and cfg.mistake_book.enabled is False
     assert cfg.data.train_sources == ["lab", "mbpp"]
     with pytest.raises(ConfigError, match="reward.alpha: expected float, got str '0.5x'"):
