@@ -74,7 +74,9 @@ COMMON_OVERRIDES = ["tracking.register=false"]
 EVAL_FILE = "outputs/eval/metrics.json"
 HISTORY_FILE = "outputs/train/history.csv"
 COLUMNS: list[tuple[str, str, str]] = [
-    ("code pass@1 held-out (base)", "eval", "code/lab_heldout/base/pass@1"),
+    ("code pass@1 held-out seen", "eval", "code/lab_heldout_seen/base/pass@1"),
+    ("Δ vs warm start", "eval", "delta/code/lab_heldout_seen/base/pass@1"),
+    ("code pass@1 held-out all", "eval", "code/lab_heldout/base/pass@1"),
     ("test pass@5", "eval", "test/lab_heldout/pass@5"),
     ("mut@5", "eval", "test/lab_heldout/mut@5"),
     ("Mul", "eval", "test/lab_heldout/mul"),
@@ -110,15 +112,15 @@ class RunResult:
 
 
 def plan(modes: Sequence[str], seeds: int, extra: Sequence[str], tag: str) -> list[Experiment]:
-    """Experiments for every (mode, seed); names ``lc-<tag>-<mode>-s<seed>`` (valid git ref names)."""
+    """Experiments for every (seed, mode), seed-major; names ``lc-<tag>-<mode>-s<seed>`` (valid git ref names)."""
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise UserError(f"--modes: unknown mode(s) {unknown}; choose from {sorted(MODES)}")
     if seeds < 1:
         raise UserError(f"--seeds: expected >= 1, got {seeds}")
     out = []
-    for mode in modes:
-        for seed in range(1, seeds + 1):
+    for seed in range(1, seeds + 1):  # seed-major: an interrupted run still holds every mode for its first seeds
+        for mode in modes:
             overrides = (*MODES[mode], f"seed={seed}", f"data.seed={seed}", *extra)
             out.append(Experiment(f"lc-{tag}-{mode}-s{seed}", mode, seed, overrides))
     return out

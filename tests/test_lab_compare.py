@@ -23,7 +23,9 @@ from flows.common import UserError
 def _result(mode: str, seed: int, pass1: float, reward: float, error: str = "") -> lc.RunResult:
     exp = lc.Experiment(f"lc-t-{mode}-s{seed}", mode, seed, ())
     metrics = {
-        "code/lab_heldout/base/pass@1": pass1,
+        "code/lab_heldout_seen/base/pass@1": pass1,
+        "delta/code/lab_heldout_seen/base/pass@1": pass1 - 1.0,
+        "code/lab_heldout/base/pass@1": pass1 / 4,
         "test/lab_heldout/pass@5": 2 * pass1,
         "test/lab_heldout/mut@5": 50.0,
         "test/lab_heldout/mul": pass1 / 2,
@@ -44,8 +46,8 @@ def test_plan_sets_both_seeds_and_the_mistake_book_ablation():
     exps = lc.plan(["golden", "codea1_nomb"], 2, ["eval.n_samples=2"], "tag")
     assert [e.name for e in exps] == [
         "lc-tag-golden-s1",
-        "lc-tag-golden-s2",
         "lc-tag-codea1_nomb-s1",
+        "lc-tag-golden-s2",
         "lc-tag-codea1_nomb-s2",
     ]
     nomb = exps[3]
@@ -93,10 +95,12 @@ def test_aggregate_mean_and_sample_std_per_mode_ignoring_failed_runs():
     results = [_result("codea1", s, p, r) for s, p, r in [(1, 10.0, 0.5), (2, 20.0, 0.7), (3, 40.0, 0.9)]]
     results += [_result("golden", 1, 5.0, 0.4), _result("golden", 2, 0.0, 0.0, error="boom")]
     table = lc.aggregate(results)
-    cell = table["codea1"]["code pass@1 held-out (base)"]
+    cell = table["codea1"]["code pass@1 held-out seen"]
     assert cell["n"] == 3 and cell["values"] == [10.0, 20.0, 40.0]
     assert cell["mean"] == pytest.approx(70 / 3)
     assert cell["std"] == pytest.approx(statistics.stdev([10.0, 20.0, 40.0]))
+    assert table["codea1"]["Δ vs warm start"]["mean"] == pytest.approx(70 / 3 - 1.0)
+    assert table["codea1"]["code pass@1 held-out all"]["values"] == [2.5, 5.0, 10.0]
     assert table["codea1"]["final code reward"]["mean"] == pytest.approx(0.7)
     assert table["codea1"]["final test reward"]["mean"] == pytest.approx(0.2)  # last finite value
     golden = table["golden"]["Mul"]
@@ -112,7 +116,7 @@ def test_table_markdown_rows_in_mode_order_and_failures_listed():
     results.append(_result("selfplay", 1, 0.0, 0.0, error="no experiment commit"))
     md = lc.table_markdown(lc.aggregate(results), results)
     lines = md.splitlines()
-    assert lines[0].startswith("| mode | seeds | code pass@1 held-out (base) |")
+    assert lines[0].startswith("| mode | seeds | code pass@1 held-out seen | Δ vs warm start |")
     assert lines[2].startswith("| golden | 1 | 5.00 |")
     assert lines[3].startswith(f"| codea1 | 2 | 20.00 ± {statistics.stdev([10.0, 30.0]):.2f} |")
     assert "selfplay |" not in md and "FAILED lc-t-selfplay-s1: no experiment commit" in md
@@ -274,7 +278,7 @@ def test_quick_compare_in_a_temp_clone(repo_root, tmp_path):
     table = json.loads((out / "table.json").read_text())["table"]
     assert set(table) == {"codea1", "selfplay"}
     for mode in table:
-        assert table[mode]["code pass@1 held-out (base)"]["n"] == 1
+        assert table[mode]["code pass@1 held-out seen"]["n"] == 1
         assert table[mode]["final code reward"]["mean"] is not None
     assert log.count("Running stage 'prepare'") == 1  # shared by both experiments (same seed)
     assert (clone / "params.yaml").read_bytes() == params_before
