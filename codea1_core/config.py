@@ -112,6 +112,8 @@ class RolloutConfig:
     """Response length limit for code."""
     max_new_tokens_test: int = 4096
     """Response length limit for test suites."""
+    max_prompt_tokens_test: int = 8192
+    """Test-LLM prompt limit; a longer prompt is an error, not truncated (§3 step 5). 0 = no limit."""
     batch_size: int = 64
     """Prompts per ``generate`` call (HF backend)."""
     gpu_memory_utilization: float = 0.8

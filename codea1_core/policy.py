@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from codea1_core import policy_io
-from codea1_core.config import Config
+from codea1_core.config import Config, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,30 @@ class SamplingParams:
     top_k: int = 0
     max_new_tokens: int = 256
     seed: int = 0
+    max_prompt_tokens: int = 0
+    """Prompt length limit in tokens (0 = none); a longer prompt raises :class:`PromptTooLongError`."""
+
+
+class PromptTooLongError(ConfigError):
+    """A prompt over its token limit: an error, never truncated (ALGORITHM.md §3 step 5, Test-LLM prompts)."""
+
+
+def check_prompt_lengths(lengths: list[int], limit: int, what: str) -> None:
+    """Raise :class:`PromptTooLongError` naming the first over-long prompt when ``limit`` > 0."""
+    over = [(i, n) for i, n in enumerate(lengths) if limit > 0 and n > limit]
+    if over:
+        i, n = over[0]
+        raise PromptTooLongError(
+            f"{what}: prompt {i} has {n} tokens > limit {limit} ({len(over)} of {len(lengths)} over); "
+            "over-long prompts are not truncated (ALGORITHM.md §3)"
+        )
+
+
+def prompt_lengths(tokenizer: Any, prompts: list[list[dict]], use_chat_template: bool) -> list[int]:
+    """Token count of each rendered chat prompt, exactly as :meth:`Policy.generate` encodes it."""
+    plain = not uses_chat_template(tokenizer, use_chat_template)
+    texts = [render_messages(tokenizer, p, use_chat_template) for p in prompts]
+    return [len(ids) for ids in tokenizer(texts, add_special_tokens=plain)["input_ids"]] if texts else []
 
 
 @dataclass(frozen=True)
@@ -212,6 +236,9 @@ class Policy:
             raise ValueError(f"n: expected >= 1, got {n}")
         texts = [self.render(p) for p in prompts]
         plain = not uses_chat_template(self.tokenizer, self.cfg.model.use_chat_template)
+        if sampling.max_prompt_tokens > 0:
+            lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=plain)["input_ids"]]
+            check_prompt_lengths(lengths, sampling.max_prompt_tokens, f"{self.role} rollout")
         bs = max(1, self.cfg.rollout.batch_size)
         out: list[list[Completion]] = []
         was_training = self.model.training

@@ -31,7 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from codea1_core.config import Config
-from codea1_core.policy import Completion, SamplingParams, render_messages, uses_chat_template
+from codea1_core.policy import (
+    Completion,
+    SamplingParams,
+    check_prompt_lengths,
+    render_messages,
+    uses_chat_template,
+)
 from codea1_core.policy_io import replace_dir
 
 log = logging.getLogger(__name__)
@@ -181,6 +187,7 @@ class VllmRollout:
             ]
             for p in prompts
         ]
+        check_prompt_lengths([len(ids) for ids in prompt_ids], sampling.max_prompt_tokens, f"{role} rollout")
         eos = self.eos_ids[role]
         requests, params = [], []
         for i, ids in enumerate(prompt_ids):

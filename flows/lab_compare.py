@@ -118,8 +118,8 @@ def plan(modes: Sequence[str], seeds: int, extra: Sequence[str], tag: str) -> li
         raise UserError(f"--modes: unknown mode(s) {unknown}; choose from {sorted(MODES)}")
     if seeds < 1:
         raise UserError(f"--seeds: expected >= 1, got {seeds}")
-    out = []
-    for seed in range(1, seeds + 1):  # seed-major: an interrupted run still holds every mode for its first seeds
+    out = []  # seed-major: an interrupted run still holds every mode for its first seeds
+    for seed in range(1, seeds + 1):
         for mode in modes:
             overrides = (*MODES[mode], f"seed={seed}", f"data.seed={seed}", *extra)
             out.append(Experiment(f"lc-{tag}-{mode}-s{seed}", mode, seed, overrides))

@@ -33,7 +33,14 @@ from flows.common import UserError, stage_main
 from tasks import checkpoint as ckpt
 from tasks.execute import execute, execute_golden
 from tasks.mistake_book import merge_mistake_book, retrieve_replay
-from tasks.rollout import extract_codes, gate_tests, load_policy, rollout_code, rollout_tests
+from tasks.rollout import (
+    drop_overlong_problems,
+    extract_codes,
+    gate_tests,
+    load_policy,
+    rollout_code,
+    rollout_tests,
+)
 from tasks.score import evaluate, score, write_outcomes
 from tasks.tracking import log_iteration, make_tracker
 from tasks.update import update_code, update_test
@@ -127,6 +134,10 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
 
     out_dir = Path(cfg.orchestration.checkpoint_dir)
     train_set, val_set = load_problems(cfg)
+    train_set, dropped = drop_overlong_problems(train_set, cfg)
+    if dropped:
+        log.warning("train: %d problems dropped, code prompt > data.max_prompt_tokens=%d tokens (first: %s)",
+                    len(dropped), cfg.data.max_prompt_tokens, ", ".join(dropped[:5]))  # fmt: skip
     total = loop.total_steps(
         len(train_set), cfg.data.train_batch_size, cfg.data.epochs, cfg.orchestration.max_steps
     )

@@ -38,13 +38,40 @@ def sampling(cfg: Config, iteration: int, role: str) -> Any:
     from codea1_core.policy import SamplingParams
 
     max_new = cfg.rollout.max_new_tokens_code if role == "code" else cfg.rollout.max_new_tokens_test
+    max_prompt = cfg.rollout.max_prompt_tokens_test if role == "test" else 0  # code prompts: filtered upfront
     return SamplingParams(
         temperature=cfg.rollout.temperature,
         top_p=cfg.rollout.top_p,
         top_k=cfg.rollout.top_k,
         max_new_tokens=max_new,
         seed=iteration_seed(cfg.seed, iteration, role),
+        max_prompt_tokens=max_prompt,
     )
+
+
+def drop_overlong_problems(problems: list[Problem], cfg: Config) -> tuple[list[Problem], list[str]]:
+    """Training problems whose Code-LLM prompt fits ``data.max_prompt_tokens`` (§3 step 2), and the dropped ids.
+
+    Counted with the Code LLM's tokenizer and chat template, exactly as the rollout encodes the prompt.
+    """
+    from transformers import AutoTokenizer
+
+    from codea1_core.policy import prompt_lengths
+    from codea1_core.prompts import code_messages
+
+    limit = cfg.data.max_prompt_tokens
+    if limit <= 0 or not problems:
+        return problems, []
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model.code_path)
+    except OSError as exc:
+        raise OSError(
+            f"model.code_path: cannot load the tokenizer of {cfg.model.code_path!r}: {exc}"
+        ) from exc
+    lengths = prompt_lengths(tokenizer, [code_messages(p) for p in problems], cfg.model.use_chat_template)
+    kept = [p for p, n in zip(problems, lengths, strict=True) if n <= limit]
+    dropped = [p.id for p, n in zip(problems, lengths, strict=True) if n > limit]
+    return kept, dropped
 
 
 @task(name="rollout_code", task_run_name="rollout_code[it={iteration}]", cache_policy=NO_CACHE)

@@ -86,6 +86,21 @@ def test_generate_contract(tiny_dir):
     assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in outs]
 
 
+def test_prompt_limit_is_an_error_not_a_truncation(tiny_dir):
+    """§3 step 5: an over-long (Test-LLM) prompt raises a clear error; prompt_lengths counts what generate encodes."""
+    from codea1_core.policy import PromptTooLongError, prompt_lengths
+
+    pol = make_policy(tiny_dir)
+    lengths = prompt_lengths(pol.tokenizer, PROMPTS, use_chat_template=True)
+    outs = pol.generate(PROMPTS, 1, SamplingParams(max_new_tokens=2, max_prompt_tokens=max(lengths)))
+    assert [len(g[0].prompt_ids) for g in outs] == lengths  # at the limit: fine, nothing cut
+    with pytest.raises(
+        PromptTooLongError, match=rf"code rollout: prompt \d has {max(lengths)} tokens > limit"
+    ):
+        pol.generate(PROMPTS, 1, SamplingParams(max_new_tokens=2, max_prompt_tokens=max(lengths) - 1))
+    assert pol.generate(PROMPTS, 1, SamplingParams(max_new_tokens=2, max_prompt_tokens=0))  # 0: no limit
+
+
 def test_generate_logprobs_are_raw_policy_logprobs(tiny_dir):
     """Sampling log-probs (temperature 0.7, top-k) equal the temperature-1 log-probs the step recomputes."""
     pol = make_policy(tiny_dir)

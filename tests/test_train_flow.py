@@ -298,3 +298,27 @@ def test_missing_prepared_data_is_a_user_error(tmp_path: Path) -> None:
     cfg = Config().replace(**{"data.train_sources": ["mbpp"], "data.prepared_dir": str(tmp_path / "nope")})
     with pytest.raises(UserError, match="nope/train.parquet not found"):
         load_problems(cfg)
+
+
+def test_overlong_code_prompts_are_filtered_and_test_prompts_limited(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """§3: code prompts over data.max_prompt_tokens leave the training set; test rollouts get their limit."""
+    from transformers import AutoTokenizer
+
+    from codea1_core.lab import lab_problems
+    from codea1_core.policy import prompt_lengths
+    from codea1_core.prompts import code_messages
+    from tasks.rollout import drop_overlong_problems, sampling
+
+    cfg = tiny_config(tmp_path, tiny_model)
+    problems = lab_problems(cfg.lab, "train")
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    lengths = prompt_lengths(tok, [code_messages(p) for p in problems], True)
+    limit = sorted(lengths)[len(lengths) // 2]
+    kept, dropped = drop_overlong_problems(problems, cfg.replace(**{"data.max_prompt_tokens": limit}))
+    assert [p.id for p in kept] == [p.id for p, n in zip(problems, lengths, strict=True) if n <= limit]
+    assert dropped == [p.id for p, n in zip(problems, lengths, strict=True) if n > limit] != []
+    assert drop_overlong_problems(problems, cfg.replace(**{"data.max_prompt_tokens": 0})) == (problems, [])
+    assert sampling(cfg, 1, "test").max_prompt_tokens == cfg.rollout.max_prompt_tokens_test == 8192
+    assert sampling(cfg, 1, "code").max_prompt_tokens == 0

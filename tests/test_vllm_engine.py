@@ -194,6 +194,8 @@ def test_same_seed_same_samples_and_clear_errors(fake_vllm, tiny_dir, tmp_path):
     assert first == [[c.token_ids for c in g] for g in rollout.generate("code", PROMPTS, 2, sp)]
     with pytest.raises(ValueError, match="role 'test'"):
         rollout.generate("test", PROMPTS, 1, sp)
+    with pytest.raises(ValueError, match="code rollout: prompt 0 has .* tokens > limit 1"):
+        rollout.generate("code", PROMPTS, 1, SamplingParams(max_new_tokens=5, max_prompt_tokens=1))
     with pytest.raises(ValueError, match="finetune=lora"):
         VllmRollout(cfg(**{"model.finetune": "full"}), {"code": tiny_dir}, tmp_path / "b")
 
