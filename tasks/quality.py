@@ -11,7 +11,7 @@ What it does:
 
     ``missing_field``  a key column is null               ``call_too_long`` / ``answer_too_long``
     ``call_syntax``    not one Python expression          ``not_a_call``     top node is not a call
-    ``wrong_function`` calls something else than the entry point
+    ``wrong_function`` calls something else than the entry point (strict parse mode only)
     ``dunder``         a ``__name__`` or ``.__attr__``      ``forbidden_name`` eval/exec/open/import...
     ``walrus``         ``:=`` (would bind names in the namespace the next calls run in)
     ``answer_syntax`` / ``answer_dunder`` / ``answer_forbidden_name`` / ``answer_walrus``
@@ -246,8 +246,12 @@ def _names_check(source: str, tree: ast.AST, prefix: str) -> str:
     return _OK
 
 
-def _check_call(call: str, entry_point: str) -> str:
-    """Reason code of one call source (``ok`` when acceptable)."""
+def _check_call(call: str, entry_point: str, any_function: bool = False) -> str:
+    """Reason code of one call source (``ok`` when acceptable).
+
+    ``any_function`` (``tests.parse_mode: official``, §5.2): any call is a test, as the official parser keeps
+    ``assert len(f(x)) == 2``; the strict mode (D5) requires a call of the entry point.
+    """
     try:
         tree = ast.parse(call, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -255,7 +259,7 @@ def _check_call(call: str, entry_point: str) -> str:
     body = tree.body
     if not isinstance(body, ast.Call):
         return "not_a_call"
-    if not (isinstance(body.func, ast.Name) and body.func.id == entry_point):
+    if not any_function and not (isinstance(body.func, ast.Name) and body.func.id == entry_point):
         return "wrong_function"
     return _names_check(call, tree, "")
 
@@ -282,7 +286,7 @@ def _test_frame(rows: pd.DataFrame | list[dict[str, Any]], cfg: TestsConfig) -> 
         else:
             key = (call, ep)
             if key not in call_memo:
-                call_memo[key] = _check_call(call.strip(), ep)
+                call_memo[key] = _check_call(call.strip(), ep, cfg.parse_mode == "official")
             call_check.append(call_memo[key])
         if not isinstance(answer, str) or len(answer) > cfg.max_answer_chars:
             answer_check.append(_NOT_CHECKED)

@@ -128,3 +128,13 @@ def test_gate_tests_raises_with_report_path_above_max_rejected_frac(tmp_path):
     assert json.loads(path.read_text())["counts"] == {"wrong_function": 2}
     assert [f.name for f in tmp_path.iterdir()] == ["gate.json"]  # atomic write: no temp file left
     gate_tests.fn(rows, config_mod.TestsConfig(max_rejected_frac=0.7), path)  # under the threshold: no error
+
+
+def test_gate_follows_the_official_parse_mode_on_other_functions():
+    """§5.2 official: any call on the left is a test (``len(f(1))`` is valid); strict (D5) rejects it."""
+    calls = ["g(1)", "len(f(1))", "obj.f(1)", "f(1)", "__import__('os').f(1)", "f(1) + 1"]
+    rows = [_row(c) for c in calls]
+    official = gate_tests.fn(rows, config_mod.TestsConfig(parse_mode="official", max_rejected_frac=0.9))
+    assert official.reasons == ["ok", "ok", "ok", "ok", "dunder", "not_a_call"]
+    strict = gate_tests.fn(rows, config_mod.TestsConfig(max_rejected_frac=0.9))
+    assert strict.reasons[:3] == ["wrong_function"] * 3 and strict.reasons[3] == "ok"
