@@ -264,7 +264,7 @@ class EvalConfig:
     """Mutants per problem (cosmic-ray operators, applied in memory), cached."""
     max_problems: int = 0
     """Cap on problems per benchmark (0 = all)."""
-    promote_metric: str = "code/lab_heldout/pass@1"
+    promote_metric: str = "code/lab_heldout/base/pass@1"
     """Metric of the evaluation that decides the ``champion`` alias (higher is better)."""
     baseline: bool = True
     """Also evaluate the starting models (``model.code_path``/``test_path``, when local dirs other than the

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 
@@ -40,8 +41,7 @@ def _lookup(tree: dict, dotted: str) -> bool:
     return True
 
 
-def test_every_dvc_param_exists_in_params_yaml(repo_root: Path) -> None:
-    params = yaml.safe_load((repo_root / "params.yaml").read_text())
+def _dvc_params(repo_root: Path) -> list[tuple[str, str]]:
     dvc = yaml.safe_load((repo_root / "dvc.yaml").read_text())
     used = []
     for name, stage in dvc["stages"].items():
@@ -49,8 +49,39 @@ def test_every_dvc_param_exists_in_params_yaml(repo_root: Path) -> None:
             keys = entry if isinstance(entry, str) else [k for spec in entry.values() for k in spec]
             used.extend((name, k) for k in ([keys] if isinstance(keys, str) else keys))
     assert used, "dvc.yaml declares no params"
-    missing = [f"{stage}: {key}" for stage, key in used if not _lookup(params, key)]
-    assert not missing, f"dvc.yaml params missing from params.yaml: {missing}"
+    return used
+
+
+@pytest.mark.parametrize("rel", ["params.yaml", "configs/qwen2.5-coder-1.5b.yaml"])
+def test_shipped_params_files_load_and_cover_dvc_params(repo_root: Path, rel: str) -> None:
+    """Each shipped params file validates and can replace params.yaml under `dvc repro` (every key present)."""
+    from codea1_core.config import load_config
+
+    cfg = load_config(repo_root / rel, [])
+    params = yaml.safe_load((repo_root / rel).read_text())
+    missing = [f"{stage}: {key}" for stage, key in _dvc_params(repo_root) if not _lookup(params, key)]
+    assert not missing, f"dvc.yaml params missing from {rel}: {missing}"
+    bench = cfg.eval.promote_metric.split("/")[1]
+    assert bench.split("_")[0] in {b.split("_")[0] for b in cfg.data.eval_benchmarks + cfg.eval.test_sources}
+
+
+def test_real_model_config_is_the_papers_recipe(repo_root: Path) -> None:
+    from codea1_core.config import load_config
+
+    cfg = load_config(repo_root / "configs" / "qwen2.5-coder-1.5b.yaml", [])
+    assert cfg.model.code_path == cfg.model.test_path == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    assert (cfg.data.train_batch_size, cfg.rollout.n_code, cfg.rollout.n_tests, cfg.reward.k) == (
+        256,
+        8,
+        8,
+        8,
+    )
+    assert (cfg.data.epochs, cfg.reward.alpha, cfg.mistake_book.top_k, cfg.rollout.backend) == (
+        3,
+        0.5,
+        8,
+        "vllm",
+    )
 
 
 def test_packages_are_explicit(repo_root: Path) -> None:
