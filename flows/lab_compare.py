@@ -19,7 +19,9 @@ Two runners (``--runner``, default ``auto``):
     every stage output of ``dvc.yaml`` are moved to ``.dvc/tmp/lab_compare_backup``; ``params.yaml`` is reset
     before each experiment; each run's two files are copied to ``runs/<name>/``; afterwards (also on failure
     or Ctrl-C) the experiments' outputs are deleted and the user's files moved back. While it runs, the
-    workspace holds the experiment being run — do not use the repo for anything else meanwhile.
+    workspace holds the experiment being run — do not use the repo for anything else meanwhile. After a hard
+    kill (SIGKILL, power loss) the next start restores the workspace first; ``--resume TAG`` then runs only
+    the experiments without results in ``runs/``.
 Either way each experiment also stays a git ref under ``refs/exps`` (``dvc exp show``; ``dvc exp remove -A``).
 MLflow: queued runs log to their temp copy's ``mlflow/`` store (dropped with it); workspace runs log to the
 user's store (``tracking.*``), as any ``dvc exp run`` would.
@@ -29,7 +31,7 @@ both read ``seed`` and warmstart also reads ``mode``, so they run once per seed 
 What it does not: change the pipeline, or pick a winner (read the table with its std and number of seeds).
 
 Run: ``python -m flows.lab_compare [--seeds 3] [--modes golden,selfplay,codea1,codea1_nomb] [--quick]
-[--runner auto|queue|workspace] [--jobs 1] [--out DIR] [--collect-only TAG] [key=value ...]``
+[--runner auto|queue|workspace] [--jobs 1] [--out DIR] [--collect-only TAG] [--resume TAG] [key=value ...]``
 (``make lab-compare``). Values go to ``dvc exp run -S`` as YAML: write strings that look like YAML keywords
 quoted, e.g. ``"tracking.backend='null'"``.
 """
@@ -214,26 +216,59 @@ def _stage_outs(repo: Path) -> list[str]:
     return sorted(p for p in paths if not p.startswith(".."))
 
 
+BACKUP = Path(".dvc") / "tmp" / "lab_compare_backup"
+"""Where the workspace runner keeps the user's params, lock and stage outputs while experiments run."""
+
+
+def _workspace_paths(repo: Path) -> list[str]:
+    return ["params.yaml", "dvc.lock", *_stage_outs(repo)]
+
+
+def restore_workspace(repo: Path, new_dirs: Sequence[Path] = ()) -> bool:
+    """Delete the experiments' outputs and move the user's files back from :data:`BACKUP`.
+
+    Called after every workspace run, and at start-up when a run was killed hard (SIGKILL, power loss) and
+    left its backup behind. Returns False when there was no backup. ``new_dirs``: folders the experiments
+    created, removed (deepest first) when empty.
+    """
+    backup = repo / BACKUP
+    if not backup.is_dir():
+        return False
+    for rel in _workspace_paths(repo):
+        target = repo / rel
+        if not (backup / rel).exists() and rel == "params.yaml":
+            continue  # never delete the params file without a copy to put back
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+        if (backup / rel).exists():
+            os.replace(backup / rel, target)
+    shutil.rmtree(backup, ignore_errors=True)
+    for folder in new_dirs:
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+    return True
+
+
 def run_in_workspace(repo: Path, experiments: Sequence[Experiment], runs: Path, log: Any) -> None:
     """``dvc exp run evaluate -S ... -n NAME`` one after another in the workspace, outputs copied to ``runs/``.
 
-    Before: ``params.yaml``, ``dvc.lock`` and every stage output are moved aside (``.dvc/tmp/lab_compare_backup``);
+    Before: ``params.yaml``, ``dvc.lock`` and every stage output are moved aside (:data:`BACKUP`);
     ``params.yaml`` is reset before each experiment (``-S`` edits it in place); after (also on failure or
-    Ctrl-C) the experiments' outputs are deleted and the user's files moved back, so the workspace is as before.
+    Ctrl-C) :func:`restore_workspace` puts the workspace back as before. Each finished experiment's files are
+    in ``runs/<name>/`` at once, so a killed comparison resumes where it stopped (``--resume TAG``).
     """
-    backup = repo / ".dvc" / "tmp" / "lab_compare_backup"
-    if backup.exists():
-        raise UserError(
-            f"{backup} exists: an earlier lab-compare was interrupted; restore or delete it first"
-        )
-    paths = ["params.yaml", "dvc.lock", *_stage_outs(repo)]
+    if (repo / BACKUP).exists():
+        raise UserError(f"{repo / BACKUP} exists: an earlier lab-compare was interrupted; restore it first")
+    paths = _workspace_paths(repo)
     params = (repo / "params.yaml").read_bytes()
     parents = {q for rel in paths for q in (repo / rel).parents if repo in q.parents}
     new_dirs = sorted((q for q in parents if not q.exists()), key=lambda q: -len(q.parts))
     for rel in paths:
         if (repo / rel).exists():
-            (backup / rel).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(repo / rel, backup / rel)
+            (repo / BACKUP / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(repo / rel, repo / BACKUP / rel)
     try:
         for exp in experiments:
             (repo / "params.yaml").write_bytes(params)
@@ -247,22 +282,20 @@ def run_in_workspace(repo: Path, experiments: Sequence[Experiment], runs: Path, 
             if proc.returncode != 0:
                 log.write(f"# {exp.name} failed: exit {proc.returncode}\n")
                 continue
+            tmp = runs / f".{exp.name}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
             for rel in (EVAL_FILE, HISTORY_FILE):
-                (runs / exp.name).mkdir(parents=True, exist_ok=True)
-                shutil.copy2(repo / rel, runs / exp.name / Path(rel).name)
+                shutil.copy2(repo / rel, tmp / Path(rel).name)
+            os.replace(tmp, runs / exp.name)  # complete or absent: what --resume relies on
     finally:
-        for rel in paths:
-            target = repo / rel
-            if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target)
-            elif target.exists() or target.is_symlink():
-                target.unlink()
-            if (backup / rel).exists():
-                os.replace(backup / rel, target)
-        shutil.rmtree(backup, ignore_errors=True)
-        for folder in new_dirs:  # folders the experiments created, deepest first, if now empty
-            if folder.is_dir() and not any(folder.iterdir()):
-                folder.rmdir()
+        restore_workspace(repo, new_dirs)
+
+
+def finished_in(runs: Path, experiments: Sequence[Experiment]) -> list[Experiment]:
+    """Experiments whose results are already in ``runs/<name>/`` (skipped by ``--resume``)."""
+    names = (Path(EVAL_FILE).name, Path(HISTORY_FILE).name)
+    return [e for e in experiments if all((runs / e.name / n).is_file() for n in names)]
 
 
 def collect_dir(runs: Path, experiments: Sequence[Experiment]) -> list[RunResult]:
@@ -557,6 +590,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repo", default=".", help="repository root (default: cwd)")
     parser.add_argument("--collect-only", metavar="TAG", help="skip running; collect experiments lc-TAG-*")
     parser.add_argument(
+        "--resume",
+        metavar="TAG",
+        help="continue the comparison TAG (workspace runner): finished runs are kept",
+    )
+    parser.add_argument(
         "--runner",
         choices=["auto", "queue", "workspace"],
         default="auto",
@@ -569,7 +607,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> None:
         repo = Path(args.repo).resolve()
-        tag = args.collect_only or time.strftime("%Y%m%d-%H%M%S")
+        if restore_workspace(repo):  # a run killed hard left the user's files aside: put them back first
+            print(f"lab-compare: restored the workspace left by an interrupted run ({BACKUP})")
+        tag = args.collect_only or args.resume or time.strftime("%Y%m%d-%H%M%S")
         seeds = 1 if args.quick else args.seeds
         extra = [*(QUICK_OVERRIDES if args.quick else []), *COMMON_OVERRIDES, *args.overrides]
         experiments = plan([m for m in args.modes.split(",") if m], seeds, extra, tag)
@@ -577,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
         out, start = repo / args.out, time.monotonic()
         runner = args.runner
         if runner == "auto":
-            runner = "queue" if queue_can_return_results(repo) else "workspace"
+            runner = "queue" if queue_can_return_results(repo) and not args.resume else "workspace"
         if args.collect_only:
             runner = "workspace" if (out / "runs" / experiments[0].name).is_dir() else "queue"
         else:
@@ -587,11 +627,19 @@ def main(argv: list[str] | None = None) -> int:
             )
             if runner == "workspace" and args.runner == "auto":
                 print(f"  ({EVAL_FILE} is git-ignored, so queued experiments could not return it)")
-            with open(out / "dvc.log", "w") as log:
+            done = finished_in(out / "runs", experiments) if args.resume else []
+            if args.resume:
+                print(f"  resuming: {len(done)} finished, {len(experiments) - len(done)} to run")
+            if runner == "workspace":
+                print(
+                    f"  interrupted? continue with: python -m flows.lab_compare --resume {tag} [same options]"
+                )
+            with open(out / "dvc.log", "a" if args.resume else "w") as log:
+                todo = [e for e in experiments if e not in done]
                 if runner == "queue":
-                    queue_and_run(repo, experiments, args.jobs, out, log)
+                    queue_and_run(repo, todo, args.jobs, out, log)
                 else:
-                    run_in_workspace(repo, experiments, out / "runs", log)
+                    run_in_workspace(repo, todo, out / "runs", log)
         wall_s = time.monotonic() - start
         results = collect(repo, experiments) if runner == "queue" else collect_dir(out / "runs", experiments)
         print(write_outputs(out, results, wall_s))

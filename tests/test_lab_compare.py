@@ -286,3 +286,54 @@ def test_quick_compare_in_a_temp_clone(repo_root, tmp_path):
     assert (
         not (clone / "outputs" / "train").exists() and not (clone / "dvc.lock").exists()
     )  # workspace restored
+
+
+def _fake_dvc_repo(tmp_path, monkeypatch):
+    repo, bin_dir = tmp_path / "repo", tmp_path / "bin"
+    (repo / "data" / "prepared").mkdir(parents=True)
+    bin_dir.mkdir()
+    (bin_dir / "dvc").write_text(FAKE_DVC)
+    (bin_dir / "dvc").chmod(0o755)
+    (repo / "dvc.yaml").write_text(DVC_YAML)
+    (repo / "params.yaml").write_text("seed: 1\n")
+    (repo / "data" / "prepared" / "mine").write_text("user data")
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    monkeypatch.setattr(lc, "_env", lambda: env)
+    return repo
+
+
+def test_a_hard_killed_run_is_restored_and_resumed_without_redoing_finished_experiments(
+    tmp_path, monkeypatch
+):
+    repo = _fake_dvc_repo(tmp_path, monkeypatch)
+    # State after SIGKILL during the 2nd experiment: the user's files in the backup, an experiment's in place.
+    backup = repo / lc.BACKUP
+    (backup / "data" / "prepared").mkdir(parents=True)
+    os.replace(repo / "params.yaml", backup / "params.yaml")
+    os.replace(repo / "data" / "prepared" / "mine", backup / "data" / "prepared" / "mine")
+    (repo / "params.yaml").write_text("seed: 1\nedited: by an experiment\n")
+    (repo / "data" / "prepared" / "x").write_text("experiment data")
+    (repo / "dvc.lock").write_text("experiment lock")
+    runs = repo / "outputs" / "lab_compare" / "runs"
+    (runs / "lc-t-codea1-s1").mkdir(parents=True)
+    (runs / "lc-t-codea1-s1" / "metrics.json").write_text('{"code/lab_heldout_seen/base/pass@1": 40.0}')
+    (runs / "lc-t-codea1-s1" / "history.csv").write_text("iteration,code/reward_mean\n1,0.25\n")
+    (runs / ".lc-t-golden-s1.tmp").mkdir()  # a copy cut short by the kill: not a finished run
+
+    args = ["--resume", "t", "--modes", "codea1,golden", "--seeds", "1", "--repo", str(repo)]
+    assert lc.main([*args, "--runner", "workspace"]) == 0
+    log = (repo / "outputs" / "lab_compare" / "dvc.log").read_text()
+    assert "-n lc-t-golden-s1" in log and "-n lc-t-codea1-s1" not in log  # only the unfinished one ran
+    assert (repo / "params.yaml").read_text() == "seed: 1\n"
+    assert sorted(p.name for p in (repo / "data" / "prepared").iterdir()) == ["mine"]
+    assert not (repo / "dvc.lock").exists() and not backup.exists()
+    table = json.loads((repo / "outputs" / "lab_compare" / "table.json").read_text())["table"]
+    assert table["codea1"]["code pass@1 held-out seen"]["values"] == [40.0]
+    assert table["golden"]["Mul"]["values"] == [1.5]
+
+
+def test_restore_workspace_without_backup_is_a_no_op(tmp_path):
+    (tmp_path / "dvc.yaml").write_text(DVC_YAML)
+    (tmp_path / "params.yaml").write_text("seed: 1\n")
+    assert lc.restore_workspace(tmp_path) is False
+    assert (tmp_path / "params.yaml").read_text() == "seed: 1\n"
