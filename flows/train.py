@@ -245,7 +245,7 @@ def load_problems(cfg: Config) -> tuple[list[Any], list[Any]]:
     """Prepared train/val problems (``data/prepared``); lab-only configs fall back to generating them."""
     prepared = Path(cfg.data.prepared_dir)
     if (prepared / "train.parquet").is_file():
-        from codea1_core.datasets import load_prepared
+        from codea1_core.prepared import load_prepared
 
         val = load_prepared(prepared / "val.parquet") if (prepared / "val.parquet").is_file() else []
         return load_prepared(prepared / "train.parquet"), val

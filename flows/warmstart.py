@@ -55,7 +55,7 @@ def training_problems(cfg: Config) -> list[Problem]:
     prepared = Path(cfg.data.prepared_dir) / "train.parquet"
     if prepared.is_file():
         try:
-            from codea1_core.datasets import load_prepared
+            from codea1_core.prepared import load_prepared
         except ImportError:  # the prepared-set reader is optional here: the lab problems are regenerable
             load_prepared = None
         if load_prepared is not None:

@@ -310,7 +310,7 @@ def load_benchmark(cfg: Config, name: str) -> list[Problem]:
         if not cfg.eval.ult_path:
             raise FileNotFoundError("benchmark unleakedtestbench: set eval.ult_path to a local ULT.jsonl")
         return load_unleakedtestbench(cfg.eval.ult_path, max_problems=cap)
-    from codea1_core.datasets import load_prepared
+    from codea1_core.prepared import load_prepared
 
     path = Path(cfg.data.prepared_dir) / f"eval_{name}.parquet"
     if not path.is_file():

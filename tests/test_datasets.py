@@ -1,4 +1,7 @@
-"""Loaders, assert parsing, reference resolution and the prepared parquet format (codea1_core.datasets)."""
+"""Loaders, assert parsing, reference resolution and the prepared parquet format.
+
+Covers codea1_core.datasets, .source_text, .mbpp_inputs, .prepared and .dataset_types.
+"""
 
 from __future__ import annotations
 
@@ -11,24 +14,17 @@ from pathlib import Path
 import pytest
 
 from codea1_core.config import Config
+from codea1_core.dataset_types import PENDING, DatasetError, Pending, SourceUnavailable, is_pending
 from codea1_core.datasets import (
-    PENDING,
-    DatasetError,
-    Pending,
-    SourceUnavailable,
-    is_pending,
     load_evalplus,
     load_humaneval,
     load_kodcode,
     load_mbpp,
-    load_prepared,
     load_source,
-    parse_assert,
     read_jsonl,
-    reference_exprs,
-    resolve,
-    save_prepared,
 )
+from codea1_core.prepared import load_prepared, reference_exprs, resolve, save_prepared
+from codea1_core.source_text import parse_assert
 from codea1_core.types import CallOutcome, Problem, TestCase
 
 

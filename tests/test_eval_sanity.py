@@ -15,7 +15,8 @@ import pytest
 from test_evaluation import TextPolicy, fenced
 
 from codea1_core.config import Config
-from codea1_core.datasets import load_source, reference_exprs, resolve
+from codea1_core.datasets import load_source
+from codea1_core.prepared import reference_exprs, resolve
 from codea1_core.values import to_literal
 
 

@@ -66,7 +66,7 @@ def _cfg(tmp_path: Path, **eval_kw) -> Config:
 
 
 def test_evaluate_reports_warmstart_and_delta(tmp_path, prefect_harness):
-    from codea1_core.datasets import save_prepared
+    from codea1_core.prepared import save_prepared
     from flows.evaluate import run
 
     ps = [problem("a")]

@@ -74,7 +74,7 @@ def test_compare_writes_report_and_rejects_bad_files(tmp_path):
 
 
 def test_evaluate_flow_writes_metrics_and_report(tmp_path, prefect_harness, monkeypatch):
-    from codea1_core.datasets import save_prepared
+    from codea1_core.prepared import save_prepared
     from flows.evaluate import run
 
     ps = [problem("a"), problem("b")]

@@ -307,8 +307,8 @@ def test_default_warm_start_leaves_room_for_improvement(tmp_path, monkeypatch, r
 
 
 def test_training_problems_prefer_the_prepared_lab_set(tmp_path, monkeypatch):
-    from codea1_core.datasets import save_prepared
     from codea1_core.lab import lab_problems
+    from codea1_core.prepared import save_prepared
 
     monkeypatch.chdir(tmp_path)
     cfg = _cfg()

@@ -1,0 +1,213 @@
+"""Reference verification and the prepared parquet files (ALGORITHM.md D1).
+
+What it does:
+
+* :func:`reference_exprs` / :func:`resolve`: the pure half of reference verification. The ``prepare``
+  flow evaluates every golden call and every dataset claim beside the reference in the sandbox;
+  :func:`resolve` fills the expected values from those outcomes and drops (with a reason) the tests the
+  reference cannot run or whose dataset claim disagrees with it.
+* :func:`save_prepared` / :func:`load_prepared`: one parquet file of problems per split; expected values
+  are ``values.encode`` bytes (never pickle); writes are atomic (temp file, then ``os.replace``).
+
+What it does not: run code (the ``prepare`` flow does, in the sandbox) or read raw sources
+(``codea1_core.datasets``). How to run: ``load_prepared("data/prepared/train.parquet")``; tests in
+``tests/test_datasets.py`` (``test_resolve_*``, ``test_prepared_parquet_round_trip_and_errors``) and
+``tests/test_prepare.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from codea1_core.dataset_types import DatasetError, is_pending
+from codea1_core.types import Problem, TestCase
+
+# --------------------------------------------------------------------------------------------------
+# Reference verification (pure: the prepare flow runs the jobs in the sandbox)
+# --------------------------------------------------------------------------------------------------
+
+
+def _claims(problem: Problem) -> list[str]:
+    tests = problem.tests + problem.plus_tests
+    return [
+        t.expected.answer or t.expected.check
+        for t in tests
+        if is_pending(t.expected) and (t.expected.answer or t.expected.check)
+    ]
+
+
+def reference_exprs(problem: Problem) -> list[str]:
+    """Expressions to evaluate beside the reference: every golden call, then every dataset claim."""
+    return [t.call for t in problem.tests + problem.plus_tests] + _claims(problem)
+
+
+def resolve(
+    problem: Problem, outcomes: list[Any], rel_tol: float, abs_tol: float
+) -> tuple[Problem, list[dict[str, str]]]:
+    """Fill expected values from the reference outcomes of :func:`reference_exprs` (D1).
+
+    A test is dropped (and returned as an exclusion ``{"call", "reason", "detail"}``) when the reference
+    does not return a plain value on its call (``reference_<status>``), when the dataset's claim cannot
+    be evaluated (``claim_error``) or disagrees with the reference (``claim_mismatch``), or when a
+    given expected value differs from the reference's (``expected_mismatch``). Floats compare with
+    ``values_equal`` and ``max(abs_tol, problem.atol)``. The caller handles ``infra_error`` first (D4).
+    """
+    from codea1_core.values import values_equal
+
+    tests = problem.tests + problem.plus_tests
+    if len(outcomes) != len(tests) + len(_claims(problem)):
+        raise ValueError(
+            f"{problem.id}: {len(outcomes)} outcomes for {len(reference_exprs(problem))} expressions"
+        )
+    atol = max(abs_tol, problem.atol)
+    claim_outcomes = iter(outcomes[len(tests) :])
+    kept: list[TestCase | None] = []
+    excluded: list[dict[str, str]] = []
+
+    def drop(test: TestCase, reason: str, detail: str = "") -> None:
+        kept.append(None)
+        excluded.append({"call": test.call[:300], "reason": reason, "detail": detail[:300]})
+
+    for test, out in zip(tests, outcomes[: len(tests)], strict=True):
+        pending = test.expected if is_pending(test.expected) else None
+        claim = next(claim_outcomes) if pending and (pending.answer or pending.check) else None
+        if out.status != "ok":
+            drop(test, f"reference_{out.status}", out.error)
+        elif claim is not None and claim.status != "ok":
+            drop(test, "claim_error", f"{pending.answer or pending.check}: {claim.error}")
+        elif claim is not None and pending.answer and not values_equal(out.value, claim.value, rel_tol, atol):
+            drop(test, "claim_mismatch", f"reference {out.value!r} != dataset {pending.answer}")
+        elif claim is not None and pending.check and not claim.value:
+            drop(test, "claim_mismatch", f"false on the reference: {pending.check}")
+        elif pending is None and not values_equal(out.value, test.expected, rel_tol, atol):
+            drop(test, "expected_mismatch", f"reference {out.value!r} != given {test.expected!r}")
+        else:
+            kept.append(TestCase(test.call, out.value))
+    n = len(problem.tests)
+    filled = dataclasses.replace(
+        problem,
+        tests=tuple(t for t in kept[:n] if t is not None),
+        plus_tests=tuple(t for t in kept[n:] if t is not None),
+        metadata={**problem.metadata, "reference_passes": True, "excluded_tests": len(excluded)},
+    )
+    return filled, excluded
+
+
+# --------------------------------------------------------------------------------------------------
+# Prepared parquet files (expected values as ``values.encode`` bytes, never pickle)
+# --------------------------------------------------------------------------------------------------
+
+_STR_COLUMNS = (
+    "id",
+    "source",
+    "split",
+    "prompt",
+    "description",
+    "entry_point",
+    "reference_solution",
+    "metadata",
+)
+
+
+def _schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema(
+        [(c, pa.string()) for c in _STR_COLUMNS]
+        + [("imports", pa.list_(pa.string())), ("atol", pa.float64()), ("passing", pa.bool_())]
+        + [(f"{k}_calls", pa.list_(pa.string())) for k in ("tests", "plus")]
+        + [(f"{k}_expected", pa.list_(pa.binary())) for k in ("tests", "plus")]
+    )
+
+
+def save_prepared(problems: list[Problem], path: str | Path) -> Path:
+    """Write problems to parquet atomically (temp file, then ``os.replace``).
+
+    Raises:
+        DatasetError: A test's expected value is still :class:`Pending` or not encodable.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from codea1_core.values import encode
+
+    def expected(p: Problem, tests: tuple[TestCase, ...]) -> list[bytes]:
+        out = []
+        for t in tests:
+            if is_pending(t.expected):
+                raise DatasetError(f"{p.id}: expected value of {t.call[:80]} not filled (run prepare)")
+            try:
+                out.append(encode(t.expected))
+            except Exception as exc:  # the codec's own error type is not ours to name
+                raise DatasetError(f"{p.id}: expected value of {t.call[:80]} not encodable: {exc}") from None
+        return out
+
+    cols: dict[str, list[Any]] = {name: [] for name in _schema().names}
+    for p in problems:
+        for c in _STR_COLUMNS[:-1]:
+            cols[c].append(getattr(p, c))
+        cols["metadata"].append(json.dumps(p.metadata, default=str, sort_keys=True))
+        cols["imports"].append(list(p.imports))
+        cols["atol"].append(float(p.atol))
+        cols["passing"].append(bool(p.metadata.get("reference_passes", False)))
+        for key, tests in (("tests", p.tests), ("plus", p.plus_tests)):
+            cols[f"{key}_calls"].append([t.call for t in tests])
+            cols[f"{key}_expected"].append(expected(p, tests))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(pa.table(cols, schema=_schema()), tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def load_prepared(path: str | Path) -> list[Problem]:
+    """Read a parquet file written by :func:`save_prepared`; errors name the file, column or row id."""
+    import pyarrow.parquet as pq
+
+    from codea1_core.values import decode
+
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"{path}: file not found (run `codea1 prepare` / `dvc repro prepare`)")
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises ArrowInvalid/OSError for corrupt files
+        raise DatasetError(f"{path}: not a readable parquet file: {exc}") from None
+    missing = [n for n in _schema().names if n not in table.column_names]
+    if missing:
+        raise DatasetError(f"{path}: missing column(s) {missing}")
+    problems = []
+    for row in table.to_pylist():
+        try:
+            tests = {
+                k: tuple(
+                    TestCase(c, decode(e))
+                    for c, e in zip(row[f"{k}_calls"], row[f"{k}_expected"], strict=True)
+                )
+                for k in ("tests", "plus")
+            }
+            metadata = json.loads(row["metadata"] or "{}")
+        except Exception as exc:  # decode/json/zip errors: name the row
+            raise DatasetError(f"{path}: row {row.get('id')!r}: cannot decode: {exc}") from None
+        problems.append(
+            Problem(
+                **{c: row[c] for c in _STR_COLUMNS[:-1]},
+                imports=tuple(row["imports"] or ()),
+                atol=row["atol"],
+                tests=tests["tests"],
+                plus_tests=tests["plus"],
+                metadata=metadata,
+            )
+        )
+    return problems
