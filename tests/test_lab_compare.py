@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from codea1_core import comparison as cmp
 from codea1_core.config import ConfigError
 from flows import lab_compare as lc
 from flows.common import UserError
 
 
-def _result(mode: str, seed: int, pass1: float, reward: float, error: str = "") -> lc.RunResult:
-    exp = lc.Experiment(f"lc-t-{mode}-s{seed}", mode, seed, ())
+def _result(mode: str, seed: int, pass1: float, reward: float, error: str = "") -> cmp.RunResult:
+    exp = cmp.Experiment(f"lc-t-{mode}-s{seed}", mode, seed, ())
     metrics = {
         "code/lab_heldout_seen/base/pass@1": pass1,
         "delta/code/lab_heldout_seen/base/pass@1": pass1 - 1.0,
@@ -34,7 +35,7 @@ def _result(mode: str, seed: int, pass1: float, reward: float, error: str = "") 
         {"iteration": 1.0, "code/reward_mean": 0.1, "test/reward_mean": 0.2, "mistake_book/added": 3.0},
         {"iteration": 2.0, "code/reward_mean": reward, "test/reward_mean": float("nan")},
     ]
-    return lc.RunResult(exp, {} if error else metrics, [] if error else history, error)
+    return cmp.RunResult(exp, {} if error else metrics, [] if error else history, error)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -84,17 +85,17 @@ def test_main_reports_bad_mode_as_one_line_exit_2(capsys, tmp_path):
 
 
 def test_parse_history_and_final_value_skip_missing_and_nan():
-    rows = lc.parse_history("iteration,code/reward_mean,note\n1,0.5,a\n2,,b\n3,nan,c\n")
+    rows = cmp.parse_history("iteration,code/reward_mean,note\n1,0.5,a\n2,,b\n3,nan,c\n")
     assert rows[0] == {"iteration": 1.0, "code/reward_mean": 0.5, "note": "a"}
     assert "code/reward_mean" not in rows[1]
-    assert lc.final_value(rows, "code/reward_mean") == 0.5  # nan at iteration 3 is not a value
-    assert lc.final_value(rows, "absent") is None
+    assert cmp.final_value(rows, "code/reward_mean") == 0.5  # nan at iteration 3 is not a value
+    assert cmp.final_value(rows, "absent") is None
 
 
 def test_aggregate_mean_and_sample_std_per_mode_ignoring_failed_runs():
     results = [_result("codea1", s, p, r) for s, p, r in [(1, 10.0, 0.5), (2, 20.0, 0.7), (3, 40.0, 0.9)]]
     results += [_result("golden", 1, 5.0, 0.4), _result("golden", 2, 0.0, 0.0, error="boom")]
-    table = lc.aggregate(results)
+    table = cmp.aggregate(results)
     cell = table["codea1"]["code pass@1 held-out seen"]
     assert cell["n"] == 3 and cell["values"] == [10.0, 20.0, 40.0]
     assert cell["mean"] == pytest.approx(70 / 3)
@@ -114,7 +115,7 @@ def test_table_markdown_rows_in_mode_order_and_failures_listed():
         _result("golden", 1, 5.0, 0.4),
     ]
     results.append(_result("selfplay", 1, 0.0, 0.0, error="no experiment commit"))
-    md = lc.table_markdown(lc.aggregate(results), results)
+    md = cmp.table_markdown(cmp.aggregate(results), results)
     lines = md.splitlines()
     assert lines[0].startswith("| mode | seeds | code pass@1 held-out seen | Δ vs warm start |")
     assert lines[2].startswith("| golden | 1 | 5.00 |")
@@ -139,7 +140,7 @@ def test_write_outputs_writes_every_artifact(tmp_path):
 
 def test_mean_curve_averages_seeds_per_iteration():
     results = [_result("codea1", 1, 1.0, 0.4), _result("codea1", 2, 1.0, 0.8), _result("golden", 1, 1.0, 0.0)]
-    xs, ys = lc.mean_curve(results, "codea1", ["code/reward_mean"])
+    xs, ys = cmp.mean_curve(results, "codea1", ["code/reward_mean"])
     assert xs == [1.0, 2.0] and ys == pytest.approx([0.1, 0.6])
 
 
@@ -230,8 +231,8 @@ def test_workspace_runner_copies_each_run_and_restores_the_workspace(tmp_path, m
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     monkeypatch.setattr(lc, "_env", lambda: env)
     exps = [
-        lc.Experiment("lc-t-codea1-s1", "codea1", 1, ("seed=1",)),
-        lc.Experiment("lc-t-bad-s1", "x", 1, ()),
+        cmp.Experiment("lc-t-codea1-s1", "codea1", 1, ("seed=1",)),
+        cmp.Experiment("lc-t-bad-s1", "x", 1, ()),
     ]
     runs = repo / "outputs" / "lab_compare" / "runs"
     with open(tmp_path / "dvc.log", "w") as log:

@@ -1,0 +1,247 @@
+"""The lab comparison's numbers: per-mode aggregates over seeds, the table, the plots and the HTML report.
+
+What it does: the pure half of ``make lab-compare`` (``flows/lab_compare.py``, ALGORITHM.md §14, §15, D10):
+the comparison arms (:data:`MODES`, as ``key=value`` config overrides), one :class:`RunResult` per
+experiment, :func:`aggregate` (mean and sample std over seeds per mode and column), :func:`table_markdown`,
+the reward and Mistake-Book charts (PNG bytes, matplotlib Agg) and a self-contained HTML page.
+What it does not: run experiments, read DVC/git, or write files (the flow does).
+
+How to run: ``pytest tests/test_lab_compare.py``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+MODES: dict[str, list[str]] = {
+    "golden": ["mode=golden"],
+    "selfplay": ["mode=selfplay"],
+    "codea1": ["mode=codea1"],
+    "codea1_nomb": ["mode=codea1", "mistake_book.enabled=false"],
+}
+"""Comparison arms (D10) as ``-S`` overrides; ``codea1_nomb`` is the §15.4 Mistake Book ablation."""
+COLUMNS: list[tuple[str, str, str]] = [
+    ("code pass@1 held-out seen", "eval", "code/lab_heldout_seen/base/pass@1"),
+    ("Δ vs warm start", "eval", "delta/code/lab_heldout_seen/base/pass@1"),
+    ("code pass@1 held-out all", "eval", "code/lab_heldout/base/pass@1"),
+    ("test pass@5", "eval", "test/lab_heldout/pass@5"),
+    ("mut@5", "eval", "test/lab_heldout/mut@5"),
+    ("Mul", "eval", "test/lab_heldout/mul"),
+    ("final code reward", "history", "code/reward_mean"),
+    ("final test reward", "history", "test/reward_mean"),
+]
+"""(column title, source, key): the paper's Table 15.1/15.2 in small plus the final training rewards."""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One planned DVC experiment."""
+
+    name: str
+    mode: str
+    seed: int
+    overrides: tuple[str, ...]
+
+
+@dataclass
+class RunResult:
+    """What one experiment produced (empty dicts when it failed or a file was missing)."""
+
+    experiment: Experiment
+    metrics: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    error: str = ""
+
+
+def parse_history(text: str) -> list[dict[str, Any]]:
+    """``history.csv`` rows with numbers as floats (empty cells dropped)."""
+    rows = []
+    for raw in csv.DictReader(io.StringIO(text)):
+        row: dict[str, Any] = {}
+        for key, value in raw.items():
+            if value in ("", None):
+                continue
+            try:
+                row[key] = float(value)
+            except ValueError:
+                row[key] = value
+        rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# Aggregate (pure)
+# ------------------------------------------------------------------------------------------------
+
+
+def _num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def final_value(history: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    """The last finite value of ``key`` in the history, or None."""
+    vals = [float(row[key]) for row in history if _num(row.get(key))]
+    return vals[-1] if vals else None
+
+
+def row_values(result: RunResult) -> dict[str, float | None]:
+    """One experiment's value per table column (None when missing)."""
+    out: dict[str, float | None] = {}
+    for title, source, key in COLUMNS:
+        if source == "eval":
+            value = result.metrics.get(key)
+            out[title] = float(value) if _num(value) else None
+        else:
+            out[title] = final_value(result.history, key)
+    return out
+
+
+def aggregate(results: Sequence[RunResult]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per mode and column: ``{mean, std, n, values}``; std is the sample std (None when n < 2)."""
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    for res in results:
+        if res.error:
+            continue
+        cells = table.setdefault(res.experiment.mode, {t: {"values": []} for t, _, _ in COLUMNS})
+        for title, value in row_values(res).items():
+            if value is not None:
+                cells[title]["values"].append(value)
+    for cells in table.values():
+        for cell in cells.values():
+            vals = cell["values"]
+            cell["n"] = len(vals)
+            cell["mean"] = statistics.fmean(vals) if vals else None
+            cell["std"] = statistics.stdev(vals) if len(vals) > 1 else None
+    return table
+
+
+def _cell(cell: Mapping[str, Any]) -> str:
+    if cell["mean"] is None:
+        return "–"
+    std = f" ± {cell['std']:.2f}" if cell["std"] is not None else ""
+    return f"{cell['mean']:.2f}{std}"
+
+
+def table_markdown(table: Mapping[str, Mapping[str, Mapping[str, Any]]], results: Sequence[RunResult]) -> str:
+    """Markdown table (one row per mode, ``mean ± std (n seeds)``) plus the failed experiments."""
+    titles = [t for t, _, _ in COLUMNS]
+    lines = ["| mode | seeds | " + " | ".join(titles) + " |", "|---" * (len(titles) + 2) + "|"]
+    for mode in [m for m in MODES if m in table]:
+        n = max(c["n"] for c in table[mode].values())
+        lines.append(f"| {mode} | {n} | " + " | ".join(_cell(table[mode][t]) for t in titles) + " |")
+    failed = [r for r in results if r.error]
+    if failed:
+        lines.append("")
+        lines.extend(f"- FAILED {r.experiment.name}: {r.error}" for r in failed)
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# Plots and report
+# ------------------------------------------------------------------------------------------------
+
+PAPER_PASS_RATE = {"codea1": 0.76, "codea1_nomb": 0.86, "golden": 0.74, "replay": 0.55}
+"""§15.4 (fig:mistakebook, approximate): training pass rate at the end of training; replay pass rate."""
+
+
+def mean_curve(
+    results: Sequence[RunResult], mode: str, keys: Sequence[str]
+) -> tuple[list[float], list[float]]:
+    """Mean over seeds of the first present key per iteration (iterations where any seed has a value)."""
+    by_it: dict[float, list[float]] = {}
+    for res in results:
+        if res.experiment.mode != mode or res.error:
+            continue
+        for i, row in enumerate(res.history):
+            value = next((row[k] for k in keys if _num(row.get(k))), None)
+            if value is not None:
+                it = float(row["iteration"]) if _num(row.get("iteration")) else float(i)
+                by_it.setdefault(it, []).append(float(value))
+    xs = sorted(by_it)
+    return xs, [statistics.fmean(by_it[x]) for x in xs]
+
+
+def _png(fig: Any) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def rewards_chart(results: Sequence[RunResult]) -> bytes:
+    """Code and test reward per iteration, one line per mode (mean over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
+    for ax, key in zip(axes, ("code/reward_mean", "test/reward_mean"), strict=True):
+        for mode in MODES:
+            xs, ys = mean_curve(results, mode, [key])
+            if xs:
+                ax.plot(xs, ys, marker=".", label=mode)
+        ax.set(title=f"{key} (mean over seeds)", xlabel="iteration", ylabel="reward")
+        ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def mistake_book_chart(results: Sequence[RunResult]) -> bytes:
+    """codea1's Mistake Book added/removed per iteration; training pass rates vs the paper's §15.4 figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2))
+    for key in ("mistake_book/added", "mistake_book/removed", "mistake_book/size"):
+        xs, ys = mean_curve(results, "codea1", [key])
+        if xs:
+            left.plot(xs, ys, marker=".", label=key)
+    left.set(title="codea1: Mistake Book (mean over seeds)", xlabel="iteration", ylabel="tests")
+    left.legend(fontsize=8)
+    lines = [
+        (m, ["code/pass_new", "code/pass_golden", "code/reward_mean"]) for m in ("codea1", "codea1_nomb")
+    ]
+    lines += [("golden", ["code/pass_golden", "code/pass_new", "code/reward_mean"])]
+    for mode, keys in lines:
+        xs, ys = mean_curve(results, mode, keys)
+        if xs:
+            (line,) = right.plot(xs, ys, marker=".", label=f"{mode} pass rate")
+            right.axhline(PAPER_PASS_RATE[mode], ls="--", lw=0.8, color=line.get_color())
+    xs, ys = mean_curve(results, "codea1", ["mistake_book/replay_pass_rate"])
+    if xs:
+        (line,) = right.plot(xs, ys, marker="x", label="codea1 replay pass rate")
+        right.axhline(PAPER_PASS_RATE["replay"], ls="--", lw=0.8, color=line.get_color())
+    right.set(title="training pass rate (dashed: paper §15.4)", xlabel="iteration", ylim=(0, 1.05))
+    right.legend(fontsize=7)
+    return _png(fig)
+
+
+def report_html(table_md: str, charts: Mapping[str, bytes], results: Sequence[RunResult], notes: str) -> str:
+    """One self-contained HTML page: the table, the plots, every experiment's metrics side by side."""
+    import base64
+    import html
+
+    from codea1_core.report import comparison_table
+
+    parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>codea1 lab compare</title>"]
+    parts.append("<style>body{font-family:sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:2px 6px}")
+    parts.append("table{border-collapse:collapse}</style></head><body><h1>codea1 lab compare</h1>")
+    parts.append(f"<p>{html.escape(notes)}</p><pre>{html.escape(table_md)}</pre>")
+    for name, png in charts.items():
+        data = base64.b64encode(png).decode("ascii")
+        parts.append(f"<h2>{html.escape(name)}</h2><img alt='{name}' src='data:image/png;base64,{data}'/>")
+    runs = {r.experiment.name: r.metrics for r in results if not r.error}
+    if runs:
+        parts.append("<h2>All experiments</h2>" + comparison_table(runs))
+    parts.append("</body></html>")
+    return "\n".join(parts)
