@@ -27,16 +27,19 @@ MODES: dict[str, list[str]] = {
 }
 """Comparison arms (D10) as ``-S`` overrides; ``codea1_nomb`` is the §15.4 Mistake Book ablation."""
 COLUMNS: list[tuple[str, str, str]] = [
+    ("warm start code pass@1", "eval", "warmstart/code/lab_heldout_seen/base/pass@1"),
     ("code pass@1 held-out seen", "eval", "code/lab_heldout_seen/base/pass@1"),
     ("Δ vs warm start", "eval", "delta/code/lab_heldout_seen/base/pass@1"),
     ("code pass@1 held-out all", "eval", "code/lab_heldout/base/pass@1"),
     ("test pass@5", "eval", "test/lab_heldout/pass@5"),
+    ("Δ test pass@5", "eval", "delta/test/lab_heldout/pass@5"),
     ("mut@5", "eval", "test/lab_heldout/mut@5"),
     ("Mul", "eval", "test/lab_heldout/mul"),
     ("final code reward", "history", "code/reward_mean"),
     ("final test reward", "history", "test/reward_mean"),
 ]
-"""(column title, source, key): the paper's Table 15.1/15.2 in small plus the final training rewards."""
+"""(column title, source, key): the paper's Table 15.1/15.2 in small, the starting point each mode improved
+on (every mode has its own warm start: selfplay's one model learned both roles), the final training rewards."""
 
 
 @dataclass(frozen=True)

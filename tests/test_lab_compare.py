@@ -24,6 +24,7 @@ from flows.common import UserError
 def _result(mode: str, seed: int, pass1: float, reward: float, error: str = "") -> cmp.RunResult:
     exp = cmp.Experiment(f"lc-t-{mode}-s{seed}", mode, seed, ())
     metrics = {
+        "warmstart/code/lab_heldout_seen/base/pass@1": 1.0,
         "code/lab_heldout_seen/base/pass@1": pass1,
         "delta/code/lab_heldout_seen/base/pass@1": pass1 - 1.0,
         "code/lab_heldout/base/pass@1": pass1 / 4,
@@ -117,9 +118,11 @@ def test_table_markdown_rows_in_mode_order_and_failures_listed():
     results.append(_result("selfplay", 1, 0.0, 0.0, error="no experiment commit"))
     md = cmp.table_markdown(cmp.aggregate(results), results)
     lines = md.splitlines()
-    assert lines[0].startswith("| mode | seeds | code pass@1 held-out seen | Δ vs warm start |")
-    assert lines[2].startswith("| golden | 1 | 5.00 |")
-    assert lines[3].startswith(f"| codea1 | 2 | 20.00 ± {statistics.stdev([10.0, 30.0]):.2f} |")
+    assert lines[0].startswith(
+        "| mode | seeds | warm start code pass@1 | code pass@1 held-out seen | Δ vs warm start |"
+    )
+    assert lines[2].startswith("| golden | 1 | 1.00 | 5.00 |")
+    assert lines[3].startswith(f"| codea1 | 2 | 1.00 ± 0.00 | 20.00 ± {statistics.stdev([10.0, 30.0]):.2f} |")
     assert "selfplay |" not in md and "FAILED lc-t-selfplay-s1: no experiment commit" in md
 
 
