@@ -221,8 +221,7 @@ DVC_YAML = """stages:
 """
 
 
-def test_workspace_runner_copies_each_run_and_restores_the_workspace(tmp_path, monkeypatch):
-    """The user's params.yaml, dvc.lock and stage outputs are back, byte for byte, even after a failed run."""
+def _fake_dvc_repo(tmp_path, monkeypatch):
     repo, bin_dir = tmp_path / "repo", tmp_path / "bin"
     (repo / "data" / "prepared").mkdir(parents=True)
     bin_dir.mkdir()
@@ -233,6 +232,12 @@ def test_workspace_runner_copies_each_run_and_restores_the_workspace(tmp_path, m
     (repo / "data" / "prepared" / "mine").write_text("user data")
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     monkeypatch.setattr(lc, "_env", lambda: env)
+    return repo
+
+
+def test_workspace_runner_copies_each_run_and_restores_the_workspace(tmp_path, monkeypatch):
+    """The user's params.yaml, dvc.lock and stage outputs are back, byte for byte, even after a failed run."""
+    repo = _fake_dvc_repo(tmp_path, monkeypatch)
     exps = [
         cmp.Experiment("lc-t-codea1-s1", "codea1", 1, ("seed=1",)),
         cmp.Experiment("lc-t-bad-s1", "x", 1, ()),
@@ -290,20 +295,6 @@ def test_quick_compare_in_a_temp_clone(repo_root, tmp_path):
     assert (
         not (clone / "outputs" / "train").exists() and not (clone / "dvc.lock").exists()
     )  # workspace restored
-
-
-def _fake_dvc_repo(tmp_path, monkeypatch):
-    repo, bin_dir = tmp_path / "repo", tmp_path / "bin"
-    (repo / "data" / "prepared").mkdir(parents=True)
-    bin_dir.mkdir()
-    (bin_dir / "dvc").write_text(FAKE_DVC)
-    (bin_dir / "dvc").chmod(0o755)
-    (repo / "dvc.yaml").write_text(DVC_YAML)
-    (repo / "params.yaml").write_text("seed: 1\n")
-    (repo / "data" / "prepared" / "mine").write_text("user data")
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    monkeypatch.setattr(lc, "_env", lambda: env)
-    return repo
 
 
 def test_a_hard_killed_run_is_restored_and_resumed_without_redoing_finished_experiments(
