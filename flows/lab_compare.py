@@ -261,6 +261,15 @@ def run_in_workspace(repo: Path, experiments: Sequence[Experiment], runs: Path, 
         restore_workspace(repo, new_dirs)
 
 
+def recorded_wall_s(table_json: Path, default: float) -> float:
+    """``wall_s`` of an earlier ``table.json`` (re-collecting keeps the comparison's real wall time)."""
+    try:
+        value = json.loads(table_json.read_text())["wall_s"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return default
+    return float(value) if isinstance(value, int | float) and value > default else default
+
+
 def finished_in(runs: Path, experiments: Sequence[Experiment]) -> list[Experiment]:
     """Experiments whose results are already in ``runs/<name>/`` (skipped by ``--resume``)."""
     names = (Path(EVAL_FILE).name, Path(HISTORY_FILE).name)
@@ -422,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     run_in_workspace(repo, todo, out / "runs", log)
         wall_s = time.monotonic() - start
+        if args.collect_only:  # keep the wall time of the run that produced the results, when it was recorded
+            wall_s = recorded_wall_s(out / "table.json", default=wall_s)
         results = collect(repo, experiments) if runner == "queue" else collect_dir(out / "runs", experiments)
         print(write_outputs(out, results, wall_s))
         print(f"wall time: {wall_s:.0f} s ({wall_s / 60:.1f} min); outputs in {out}")

@@ -332,3 +332,12 @@ def test_restore_workspace_without_backup_is_a_no_op(tmp_path):
     (tmp_path / "params.yaml").write_text("seed: 1\n")
     assert lc.restore_workspace(tmp_path) is False
     assert (tmp_path / "params.yaml").read_text() == "seed: 1\n"
+
+
+def test_recollecting_keeps_the_recorded_wall_time(tmp_path):
+    path = tmp_path / "table.json"
+    assert lc.recorded_wall_s(path, default=1.0) == 1.0  # nothing recorded
+    path.write_text(json.dumps({"wall_s": 7200.5}))
+    assert lc.recorded_wall_s(path, default=1.0) == 7200.5
+    path.write_text("{not json")
+    assert lc.recorded_wall_s(path, default=1.0) == 1.0
