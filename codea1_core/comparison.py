@@ -26,6 +26,13 @@ MODES: dict[str, list[str]] = {
     "codea1_nomb": ["mode=codea1", "mistake_book.enabled=false"],
 }
 """Comparison arms (D10) as ``-S`` overrides; ``codea1_nomb`` is the §15.4 Mistake Book ablation."""
+MODE_COLORS = {
+    "golden": "tab:green",
+    "selfplay": "tab:orange",
+    "codea1": "tab:blue",
+    "codea1_nomb": "tab:red",
+}
+"""One colour per mode in every chart."""
 COLUMNS: list[tuple[str, str, str]] = [
     ("warm start code pass@1", "eval", "warmstart/code/lab_heldout_seen/base/pass@1"),
     ("code pass@1 held-out seen", "eval", "code/lab_heldout_seen/base/pass@1"),
@@ -191,7 +198,7 @@ def rewards_chart(results: Sequence[RunResult]) -> bytes:
         for mode in MODES:
             xs, ys = mean_curve(results, mode, [key])
             if xs:
-                ax.plot(xs, ys, marker=".", label=mode)
+                ax.plot(xs, ys, marker=".", label=mode, color=MODE_COLORS[mode])
         ax.set(title=f"{key} (mean over seeds)", xlabel="iteration", ylabel="reward")
         ax.legend(fontsize=8)
     return _png(fig)
@@ -204,13 +211,19 @@ def mistake_book_chart(results: Sequence[RunResult]) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2))
-    for key in ("mistake_book/added", "mistake_book/removed", "mistake_book/size"):
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4), gridspec_kw={"wspace": 0.35})
+    for key, color in (("mistake_book/added", "tab:green"), ("mistake_book/removed", "tab:red")):
         xs, ys = mean_curve(results, "codea1", [key])
         if xs:
-            left.plot(xs, ys, marker=".", label=key)
-    left.set(title="codea1: Mistake Book (mean over seeds)", xlabel="iteration", ylabel="tests")
-    left.legend(fontsize=8)
+            left.plot(xs, ys, marker=".", label=key, color=color)
+    left.set(title="codea1: Mistake Book (mean over seeds)", xlabel="iteration", ylabel="tests per iteration")
+    xs, ys = mean_curve(results, "codea1", ["mistake_book/size"])
+    if xs:  # the size grows 100x larger than the per-iteration flows: its own axis
+        size_ax = left.twinx()
+        size_ax.plot(xs, ys, ls="--", color="tab:gray", label="mistake_book/size (right)")
+        size_ax.set_ylabel("tests in the book")
+        size_ax.legend(fontsize=7, loc="lower right")
+    left.legend(fontsize=7, loc="upper left")
     lines = [
         (m, ["code/pass_new", "code/pass_golden", "code/reward_mean"]) for m in ("codea1", "codea1_nomb")
     ]
@@ -218,12 +231,12 @@ def mistake_book_chart(results: Sequence[RunResult]) -> bytes:
     for mode, keys in lines:
         xs, ys = mean_curve(results, mode, keys)
         if xs:
-            (line,) = right.plot(xs, ys, marker=".", label=f"{mode} pass rate")
-            right.axhline(PAPER_PASS_RATE[mode], ls="--", lw=0.8, color=line.get_color())
+            right.plot(xs, ys, marker=".", label=f"{mode} pass rate", color=MODE_COLORS[mode])
+            right.axhline(PAPER_PASS_RATE[mode], ls="--", lw=0.8, color=MODE_COLORS[mode])
     xs, ys = mean_curve(results, "codea1", ["mistake_book/replay_pass_rate"])
     if xs:
-        (line,) = right.plot(xs, ys, marker="x", label="codea1 replay pass rate")
-        right.axhline(PAPER_PASS_RATE["replay"], ls="--", lw=0.8, color=line.get_color())
+        right.plot(xs, ys, marker="x", label="codea1 replay pass rate", color="tab:purple")
+        right.axhline(PAPER_PASS_RATE["replay"], ls="--", lw=0.8, color="tab:purple")
     right.set(title="training pass rate (dashed: paper §15.4)", xlabel="iteration", ylim=(0, 1.05))
     right.legend(fontsize=7)
     return _png(fig)

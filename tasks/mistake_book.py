@@ -62,7 +62,8 @@ def merge_mistake_book(
         passed += sum(bool(f) for f in flags)
     metrics = {f"mistake_book/{k}": v for k, v in totals.items()}
     metrics["mistake_book/size"] = float(book.size())
-    metrics["mistake_book/replay_pass_rate"] = passed / replayed if replayed else 0.0
+    # nothing replayed (early in the first epoch): not a rate of 0 — NaN, like code/pass_hist (§14)
+    metrics["mistake_book/replay_pass_rate"] = passed / replayed if replayed else float("nan")
     if path is not None:
         write_json_atomic(path, book.to_dict())
     return metrics

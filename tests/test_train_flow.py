@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,6 +148,8 @@ def test_merge_mistake_book_task_updates_and_persists(tmp_path: Path) -> None:
     assert metrics["mistake_book/size"] == 2 and metrics["mistake_book/added"] == 2
     assert metrics["mistake_book/replay_pass_rate"] == 0.5
     assert (tmp_path / "mb.json").is_file()
+    nothing = merge_mistake_book.fn(book, [_Matrix("q", [], [], replay_passed=())], 2, None)
+    assert math.isnan(nothing["mistake_book/replay_pass_rate"])  # nothing replayed is no rate, not 0
     (p,) = [type("P", (), {"id": "p"})()]
     assert retrieve_replay(book, [p], Config())[0][0] == t1  # frequency 2 first
     assert retrieve_replay(book, [p], Config().replace(**{"mistake_book.enabled": False})) == [[]]
