@@ -21,7 +21,9 @@ Two runners (``--runner``, default ``auto``):
     or Ctrl-C) the experiments' outputs are deleted and the user's files moved back. While it runs, the
     workspace holds the experiment being run — do not use the repo for anything else meanwhile. After a hard
     kill (SIGKILL, power loss) the next start restores the workspace first; ``--resume TAG`` then runs only
-    the experiments without results in ``runs/``.
+    the experiments without results in ``runs/``. Content-addressed caches the stages keep beside their
+    outputs (``outputs/eval/mutants``, ``outputs/eval/baseline_cache``) stay: keyed by content, they only
+    save later runs work.
 Either way each experiment also stays a git ref under ``refs/exps`` (``dvc exp show``; ``dvc exp remove -A``).
 MLflow: queued runs log to their temp copy's ``mlflow/`` store (dropped with it); workspace runs log to the
 user's store (``tracking.*``), as any ``dvc exp run`` would.
