@@ -53,3 +53,17 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture()
+def mlflow_cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A default Config whose MLflow store is a fresh sqlite file under ``tmp_path`` (env URI ignored)."""
+    from codea1_core.config import Config
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return Config().replace(
+        **{
+            "tracking.tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+            "tracking.artifact_location": str(tmp_path / "artifacts"),
+        }
+    )

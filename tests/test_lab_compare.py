@@ -268,7 +268,7 @@ def test_workspace_runner_copies_each_run_and_restores_the_workspace(tmp_path, m
 def test_quick_compare_in_a_temp_clone(repo_root, tmp_path):
     """Two modes, one seed, tiny runs; the workspace of the clone is as before afterwards."""
     if shutil.which("git") is None:
-        pytest.skip("git not installed")
+        pytest.skip("git not installed: the comparison runs DVC experiments, which need a git repository")
     clone = tmp_path / "repo"
     subprocess.run(["git", "clone", "-q", str(repo_root), str(clone)], check=True)
     changed = _git(repo_root, "ls-files", "--modified", "--others", "--exclude-standard").split()

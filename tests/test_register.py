@@ -15,12 +15,9 @@ from tasks.tracking import MlflowTracker
 
 
 @pytest.fixture()
-def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    return Config().replace(
+def cfg(mlflow_cfg: Config, tmp_path: Path) -> Config:
+    return mlflow_cfg.replace(
         **{
-            "tracking.tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
-            "tracking.artifact_location": str(tmp_path / "artifacts"),
             "orchestration.checkpoint_dir": str(tmp_path / "train"),
             "eval.promote_metric": "code/lab_heldout/pass@1",
         }

@@ -12,14 +12,8 @@ from tasks.tracking import STEP_KEY, MlflowTracker, NullTracker
 
 
 @pytest.fixture()
-def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    return Config().replace(
-        **{
-            "tracking.tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
-            "tracking.artifact_location": str(tmp_path / "artifacts"),
-        }
-    )
+def cfg(mlflow_cfg: Config) -> Config:
+    return mlflow_cfg
 
 
 def test_null_tracker_skips_logged_steps() -> None:
