@@ -40,6 +40,7 @@ from prefect import flow
 from codea1_core.config import Config
 from codea1_core.report import render_report
 from flows.common import UserError, load_stage_config, quiet_env, run_user_errors
+from flows.summary import HEADLINE_FILE, headline
 
 log = logging.getLogger(__name__)
 
@@ -290,6 +291,8 @@ def evaluate_flow(
     # ---- Outputs --------------------------------------------------------------------------------
     metrics = {k: round(float(v), 4) for k, v in sorted(metrics.items())}
     _write_atomic(out_dir / "metrics.json", json.dumps(metrics, indent=1, sort_keys=True) + "\n")
+    top = headline(metrics, cfg.eval.promote_metric)  # the learning table: DVC's `metrics` file
+    _write_atomic(out_dir / HEADLINE_FILE, json.dumps(top, indent=1) + "\n")
     report = out_dir / "report.html"
     notes = [f"code model: {code_label}", f"test model: {test_label}"]
     if base_paths:

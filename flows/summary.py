@@ -45,6 +45,47 @@ def _headline_keys(metrics: dict[str, Any], promote: str) -> list[str]:
     return sorted(keys, key=lambda k: (k != promote, not k.startswith("code/"), k))
 
 
+HEADLINE_FILE = "headline.json"
+"""The learning table's numbers (``<eval.out_dir>/headline.json``): the only DVC ``metrics`` file, so
+``dvc metrics show`` / ``dvc exp show`` stay a few columns wide (the full ``metrics.json`` is versioned beside it:
+``dvc metrics diff outputs/eval/metrics.json``)."""
+
+
+def headline(metrics: dict[str, Any], promote: str) -> dict[str, dict[str, float]]:
+    """``{row: {warmstart, trained, delta}}`` for the promote metric and the first test source's pass@k / mut@k.
+
+    Short row names (``code_pass@1``, ``test_pass@5``, ``test_mut@5``) keep ``dvc metrics show`` readable; the
+    promote metric's full name is in params.yaml (``eval.promote_metric``). Without a warm-start baseline the
+    rows hold only ``trained``.
+    """
+    rows: dict[str, dict[str, float]] = {}
+    test_keys = [k for k in _headline_keys(metrics, promote) if k.startswith("test/")]
+    if not test_keys:  # no baseline: the trained numbers alone
+        test_keys = sorted(k for k in metrics if _is_test_rate(k))
+    first_source = test_keys[0].split("/")[1] if test_keys else None
+    chosen = [("code_" + promote.rsplit("/", 1)[-1], promote)]
+    chosen += [("test_" + k.rsplit("/", 1)[-1], k) for k in test_keys if k.split("/")[1] == first_source]
+    for label, key in chosen:
+        row = {
+            name: float(metrics[full])
+            for name, full in (("warmstart", f"warmstart/{key}"), ("trained", key), ("delta", f"delta/{key}"))
+            if isinstance(metrics.get(full), (int, float))
+        }
+        if row:
+            rows[label] = row
+    return rows
+
+
+def _is_test_rate(key: str) -> bool:
+    last = key.rsplit("/", 1)[-1]
+    return (
+        key.startswith("test/")
+        and key.count("/") == 2
+        and last.startswith(("pass@", "mut@"))
+        and not last.endswith("_ult")
+    )
+
+
 def print_learning(metrics: dict[str, Any], promote: str) -> None:
     """The warm start -> trained table (same evaluation protocol and seeds for both)."""
     keys = _headline_keys(metrics, promote)

@@ -75,6 +75,8 @@ def stub_repo(tmp_path: Path, repo_root: Path) -> Path:
     (tmp_path / "stub.py").write_text(STUB)
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     _dvc(tmp_path, "init", "-q")
+    for name in (".gitignore", ".dvcignore"):  # what git versions decides what an experiment commit holds
+        shutil.copy(repo_root / name, tmp_path / name)
     return tmp_path
 
 
@@ -117,6 +119,43 @@ def test_exp_run_with_set_param(stub_repo: Path) -> None:
     assert "0.75" in shown
 
 
+def _exp_rows(shown: list[dict]) -> dict[str, dict]:
+    """``dvc exp show --json`` (DVC 3) flattened to ``{name or rev: data}`` for the baseline and every experiment."""
+    rows = {}
+    for commit in shown:
+        rows[commit.get("name") or commit["rev"]] = commit.get("data") or {}
+        for exp in commit.get("experiments") or []:
+            for rev in exp.get("revs") or []:
+                rows[rev.get("name") or rev["rev"]] = rev.get("data") or {}
+    return rows
+
+
+def _headline(data: dict) -> dict:
+    return ((data.get("metrics") or {}).get("outputs/eval/headline.json") or {}).get("data") or {}
+
+
+def test_two_experiments_compare_in_exp_show(stub_repo: Path) -> None:
+    """Regression (issue 18): outputs/ was git-ignored, so experiment commits held no metrics ("!" everywhere).
+
+    The baseline commit and two `dvc exp run`s must each carry their own headline metrics, readable by
+    `dvc exp show --json` and `dvc metrics diff`.
+    """
+    _dvc(stub_repo, "repro")
+    _commit(stub_repo)
+    for alpha in ("0.25", "0.75"):
+        _dvc(stub_repo, "exp", "run", "-S", f"reward.alpha={alpha}", "-n", f"alpha-{alpha}")
+    out = _dvc(stub_repo, "exp", "show", "--json")
+    rows = _exp_rows(json.loads(out[out.index("[") :]))
+    assert _headline(rows["alpha-0.25"]).get("alpha") == 0.25, rows["alpha-0.25"]
+    assert _headline(rows["alpha-0.75"]).get("alpha") == 0.75, rows["alpha-0.75"]
+    baseline = next(data for name, data in rows.items() if not name.startswith(("alpha-", "workspace")))
+    assert _headline(baseline).get("alpha") == 0.5, rows  # the committed baseline has metrics too
+    diff = _dvc(stub_repo, "metrics", "diff", "alpha-0.25", "alpha-0.75", "--json")
+    changed = json.loads(diff[diff.index("{") :])["outputs/eval/headline.json"]["alpha"]
+    assert (changed["old"], changed["new"]) == (0.25, 0.75)
+    assert "outputs/eval/headline.json" in _dvc(stub_repo, "metrics", "show")
+
+
 def test_stage_params_are_declared_precisely(repo_root: Path) -> None:
     """Guard: prepare must not track whole sections train reads (else alpha sweeps re-prepare data)."""
     stages = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]
@@ -124,7 +163,8 @@ def test_stage_params_are_declared_precisely(repo_root: Path) -> None:
     assert "reward" in stages["train"]["params"] and "mistake_book" in stages["train"]["params"]
     outs = {next(iter(o)): o[next(iter(o))] for o in stages["train"]["outs"] if isinstance(o, dict)}
     assert outs["outputs/train/checkpoints"]["persist"] and outs["outputs/train/mistake_book.json"]["persist"]
-    assert [m for m in stages["train"]["metrics"]] == [{"outputs/train/metrics.json": {"cache": False}}]
+    metrics = [m for stage in stages.values() for m in stage.get("metrics", [])]
+    assert metrics == [{"outputs/eval/headline.json": {"cache": False}}]  # a readable `dvc metrics show`
 
 
 def _local_imports(path: Path, root: Path) -> set[Path]:

@@ -1,0 +1,29 @@
+"""The headline metrics file: the learning table's numbers in a few short columns (`dvc metrics show`)."""
+
+from __future__ import annotations
+
+from flows.summary import headline
+
+PROMOTE = "code/lab_heldout_seen/base/pass@1"
+
+
+def test_headline_rows_are_the_learning_table() -> None:
+    metrics = {
+        PROMOTE: 34.5, f"warmstart/{PROMOTE}": 23.7, f"delta/{PROMOTE}": 10.8,
+        "test/lab_heldout/pass@5": 22.4, "warmstart/test/lab_heldout/pass@5": 14.0,
+        "delta/test/lab_heldout/pass@5": 8.4, "test/lab_heldout/mut@5": 38.5,
+        "warmstart/test/lab_heldout/mut@5": 0.0, "delta/test/lab_heldout/mut@5": 38.5,
+        "test/lab_heldout/pass@5_ult": 9.0, "delta/test/lab_heldout/pass@5_ult": 1.0,
+        "code/lab_heldout/base/avg@8": 30.0,
+    }  # fmt: skip
+    top = headline(metrics, PROMOTE)
+    assert top == {
+        "code_pass@1": {"warmstart": 23.7, "trained": 34.5, "delta": 10.8},
+        "test_mut@5": {"warmstart": 0.0, "trained": 38.5, "delta": 38.5},
+        "test_pass@5": {"warmstart": 14.0, "trained": 22.4, "delta": 8.4},
+    }
+
+
+def test_headline_without_baseline_keeps_trained_numbers() -> None:
+    top = headline({PROMOTE: 30.0, "test/lab_heldout/pass@5": 20.0}, PROMOTE)
+    assert top == {"code_pass@1": {"trained": 30.0}, "test_pass@5": {"trained": 20.0}}
