@@ -105,9 +105,9 @@ def test_alpha_reruns_train_and_later_only(stub_repo: Path) -> None:
     for name in ("rewards", "mistake_book"):
         values = plots["data"][name][0]["content"]["data"]["values"]
         assert [v["iteration"] for v in values][:2] == ["1", "2"], name
-    # a key no stage reads (eval.promote_metric is register's only) re-runs register alone
+    # a key only the last stages read (eval.promote_metric: evaluate's headline.json, register) re-runs them alone
     params.write_text(params.read_text().replace("promote_metric: ", "promote_metric: x"))
-    assert _ran(_dvc(stub_repo, "repro")) == ["register"]
+    assert _ran(_dvc(stub_repo, "repro")) == ["evaluate", "register"]
 
 
 def test_exp_run_with_set_param(stub_repo: Path) -> None:
