@@ -265,7 +265,10 @@ class EvalConfig:
     max_problems: int = 0
     """Cap on problems per benchmark (0 = all)."""
     promote_metric: str = "code/lab_heldout/base/pass@1"
-    """Metric of the evaluation that decides the ``champion`` alias (higher is better)."""
+    """Metric of the evaluation that decides the Code LLM's ``champion`` alias (higher is better)."""
+    promote_metric_test: str = ""
+    """Metric that decides the Test LLM's ``champion`` alias (higher is better); empty: the validity
+    ``test/<first eval.test_sources>/pass@<eval.tests_per_suite>``."""
     baseline: bool = True
     """Also evaluate the starting models (``model.code_path``/``test_path``, when local dirs other than the
     evaluated ones: the lab's warm start) with the same settings and seeds, as ``warmstart/...`` and

@@ -1,10 +1,12 @@
 """The ``register`` stage: promote the trained models to ``champion`` only when their evaluation beats it.
 
-What it does: reads the evaluation (``<eval.out_dir>/metrics.json``, metric ``eval.promote_metric``, higher is
-better) and the model versions the train stage registered (``<checkpoint_dir>/final/DONE.json``); for each of
-``codea1-code`` / ``codea1-test`` sets the alias ``champion`` when the new number beats the current champion's
-(or there is none), otherwise ``candidate``. Both numbers and the decision are tagged on the version, logged to
-the training run and written to ``outputs/register.json`` (atomically).
+What it does: reads the evaluation (``<eval.out_dir>/metrics.json``) and the model versions the train stage
+registered (``<checkpoint_dir>/final/DONE.json``); judges each role on its own metric (higher is better): the
+Code LLM on ``eval.promote_metric``, the Test LLM on ``eval.promote_metric_test``. A version becomes
+``champion`` only when its number strictly beats the current champion's (or there is none) AND its own warm
+start's (``warmstart/<metric>``, when the warm start was evaluated); otherwise ``candidate``. The numbers and the
+reason are tagged on the version, logged to the training run and written to ``outputs/register.json``
+(atomically).
 What it does not: train, evaluate, or register new versions (the train stage does).
 
 Run: ``python -m flows.register [--params params.yaml] [key=value ...]`` or ``codea1 register``.
@@ -43,19 +45,69 @@ def metric_value(metrics: dict[str, Any], name: str, source: Path) -> float:
     return float(value)
 
 
-def decide(new: float, champion: float | None) -> str:
-    """``champion`` when there is none or the new number is strictly higher, else ``candidate``."""
-    return "champion" if champion is None or new > champion else "candidate"
+def decide(new: float, champion: float | None, warmstart: float | None = None) -> tuple[str, str]:
+    """``(alias, reason)``: ``champion`` only when the new number strictly beats the current champion (or there
+    is none) and the role's own warm start (when it was evaluated); else ``candidate``."""
+    if warmstart is not None and not new > warmstart:
+        return "candidate", f"{new:.4g} does not beat its warm start {warmstart:.4g}"
+    if champion is not None and not new > champion:
+        return "candidate", f"{new:.4g} does not beat the champion {champion:.4g}"
+    beaten = [
+        f"{name} {v:.4g}" for name, v in (("champion", champion), ("warm start", warmstart)) if v is not None
+    ]
+    return "champion", f"{new:.4g} beats " + (" and ".join(beaten) if beaten else "nothing (first version)")
 
 
-@flow(name="register")
+def promote_metrics(cfg: Config) -> dict[str, str]:
+    """Each role's own promotion metric: the Code LLM's ``eval.promote_metric``, the Test LLM's
+    ``eval.promote_metric_test`` (default: its validity pass@k on the first test source)."""
+    test = cfg.eval.promote_metric_test
+    if not test and cfg.eval.test_sources:
+        test = f"test/{cfg.eval.test_sources[0]}/pass@{cfg.eval.tests_per_suite}"
+    return {"code": cfg.eval.promote_metric, "test": test}
+
+
+@flow(name="register", flow_run_name="register-{config[mode]}-seed{config[seed]}")
 def register_flow(config: dict) -> dict[str, Any]:
     """Prefect flow wrapping :func:`register`."""
     return register(Config.from_dict(config, source="config"))
 
 
+def _versions(cfg: Config, done: dict[str, Any] | None) -> dict[str, str]:
+    """The versions the train stage registered (``DONE.json``); without one, the newest of each model.
+
+    A run's DONE.json is authoritative: a golden run registers no Test LLM, and an older ``codea1-test``
+    version must then not be re-judged against this run's numbers.
+    """
+    if done is not None:
+        return {role: str(v) for role, v in (done.get("versions") or {}).items() if v is not None}
+    found = {}
+    for role, name in MODEL_NAMES.items():
+        latest = latest_version(cfg, name)
+        if latest:
+            found[role] = latest["version"]
+    return found
+
+
+def _judge(cfg: Config, role: str, version: str, metric: str, metrics: dict, source: Path) -> dict[str, Any]:
+    """Compare one role's version on its own metric; set the alias and tag the version with the numbers."""
+    name = MODEL_NAMES[role]
+    new = metric_value(metrics, metric, source)
+    base = metrics.get(f"warmstart/{metric}")
+    warm = float(base) if isinstance(base, (int, float)) and not isinstance(base, bool) else None
+    current = alias_info(cfg, name, "champion")
+    champ = float(current["tags"][TAG]) if current and TAG in current["tags"] else None
+    if current and current["version"] == version:
+        champ = None  # re-running register on the same version: judge it against its warm start only
+    alias, reason = decide(new, champ, warm)
+    tags = {TAG: repr(new), "eval.promote_metric": metric, "register.decision": f"{alias}: {reason}"}
+    set_alias(cfg, name, version, alias, tags)
+    return {"version": version, "metric": metric, "new": new, "champion_value": champ,
+            "warmstart_value": warm, "alias": alias, "reason": reason}  # fmt: skip
+
+
 def register(cfg: Config, eval_path: Path | None = None, out_path: Path = DECISION_PATH) -> dict[str, Any]:
-    """Compare, set aliases, log and write the decision; returns it (``eval_path``: ``<eval.out_dir>/metrics.json``)."""
+    """Judge each role on its own metric, set aliases, log and write the decision; returns it."""
     eval_path = eval_path or Path(cfg.eval.out_dir) / "metrics.json"
     if not eval_path.is_file():
         raise UserError(f"{eval_path}: not found; run the evaluate stage first")
@@ -63,49 +115,37 @@ def register(cfg: Config, eval_path: Path | None = None, out_path: Path = DECISI
         metrics = json.loads(eval_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise UserError(f"{eval_path}: invalid JSON ({exc})") from None
-    new = metric_value(metrics, cfg.eval.promote_metric, eval_path)
     done_path = Path(cfg.orchestration.checkpoint_dir) / "final" / "DONE.json"
-    done = json.loads(done_path.read_text()) if done_path.is_file() else {}
-    decision: dict[str, Any] = {"metric": cfg.eval.promote_metric, "new": new, "models": {}}
-    for role, name in MODEL_NAMES.items():
-        version = (done.get("versions") or {}).get(role)
-        if version is None:
-            latest = latest_version(cfg, name)
-            version = latest["version"] if latest else None
-        if version is None:
-            continue
-        current = alias_info(cfg, name, "champion")
-        champ = float(current["tags"][TAG]) if current and TAG in current["tags"] else None
-        if current and current["version"] == str(version):
-            champ = None  # re-running register on the same version: keep it champion
-        alias = decide(new, champ)
-        set_alias(
-            cfg, name, str(version), alias, {TAG: repr(new), "eval.promote_metric": cfg.eval.promote_metric}
-        )
-        decision["models"][role] = {"version": str(version), "alias": alias, "champion_value": champ}
-    if not decision["models"]:
+    done = json.loads(done_path.read_text()) if done_path.is_file() else None
+    versions = _versions(cfg, done)
+    if not versions:
         raise UserError(
             "no registered model versions found: run the train stage with tracking.register: true"
         )
-    code = decision["models"].get("code", {})
-    decision["decision"] = code.get("alias", "candidate")
-    decision["champion_value"] = code.get("champion_value")
-    numbers = {"register/new": new, "register/promoted": float(decision["decision"] == "champion")}
-    if decision["champion_value"] is not None:
-        numbers["register/champion"] = decision["champion_value"]
-    log_to_run(cfg, done.get("run_id"), numbers, decision, "register")
+    targets = promote_metrics(cfg)
+    models = {role: _judge(cfg, role, v, targets[role], metrics, eval_path) for role, v in versions.items()}
+    code = models.get("code") or next(iter(models.values()))
+    decision: dict[str, Any] = {"metric": code["metric"], "new": code["new"], "models": models,
+                                "decision": code["alias"], "champion_value": code["champion_value"]}  # fmt: skip
+    numbers: dict[str, float] = {
+        "register/new": code["new"],
+        "register/promoted": float(code["alias"] == "champion"),
+    }
+    for role, m in models.items():
+        numbers[f"register/{role}/new"] = m["new"]
+        numbers[f"register/{role}/promoted"] = float(m["alias"] == "champion")
+        if m["champion_value"] is not None:
+            numbers[f"register/{role}/champion"] = m["champion_value"]
+    log_to_run(cfg, (done or {}).get("run_id"), numbers, decision, "register")
     write_json_atomic(out_path, decision)
     return decision
 
 
 def run(cfg: Config) -> dict[str, Any]:
-    """DVC/CLI entry point."""
+    """DVC/CLI entry point: one line per role with its metric, the numbers compared and the decision."""
     decision = register_flow(config=cfg.to_dict())
-    champ = decision.get("champion_value")
-    print(
-        f"register: {cfg.eval.promote_metric} = {decision['new']:.4f} vs champion "
-        f"{'none' if champ is None else f'{champ:.4f}'} -> {decision['decision']}"
-    )
+    for role, m in decision["models"].items():
+        print(f"register {role}: {m['metric']} -> {m['alias']} ({m['reason']})")
     return decision
 
 

@@ -210,9 +210,14 @@ class MlflowTracker:
             self.client.log_artifact(self.run_id, str(path), artifact_dir)
 
     def register(self, role: str, model_dir: str | Path, step: int) -> str | None:
-        """Log an exported HF model dir and register it as a new version of ``codea1-<role>``."""
-        artifact_dir = f"checkpoints/{role}/it_{step:06d}"
-        self.client.log_artifacts(self.run_id, str(model_dir), artifact_dir)
+        """Log an exported HF model dir as an MLflow ``transformers`` model and register it as a version of
+        ``codea1-<role>`` (so ``mlflow.transformers.load_model("models:/codea1-code@champion")`` loads it)."""
+        import tempfile
+
+        artifact_dir = f"models/{role}"
+        with tempfile.TemporaryDirectory(prefix="codea1-mlmodel-") as tmp:
+            save_transformers_model(model_dir, Path(tmp) / "mlmodel", role, step)
+            self.client.log_artifacts(self.run_id, str(Path(tmp) / "mlmodel"), artifact_dir)
         if not self.cfg.tracking.register:
             return None
         return register_version(self.client, MODEL_NAMES[role], self.run_id, artifact_dir, step)
@@ -225,8 +230,55 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
+MODEL_CARD = """---
+tags: [codea1, code-generation]
+---
+# {name}
+
+The {role} LLM of a codea1 (Code-A1) co-evolution run, iteration {step}. Load it with
+`mlflow.transformers.load_model("models:/{name}@champion")`, or download it and use
+`AutoModelForCausalLM.from_pretrained(<download>/model)` (the tokenizer is in the same folder).
+"""
+
+
+def save_transformers_model(model_dir: str | Path, out: Path, role: str, step: int) -> Path:
+    """An MLflow ``transformers``-flavour model (text-generation pipeline) in ``out`` from an HF model dir.
+
+    Offline and quiet: the model card is ours (no Hub lookup), pip requirements are given (no probing of
+    every installed package), and the tokenizer files are copied next to the weights too, so a download's
+    ``model/`` folder also loads with plain ``from_pretrained``.
+    """
+    import shutil
+
+    import mlflow.transformers
+    from huggingface_hub import ModelCard
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    name = MODEL_NAMES[role]
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars stay off the console
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        mlflow.transformers.save_model(
+            transformers_model={"model": model, "tokenizer": tokenizer},
+            path=str(out),
+            task="text-generation",
+            pip_requirements=["torch", "transformers"],
+            model_card=ModelCard(MODEL_CARD.format(name=name, role=role, step=step)),
+        )
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+    for item in (out / "components" / "tokenizer").iterdir():
+        shutil.copy2(item, out / "model" / item.name)
+    return out
+
+
 def register_version(client: Any, name: str, run_id: str, artifact_dir: str, step: int) -> str:
-    """Create ``name`` if needed and add a version whose source is the run's artifact dir."""
+    """Create ``name`` if needed and add a version whose source is the run's artifact dir (a ``runs:/`` URI:
+    portable, where an absolute ``file://`` path would break when the store moves)."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -234,7 +286,7 @@ def register_version(client: Any, name: str, run_id: str, artifact_dir: str, ste
     except MlflowException as exc:
         if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
             raise
-    source = f"{client.get_run(run_id).info.artifact_uri}/{artifact_dir}"
+    source = f"runs:/{run_id}/{artifact_dir}"
     version = client.create_model_version(name, source, run_id=run_id, tags={"iteration": str(step)})
     return str(version.version)
 

@@ -67,3 +67,11 @@ def mlflow_cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
             "tracking.artifact_location": str(tmp_path / "artifacts"),
         }
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-init tiny Qwen2 model + lab tokenizer, built once per session (registry and loading tests)."""
+    from test_train_flow import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "model")

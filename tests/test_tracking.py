@@ -58,10 +58,8 @@ def test_log_iteration_task_logs_table_and_files(cfg: Config, tmp_path: Path) ->
     ]
 
 
-def test_register_and_aliases(cfg: Config, tmp_path: Path) -> None:
-    model = tmp_path / "export"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+def test_register_and_aliases(cfg: Config, tiny_model_dir: Path) -> None:
+    model = tiny_model_dir
     tr = MlflowTracker(cfg)
     v1 = tr.register("code", model, 3)
     v2 = tr.register("code", model, 4)
@@ -72,4 +70,36 @@ def test_register_and_aliases(cfg: Config, tmp_path: Path) -> None:
     info = tracking.alias_info(cfg, "codea1-code", "champion")
     assert info["version"] == "2" and info["tags"]["eval.metric"] == "0.4"
     src = tr.client.get_model_version("codea1-code", "2").source
-    assert src.endswith("checkpoints/code/it_000004")
+    assert src == f"runs:/{tr.run_id}/models/code"  # portable, not an absolute local path
+
+
+def test_champion_loads_as_transformers_model_and_with_from_pretrained(
+    cfg: Config, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Regression (issue 18): registered versions had no MLmodel file, so no MLflow loader could read them."""
+    import mlflow.transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import mlflow
+
+    tr = MlflowTracker(cfg)
+    version = tr.register("code", tiny_model_dir, 7)
+    tracking.set_alias(cfg, "codea1-code", version, "champion")
+    before = (mlflow.get_tracking_uri(), mlflow.get_registry_uri())
+    mlflow.set_tracking_uri(cfg.tracking.tracking_uri)
+    mlflow.set_registry_uri(cfg.tracking.tracking_uri)
+    try:
+        pipe = mlflow.transformers.load_model("models:/codea1-code@champion")
+        assert pipe.task == "text-generation" and pipe.model.config.model_type == "qwen2"
+        out = pipe("def f(x):", max_new_tokens=4, do_sample=False)
+        assert isinstance(out[0]["generated_text"], str)
+        local = Path(
+            mlflow.artifacts.download_artifacts("models:/codea1-code@champion", dst_path=str(tmp_path))
+        )
+    finally:
+        mlflow.set_tracking_uri(before[0])
+        mlflow.set_registry_uri(before[1])
+    model = AutoModelForCausalLM.from_pretrained(local / "model")
+    tokenizer = AutoTokenizer.from_pretrained(local / "model")
+    ids = tokenizer("def f(x):", return_tensors="pt")["input_ids"]
+    assert (local / "MLmodel").is_file() and model(ids).logits.shape[:2] == ids.shape
