@@ -136,17 +136,11 @@ def _write_atomic(path: Path, text: str) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _track(cfg: Config, metrics: dict[str, float], report: Path) -> None:
-    from tasks.tracking import make_tracker
+def _track(cfg: Config, metrics: dict[str, float], report: Path, trained_export: bool) -> None:
+    """Log to MLflow; on (and nested under) the training run when its export is what was evaluated."""
+    from tasks.tracking import log_evaluation, training_run_id
 
-    tracker = make_tracker(cfg, run_name="evaluate")
-    try:
-        tracker.log_iteration(0, {k.replace("@", "_at_"): v for k, v in metrics.items()})
-        tracker.log_file(report, "eval")
-        tracker.end()
-    except Exception:
-        tracker.end("FAILED")
-        raise
+    log_evaluation(cfg, metrics, report, training_run_id(cfg) if trained_export else None)
 
 
 def _evaluate_models(
@@ -299,7 +293,8 @@ def evaluate_flow(
         notes.append(f"baseline ({BASELINE_PREFIX}/...): {', '.join(base_paths.values())}")
     _write_atomic(report, render_report(metrics, history=load_history(cfg), notes=notes))
     if cfg.tracking.backend != "null":
-        _track(cfg, metrics, report)
+        final = Path(cfg.orchestration.checkpoint_dir) / "final"
+        _track(cfg, metrics, report, not injected and Path(code_label).parent == final)
     return metrics
 
 

@@ -96,16 +96,43 @@ def as_function(task: Any, *args: Any, **kwargs: Any) -> Any:
     return getattr(task, "fn", task)(*args, **kwargs)
 
 
-@flow(name="train", flow_run_name="train-{mode}", log_prints=True)
+def flow_config(
+    params: str = "params.yaml",
+    overrides: list[str] | None = None,
+    config: dict | None = None,
+    mode: str = "",
+) -> Config:
+    """The config a ``train_flow`` run trains with: ``config``, else the params file + overrides; ``mode`` wins."""
+    cfg = Config.from_dict(config, source="config") if config else load_config(params, overrides or [])
+    return Config.from_dict({**cfg.to_dict(), "mode": mode}, source="mode") if mode else cfg
+
+
+def run_name(cfg: Config) -> str:
+    """``train-<mode>-seed<seed>-alpha<α>[-no-book]``: MLflow and Prefect runs that differ are told apart."""
+    book = "" if cfg.mistake_book.enabled or cfg.mode == "golden" else "-no-book"
+    alpha = "" if cfg.mode == "golden" else f"-alpha{cfg.reward.alpha:g}"
+    return f"train-{cfg.mode}-seed{cfg.seed}{alpha}{book}"
+
+
+def _flow_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    try:
+        return run_name(flow_config(**dict(flow_run.get_parameters() or {})))
+    except Exception:  # a bad parameter fails in the flow itself, with its own message
+        return "train-invalid-config"
+
+
+@flow(name="train", flow_run_name=_flow_run_name, log_prints=True)
 def train_flow(
     params: str = "params.yaml",
     overrides: list[str] | None = None,
     config: dict | None = None,
     mode: str = "",
 ) -> dict[str, Any]:
-    """Prefect entry point: a params file + ``key=value`` overrides (deployments), or a full config dict."""
-    cfg = Config.from_dict(config, source="config") if config else load_config(params, overrides or [])
-    return train(cfg)
+    """Prefect entry point: a params file + ``key=value`` overrides, or a full config dict; ``mode`` (when
+    given) overrides the config's."""
+    return train(flow_config(params, overrides, config, mode))
 
 
 def train(cfg: Config) -> dict[str, Any]:
@@ -143,7 +170,7 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     )
     fingerprint = loop.config_fingerprint(cfg.flat())
     state = ckpt.resume_or_start(out_dir, cfg.orchestration.resume, fingerprint)
-    tracker = tracker_factory(cfg, run_id=state["run_id"], run_name=f"train-{cfg.mode}")
+    tracker = tracker_factory(cfg, run_id=state["run_id"], run_name=run_name(cfg))
     ckpt.save_run_info(out_dir, fingerprint, tracker.run_id)
     for row in state["history"]:  # backfill iterations checkpointed before a kill but not yet logged
         log_iteration.fn(tracker, int(row["iteration"]), row)

@@ -351,6 +351,45 @@ def log_to_run(
     client.log_dict(run_id, data, f"{name}.json")
 
 
+def training_run_id(cfg: Config) -> str | None:
+    """The MLflow run of the training run whose export is evaluated (``<checkpoint_dir>/final/DONE.json``)."""
+    done = Path(cfg.orchestration.checkpoint_dir) / "final" / "DONE.json"
+    try:
+        return json.loads(done.read_text()).get("run_id")
+    except (OSError, ValueError):
+        return None
+
+
+def log_evaluation(cfg: Config, metrics: dict[str, float], report: Path, train_run_id: str | None) -> str:
+    """Evaluation numbers where training runs can be compared on them: on the training run itself (as
+    ``eval/<key>``) and in an ``evaluate`` run nested under it (``mlflow.parentRunId``, with the report).
+    Without a training run (a model dir evaluated on its own) only the standalone ``evaluate`` run is made.
+    Returns the evaluate run's id."""
+    from mlflow.entities import Metric
+
+    client = _client(cfg)
+    tags = {"codea1.mode": cfg.mode}
+    name = "evaluate"
+    if train_run_id is not None:
+        parent = client.get_run(train_run_id)
+        tags |= {"mlflow.parentRunId": train_run_id, "codea1.train_run_id": train_run_id}
+        name = f"evaluate-{parent.info.run_name}"
+    run_id = client.create_run(_experiment_id(client, cfg), run_name=name, tags=tags).info.run_id
+    now_ms = int(time.time() * 1000)
+    clean = {k.replace("@", "_at_"): float(v) for k, v in metrics.items() if _is_number(v)}
+    rows = [Metric(k, v, now_ms, 0) for k, v in sorted(clean.items())]
+    for i in range(0, len(rows), 1000):
+        client.log_batch(run_id, metrics=rows[i : i + 1000])
+    client.log_artifact(run_id, str(report), "eval")
+    client.set_terminated(run_id)
+    if train_run_id is not None:
+        on_train = [Metric(f"eval/{k}", v, now_ms, 0) for k, v in sorted(clean.items())]
+        for i in range(0, len(on_train), 1000):
+            client.log_batch(train_run_id, metrics=on_train[i : i + 1000])
+        client.set_tag(train_run_id, "codea1.evaluate_run_id", run_id)
+    return run_id
+
+
 # ------------------------------------------------------------------------------------------------
 # The per-iteration logging task
 # ------------------------------------------------------------------------------------------------

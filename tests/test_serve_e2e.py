@@ -7,6 +7,7 @@ for it, checks MLflow got its metrics, and stops only the two processes it start
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -20,21 +21,61 @@ import yaml
 from test_train_flow import build_tiny, tiny_config
 
 from codea1_core.config import ConfigError
-from flows.serve import EVALUATE_DEPLOYMENT, TRAIN_DEPLOYMENT, build_deployments
+from flows.serve import (
+    EVALUATE_DEPLOYMENT,
+    PIPELINE_DEPLOYMENT,
+    TRAIN_DEPLOYMENT,
+    build_deployments,
+    train_deployment_flow,
+)
+from flows.serve import main as serve_main
 
 
 def test_deployment_objects(tmp_path: Path, repo_root: Path) -> None:
     params = tmp_path / "p.yaml"
     params.write_text("mode: golden\n")
-    train, evaluate = build_deployments(str(params), ["reward.alpha=0.25"], cron="0 3 * * *")
+    train, evaluate, pipeline = build_deployments(str(params), ["reward.alpha=0.25"], cron="0 3 * * *")
     assert (train.name, train.flow_name) == (TRAIN_DEPLOYMENT, "train")
     assert (evaluate.name, evaluate.flow_name) == (EVALUATE_DEPLOYMENT, "evaluate-params")
+    assert (pipeline.name, pipeline.flow_name) == (PIPELINE_DEPLOYMENT, "pipeline")
     assert train.parameters == {"params": str(params), "overrides": ["reward.alpha=0.25"]}
     assert train.schedules and train.schedules[0].schedule.cron == "0 3 * * *"
-    assert {"params", "overrides"} <= set(train._parameter_openapi_schema.properties)
-    assert train.entrypoint.endswith("flows/train.py:train_flow")
+    for dep in (train, evaluate, pipeline):  # every parameter the UI shows is one the flow honours
+        assert set(dep._parameter_openapi_schema.properties) == {"params", "overrides", "mode", "run_dir"}
+    assert train.entrypoint.endswith("flows/serve.py:train_deployment_flow")
     with pytest.raises(ConfigError, match="reward.alpha"):
         build_deployments(str(params), ["reward.alpha=high"])
+
+
+def test_bad_cron_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression (issue 18): `serve --cron bad` printed a 69-line traceback."""
+    params = tmp_path / "p.yaml"
+    params.write_text("mode: golden\n")
+    assert serve_main(["--params", str(params), "--cron", "bad"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --cron 'bad': not a cron expression (five fields, e.g. \"0 3 * * *\")"]
+
+
+def test_mode_parameter_is_honoured_and_writes_to_the_run_folder(tmp_path: Path) -> None:
+    """Regression (issue 18): the train deployment's `mode` parameter was never applied (golden trained codea1)
+    and its runs wrote into the workspace's DVC outputs."""
+    from mlflow.tracking import MlflowClient
+
+    model = build_tiny(tmp_path / "model")
+    cfg = tiny_config(tmp_path, model, **{"orchestration.max_steps": 1, "mode": "codea1"})
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(cfg.to_dict()))
+    run_dir = tmp_path / "runs" / "r1"
+    train_deployment_flow.fn(str(params), ["seed=3"], mode="golden", run_dir=str(run_dir))
+    done = json.loads((run_dir / "train" / "final" / "DONE.json").read_text())
+    assert set(done["versions"]) == {"code"}  # golden trains no Test LLM
+    assert not Path(
+        cfg.orchestration.checkpoint_dir
+    ).exists()  # the params file's (workspace) folder untouched
+    client = MlflowClient(tracking_uri=cfg.tracking.tracking_uri)
+    run = client.get_run(done["run_id"])
+    assert run.data.tags["codea1.mode"] == "golden" and run.data.params["mode"] == "golden"
+    assert run.info.run_name == "train-golden-seed3"
 
 
 def _free_port() -> int:
@@ -91,23 +132,32 @@ def test_serve_end_to_end(tmp_path: Path, repo_root: Path) -> None:
     serving = None
     try:
         _wait_healthy(api, server, 180)
+        work = tmp_path / "work"  # the serving workspace: the code linked in, run folders land here
+        work.mkdir()
+        for name in ("flows", "tasks", "codea1_core", "sandbox"):
+            (work / name).symlink_to(repo_root / name)
         serving = subprocess.Popen(
-            [sys.executable, "-m", "flows.serve", "--params", str(params)], cwd=repo_root, env=env,
+            [sys.executable, "-m", "flows.serve", "--params", str(params)], cwd=work, env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )  # fmt: skip
-        run = asyncio.run(_trigger(api, f"train/{TRAIN_DEPLOYMENT}", serving))
+        run = asyncio.run(_trigger(api, f"train/{TRAIN_DEPLOYMENT}", serving, {"mode": "golden"}))
         assert run.state.is_completed(), run.state
+        assert run.name == "train-golden-seed1"
         client = MlflowClient(tracking_uri=cfg.tracking.tracking_uri)
         exp = client.get_experiment_by_name(cfg.tracking.experiment)
         (mlrun,) = client.search_runs([exp.experiment_id])
+        assert mlrun.data.tags["codea1.mode"] == "golden"  # the UI's mode parameter is the run's mode
         assert [m.step for m in client.get_metric_history(mlrun.info.run_id, "code/reward_mean")] == [1]
+        (folder,) = (work / "runs").iterdir()  # its own run folder; the params file's outputs untouched
+        assert (folder / "train" / "final" / "DONE.json").is_file()
+        assert not Path(cfg.orchestration.checkpoint_dir).exists()
     finally:
         if serving is not None:
             _stop(serving)
         _stop(server)
 
 
-async def _trigger(api: str, name: str, serving: subprocess.Popen):
+async def _trigger(api: str, name: str, serving: subprocess.Popen, parameters: dict | None = None):
     """Wait for the deployment to appear (served), then run it through the API and wait for the result."""
     import asyncio
 
@@ -127,4 +177,4 @@ async def _trigger(api: str, name: str, serving: subprocess.Popen):
                     if time.monotonic() > deadline:
                         raise
                     await asyncio.sleep(1)
-        return await run_deployment(name, timeout=600, poll_interval=2)
+        return await run_deployment(name, parameters=parameters, timeout=600, poll_interval=2)

@@ -103,3 +103,19 @@ def test_champion_loads_as_transformers_model_and_with_from_pretrained(
     tokenizer = AutoTokenizer.from_pretrained(local / "model")
     ids = tokenizer("def f(x):", return_tensors="pt")["input_ids"]
     assert (local / "MLmodel").is_file() and model(ids).logits.shape[:2] == ids.shape
+
+
+def test_evaluation_is_recorded_on_and_nested_under_the_training_run(cfg: Config, tmp_path: Path) -> None:
+    """Regression (issue 18): evaluation lived in a separate run with no link to its training run."""
+    train = MlflowTracker(cfg, run_name="train-codea1-seed1-alpha0.5")
+    report = tmp_path / "report.html"
+    report.write_text("<html></html>")
+    eval_id = tracking.log_evaluation(cfg, {"code/lab/pass@1": 40.0, "n": "x"}, report, train.run_id)
+    run = train.client.get_run(train.run_id)
+    assert run.data.metrics["eval/code/lab/pass_at_1"] == 40.0
+    assert run.data.tags["codea1.evaluate_run_id"] == eval_id
+    nested = train.client.get_run(eval_id)
+    assert nested.data.tags["mlflow.parentRunId"] == train.run_id
+    assert nested.info.run_name == "evaluate-train-codea1-seed1-alpha0.5"
+    assert nested.data.metrics["code/lab/pass_at_1"] == 40.0
+    assert [a.path for a in train.client.list_artifacts(eval_id, "eval")] == ["eval/report.html"]
