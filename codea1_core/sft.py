@@ -5,8 +5,9 @@ turns each into TRL's prompt-completion form (prompt = every message before the 
 completion = that message), so TRL masks the prompt and trains on the completion only (its end-of-turn
 token included, so the model learns to stop). Models with a chat template get conversational
 prompt-completion data; models without one get ``prompts.render_plain`` text with the EOS token appended.
-Full fine-tuning, CPU-friendly (float32 on CPU, no reporting, no progress bars); the result is a complete
-HF model directory written atomically to ``out_dir``.
+Full fine-tuning, CPU-friendly (float32 on CPU, no reporting); the result is a complete HF model directory
+written atomically to ``out_dir``. Feedback on long runs: one log line per epoch (mean loss, steps, elapsed,
+ETA) on the ``codea1.sft`` logger, and a progress bar over the steps when stderr is a terminal.
 
 What it does not: LoRA, packing, evaluation. The lab warm start (``lab.py``) and users call it directly.
 
@@ -22,7 +23,39 @@ import time
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("codea1.sft")
+
+
+def progress_callback(label: str) -> Any:
+    """A TrainerCallback: a step bar (terminal only) and one ``epoch e/E  loss x  step s/S  t  ETA`` line."""
+    import sys
+
+    from tqdm.auto import tqdm
+    from transformers import TrainerCallback
+
+    class Progress(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.t0 = time.perf_counter()
+            self.bar = tqdm(total=state.max_steps, desc=f"sft {label}", disable=not sys.stderr.isatty(),
+                            leave=False)  # fmt: skip
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.bar.update(1)
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
+            if not logs or "loss" not in logs:
+                return
+            spent = time.perf_counter() - self.t0
+            left = spent / max(state.global_step, 1) * (state.max_steps - state.global_step)
+            epochs = int(round(args.num_train_epochs))
+            log.info("sft %s: epoch %d/%d  loss %.4f  step %d/%d  %.0f s  ETA %.0f s", label,
+                     round(state.epoch or 0), epochs, logs["loss"], state.global_step, state.max_steps, spent,
+                     left)  # fmt: skip
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.bar.close()
+
+    return Progress()
 
 
 def _to_prompt_completion(examples: list[dict], tokenizer: Any) -> list[dict]:
@@ -112,8 +145,8 @@ def supervised_finetune(
             bf16=cuda,
             use_cpu=not cuda,
             report_to="none",
-            disable_tqdm=True,
-            logging_strategy="no",
+            disable_tqdm=True,  # our own bar and epoch lines (progress_callback), not the Trainer's log dicts
+            logging_strategy="epoch",
             save_strategy="no",
             lr_scheduler_type="linear",
             warmup_steps=0,
@@ -125,6 +158,7 @@ def supervised_finetune(
         try:
             trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
             trainer.remove_callback(PrinterCallback)  # it prints every log dict to stdout
+            trainer.add_callback(progress_callback(Path(out_dir).name))
             result = trainer.train()
         finally:
             if not bars_were_off:

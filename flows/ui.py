@@ -1,7 +1,11 @@
 """``make ui`` / ``codea1 ui``: start the Prefect server UI and the MLflow UI on 127.0.0.1.
 
-Both run as child processes of this command and stop with it (Ctrl-C). Runs started while the Prefect
-server is up appear in its UI when ``PREFECT_API_URL`` points at it (printed below).
+Both run as child processes of this command, each in its own process group, and stop with it: Ctrl-C
+(SIGINT), SIGTERM and SIGHUP all stop both servers and everything they started (workers), then this command
+exits. The Prefect UI talks to the API on the same ``--prefect-port``: the child gets ``PREFECT_API_URL`` /
+``PREFECT_SERVER_UI_API_URL`` for that port, overriding an exported ``PREFECT_API_URL`` for another one (which
+would leave the UI unable to reach its API). Runs started elsewhere appear in this UI when their
+``PREFECT_API_URL`` points at it (printed below).
 """
 
 from __future__ import annotations
@@ -13,8 +17,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from codea1_core.config import ConfigError, load_config
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Stop(Exception):
+    """Raised by the signal handler: leave the wait loop and stop the servers."""
 
 
 def _bin(name: str) -> str:
@@ -22,7 +33,57 @@ def _bin(name: str) -> str:
     return str(local) if local.exists() else (shutil.which(name) or name)
 
 
+def prefect_env(port: int) -> dict[str, str]:
+    """The Prefect server child's environment: its UI and clients use the API on ``port``."""
+    api = f"http://127.0.0.1:{port}/api"
+    return {
+        **os.environ,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+        "PREFECT_SERVER_API_HOST": "127.0.0.1",
+        "PREFECT_SERVER_API_PORT": str(port),
+        "PREFECT_API_URL": api,
+        "PREFECT_SERVER_UI_API_URL": api,
+    }
+
+
+def commands(prefect_port: int, mlflow_port: int, tracking_uri: str, artifacts: str) -> list[list[str]]:
+    """The two server command lines."""
+    return [
+        [_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
+        [_bin("mlflow"), "ui", "--host", "127.0.0.1", "--port", str(mlflow_port),
+         "--backend-store-uri", tracking_uri, "--default-artifact-root", artifacts],
+    ]  # fmt: skip
+
+
+def stop(procs: list[subprocess.Popen], grace_s: float = 15.0) -> None:
+    """SIGINT each server's process group, wait up to ``grace_s``, then SIGKILL what is left."""
+    for p in procs:
+        _signal_group(p, signal.SIGINT)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(p, signal.SIGKILL)  # workers the server left behind go too
+        if p.poll() is None:
+            p.wait(timeout=10)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    raise Stop(signal.Signals(signum).name)
+
+
 def start_uis(params: str, prefect_port: int, mlflow_port: int) -> int:
+    """Start both servers, print their URLs, wait until a signal or a server exits, stop both."""
     try:
         cfg = load_config(params) if Path(params).exists() else None
     except ConfigError as exc:
@@ -33,37 +94,24 @@ def start_uis(params: str, prefect_port: int, mlflow_port: int) -> int:
     )
     artifacts = cfg.tracking.artifact_location if cfg else "mlflow/artifacts"
     Path("mlflow").mkdir(exist_ok=True)
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
-    procs = [
-        subprocess.Popen(
-            [_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)], env=env
-        ),
-        subprocess.Popen(
-            [
-                _bin("mlflow"), "ui", "--host", "127.0.0.1", "--port", str(mlflow_port),
-                "--backend-store-uri", tracking_uri, "--default-artifact-root", artifacts,
-            ],
-            env=env,
-        ),
-    ]  # fmt: skip
-    print(
-        f"Prefect UI: http://127.0.0.1:{prefect_port}   (export PREFECT_API_URL=http://127.0.0.1:{prefect_port}/api)"
-    )
-    print(f"MLflow UI:  http://127.0.0.1:{mlflow_port}    (store: {tracking_uri})")
-    print("Ctrl-C stops both.", flush=True)
+    envs = [prefect_env(prefect_port), {**os.environ, "DO_NOT_TRACK": "1"}]
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in STOP_SIGNALS}
+    procs: list[subprocess.Popen] = []
+    stopped = False
     try:
+        for cmd, env in zip(commands(prefect_port, mlflow_port, tracking_uri, artifacts), envs, strict=True):
+            procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+        api = prefect_env(prefect_port)["PREFECT_API_URL"]
+        print(f"Prefect UI: http://127.0.0.1:{prefect_port}   (export PREFECT_API_URL={api})")
+        print(f"MLflow UI:  http://127.0.0.1:{mlflow_port}    (store: {tracking_uri})")
+        print("Ctrl-C (or SIGTERM) stops both.", flush=True)
         while all(p.poll() is None for p in procs):
             time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
+    except Stop:
+        stopped = True  # asked to stop: both servers going down is success
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        stop(procs)
     failed = [p.args[0] for p in procs if p.returncode not in (0, -signal.SIGINT, 130, None)]
-    return 1 if failed else 0
+    return 0 if stopped or not failed else 1

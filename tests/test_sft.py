@@ -104,3 +104,20 @@ def test_malformed_examples_are_named(tiny_dir, tmp_path, bad, match):
     with pytest.raises(ValueError, match=match):
         supervised_finetune(tiny_dir, [bad], tmp_path / "out", epochs=1, lr=1.0e-3, seed=0)
     assert not (tmp_path / "out").exists()
+
+
+def test_sft_logs_one_line_per_epoch_with_loss(tiny_dir, tmp_path, caplog):
+    """Regression (issue 18): the warm start printed nothing for 33 minutes (progress and logging off)."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="codea1.sft"):
+        supervised_finetune(
+            tiny_dir, EXAMPLES * 2, tmp_path / "sft", epochs=3, lr=1.0e-3, seed=0, batch_size=4
+        )
+    lines = [r.getMessage() for r in caplog.records if "epoch" in r.getMessage()]
+    assert [line.split("  ")[0] for line in lines] == [
+        "sft sft: epoch 1/3",
+        "sft sft: epoch 2/3",
+        "sft sft: epoch 3/3",
+    ]
+    assert all(" loss " in line and " ETA " in line for line in lines), lines

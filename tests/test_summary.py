@@ -27,3 +27,14 @@ def test_headline_rows_are_the_learning_table() -> None:
 def test_headline_without_baseline_keeps_trained_numbers() -> None:
     top = headline({PROMOTE: 30.0, "test/lab_heldout/pass@5": 20.0}, PROMOTE)
     assert top == {"code_pass@1": {"trained": 30.0}, "test_pass@5": {"trained": 20.0}}
+
+
+def test_progress_line_format() -> None:
+    """Issue 18: training printed no step counter, rewards or ETA."""
+    from flows.train import progress_line
+
+    history = [{"time/iteration_s": 5.0}, {"time/iteration_s": 5.2}]
+    row = {"code/reward_mean": 0.712, "test/reward_mean": 0.17, "mistake_book/size": 412.0}
+    assert progress_line(5, 95, row, history) == "it 5/95  code_r .71  test_r .17  MB 412  5.1 s/it  ETA 8 min"
+    golden = progress_line(94, 95, {"code/reward_mean": 1.0}, history)
+    assert golden == "it 94/95  code_r 1.00  5.1 s/it  ETA 5 s"
