@@ -27,6 +27,7 @@ import copy
 import re
 import string
 import textwrap
+import warnings
 from typing import Literal
 
 from codea1_core.types import ParsedSuite, ParsedTest
@@ -44,6 +45,17 @@ _PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError, OverflowE
 # --------------------------------------------------------------------------------------------------
 # Fenced blocks and code (§5.1)
 # --------------------------------------------------------------------------------------------------
+
+
+def silence_parse_warnings() -> None:
+    """Keep warnings raised while *parsing generated text* off the console (called by the entry points).
+
+    ``ast.parse`` of model output emits ``SyntaxWarning`` / ``DeprecationWarning`` (invalid escapes, ``is`` with
+    a literal, ...) attributed to the pseudo-file ``<unknown>``: noise about the model's text, not about our
+    code. Only that pseudo-module is silenced; warnings from real source files still show.
+    """
+    for category in (SyntaxWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category, module="<unknown>")
 
 
 def _blocks(text: str) -> list[tuple[str, str]]:

@@ -139,7 +139,10 @@ def format_report(report: AttackReport) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``codea1 attack FILE.py::function``; exit 2 with one line on user errors."""
+    from codea1_core.parsing import silence_parse_warnings
+
     quiet_env()
+    silence_parse_warnings()
     parser = argparse.ArgumentParser(
         description="Let the Test LLM write adversarial tests for your function."
     )

@@ -143,6 +143,19 @@ def _track(cfg: Config, metrics: dict[str, float], report: Path, trained_export:
     log_evaluation(cfg, metrics, report, training_run_id(cfg) if trained_export else None)
 
 
+def _learning_artifact(metrics: dict[str, float], promote: str) -> None:
+    """The learning table as a markdown artifact of this flow run (Prefect UI: the run's Artifacts tab)."""
+    from prefect.artifacts import create_markdown_artifact
+
+    from flows.summary import learning_markdown
+
+    create_markdown_artifact(
+        markdown=learning_markdown(metrics, promote),
+        key="codea1-learning",
+        description="warm start -> trained",
+    )
+
+
 def _evaluate_models(
     cfg: Config, code_policy: Any, test_policy: Any, executor: Any, mutant_dir: str, solve: bool = True
 ) -> dict[str, float]:
@@ -255,6 +268,9 @@ def evaluate_flow(
     The starting models (the warm start) are evaluated too, with the same settings and seeds, as
     ``warmstart/...`` keys with ``delta/...`` = trained - warm start (``eval.baseline``, §19).
     """
+    from codea1_core.parsing import silence_parse_warnings
+
+    silence_parse_warnings()  # warnings about generated text stay off the console
     out_dir = Path(cfg.eval.out_dir)
     code_label = "(given policy)" if code_policy is not None else resolve_model_path(cfg, "code", code_model)
     test_label = "(given policy)" if test_policy is not None else resolve_model_path(cfg, "test", test_model)
@@ -287,6 +303,7 @@ def evaluate_flow(
     _write_atomic(out_dir / "metrics.json", json.dumps(metrics, indent=1, sort_keys=True) + "\n")
     top = headline(metrics, cfg.eval.promote_metric)  # the learning table: DVC's `metrics` file
     _write_atomic(out_dir / HEADLINE_FILE, json.dumps(top, indent=1) + "\n")
+    _learning_artifact(metrics, cfg.eval.promote_metric)
     report = out_dir / "report.html"
     notes = [f"code model: {code_label}", f"test model: {test_label}"]
     if base_paths:

@@ -260,7 +260,10 @@ def format_result(result: SolveResult) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``codea1 solve --problem FILE``; exit 2 with one line on user errors."""
+    from codea1_core.parsing import silence_parse_warnings
+
     quiet_env()
+    silence_parse_warnings()
     parser = argparse.ArgumentParser(
         description="Test-time collaboration: pick a Code-LLM candidate with Test-LLM tests."
     )

@@ -86,6 +86,29 @@ def _is_test_rate(key: str) -> bool:
     )
 
 
+def learning_markdown(metrics: dict[str, Any], promote: str, title: str = "codea1: learning table") -> str:
+    """The learning table as markdown (the Prefect run's artifact): warm start -> trained -> delta per rate,
+    or the trained numbers alone when the warm start was not evaluated."""
+    keys = _headline_keys(metrics, promote)
+    lines = [f"# {title}", ""]
+    if keys:
+        lines += ["| metric | warm start | trained | delta |", "|---|---|---|---|"]
+        for key in keys:
+            mark = " (promote metric)" if key == promote else ""
+            before, after, delta = metrics.get(f"warmstart/{key}"), metrics.get(key), metrics[f"delta/{key}"]
+            lines.append(f"| `{key}`{mark} | {_fmt(before)} | {_fmt(after)} | {delta:+.1f} |")
+    else:
+        lines += ["| metric | trained |", "|---|---|"]
+        rates = sorted(k for k in metrics if k == promote or _is_test_rate(k) or k.endswith("/pass@1"))
+        lines += [f"| `{k}` | {_fmt(metrics[k])} |" for k in rates if isinstance(metrics[k], (int, float))]
+        lines += ["", "(no warm-start baseline: eval.baseline off or no local warm start)"]
+    lines += [
+        "",
+        "Percent; same evaluation protocol and seeds for both columns. Every number: `metrics.json`.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def print_learning(metrics: dict[str, Any], promote: str) -> None:
     """The warm start -> trained table (same evaluation protocol and seeds for both)."""
     keys = _headline_keys(metrics, promote)

@@ -158,7 +158,10 @@ def train(cfg: Config) -> dict[str, Any]:
 def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     """Problems, resume state, tracker, policies (restored from the last checkpoint) and the Mistake Book."""
     from codea1_core.mistake_book import MistakeBook
+    from codea1_core.parsing import silence_parse_warnings
 
+    silence_parse_warnings()  # SyntaxWarnings about generated text stay off the console
+    quiet_progress_bars()  # "Loading weights" / "Writing model shards" on every checkpoint: not in the log
     out_dir = Path(cfg.orchestration.checkpoint_dir)
     train_set, val_set = load_problems(cfg)
     train_set, dropped = drop_overlong_problems(train_set, cfg)
@@ -287,6 +290,15 @@ def _duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def quiet_progress_bars() -> None:
+    """Turn off the transformers / huggingface_hub progress bars (printed on every load and save)."""
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    disable_progress_bars()
 
 
 def seed_everything(seed: int) -> None:

@@ -326,3 +326,17 @@ def test_strict_substitution_cannot_blow_up():
         ParsedTest("f([1, 2, 3] + [1, 2, 3] + ([1, 2, 3] + [1, 2, 3]))", "2"),
         ParsedTest("f(5)", "3"),
     )
+
+
+def test_parse_warnings_about_generated_text_stay_off_the_console() -> None:
+    """Regression (issue 18): parsing model output printed SyntaxWarnings to the console."""
+    import subprocess
+    import sys
+
+    code = "import ast{}; ast.parse('x = \"\\\\d\"; y = x is 1')"
+    quiet = "; from codea1_core.parsing import silence_parse_warnings; silence_parse_warnings()"
+    run = [sys.executable, "-W", "default", "-c"]
+    loud = subprocess.run([*run, code.format("")], capture_output=True, text=True, check=True)
+    assert "invalid escape sequence" in loud.stderr  # the noise exists...
+    silent = subprocess.run([*run, code.format(quiet)], capture_output=True, text=True, check=True)
+    assert silent.stderr == ""  # ...and is silenced
