@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_env()
     silence_parse_warnings()
     parser = argparse.ArgumentParser(
-        description="Let the Test LLM write adversarial tests for your function."
+        prog="codea1 attack", description="Let the Test LLM write adversarial tests for your function."
     )
     parser.add_argument("target", help="FILE.py::function")
     parser.add_argument("--spec", default=None, help="what the function should do (default: its docstring)")

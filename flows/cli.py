@@ -28,8 +28,9 @@ OverridesArg = Annotated[list[str] | None, typer.Argument(help=OVERRIDES_HELP, s
 PASSTHROUGH = {
     "allow_extra_args": True,
     "ignore_unknown_options": True,
-    "help_option_names": ["-h", "--help"],
 }
+"""solve / attack / serve own their argparse options: every argument, ``--help`` included, goes to them, so
+``codea1 solve --help`` lists the real options (``--problem``, ``--suites``, ``--cron``, ...)."""
 
 
 def _not_implemented(name: str) -> None:
@@ -111,7 +112,7 @@ def register(
     _run_stage("register", params, overrides)
 
 
-@app.command(context_settings=PASSTHROUGH)
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
 def solve(ctx: typer.Context) -> None:
     """Test-time collaboration: candidates from the Code LLM, tests from the Test LLM, the best-tested code wins.
 
@@ -120,13 +121,13 @@ def solve(ctx: typer.Context) -> None:
     _run_main("solve", list(ctx.args))
 
 
-@app.command(context_settings=PASSTHROUGH)
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
 def attack(ctx: typer.Context) -> None:
     """Adversarial tests for your function: codea1 attack FILE.py::function [--spec TEXT]."""
     _run_main("attack", list(ctx.args))
 
 
-@app.command(context_settings=PASSTHROUGH)
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
 def serve(ctx: typer.Context) -> None:
     """Register Prefect deployments (train, evaluate) so runs can be started and scheduled from the UI."""
     _run_main("serve", list(ctx.args))

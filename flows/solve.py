@@ -174,7 +174,11 @@ def select_many(
         votes = score_candidates(
             call_outs, answer_outs, tests, cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol
         )
-        best = select_candidate(votes)
+        valid = [v for v in votes if parses(cands[v.index])]  # never choose code that is not Python
+        if not valid:
+            out.append(SolveResult("", -1, tuple(cands), (), tuple(votes)))
+            continue
+        best = select_candidate(valid)
         rows = []
         for c, a in tests:
             if answer_outs[a].ok:
@@ -183,6 +187,15 @@ def select_many(
                 rows.append((calls[c], answers[a], passed))
         out.append(SolveResult(cands[best], best, tuple(cands), tuple(rows), tuple(votes)))
     return out
+
+
+def parses(code: str) -> bool:
+    """Whether ``code`` is valid Python (a candidate that is not cannot be chosen, whatever its votes)."""
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    return bool(code.strip())
 
 
 def _equal(a: Any, b: Any, cfg: Config) -> bool:
@@ -227,8 +240,8 @@ def solve_benchmark(
         pos += len(r.candidates)
         by_code = dict(zip(r.candidates, verdicts, strict=True))
         per_sample = [by_code[c].plus for c in codes[i]]
-        chosen_ok.append(verdicts[r.chosen].plus)
-        base_ok.append(verdicts[r.chosen].base)
+        chosen_ok.append(r.chosen >= 0 and verdicts[r.chosen].plus)  # -1: no candidate parsed
+        base_ok.append(r.chosen >= 0 and verdicts[r.chosen].base)
         mean_ok.append(sum(per_sample) / len(per_sample) if per_sample else 0.0)
         any_ok.append(any(v.plus for v in verdicts))
     n = max(len(problems), 1)
@@ -248,6 +261,8 @@ def solve_benchmark(
 
 def format_result(result: SolveResult) -> str:
     """Human-readable chosen code, its tests and the vote table."""
+    if result.chosen < 0:
+        return f"# no candidate chosen: none of the {len(result.candidates)} candidates is valid Python"
     lines = [f"# chosen candidate {result.chosen} of {len(result.candidates)}", result.code, "", "# tests"]
     lines += [f"{'PASS' if ok else 'FAIL'}  assert {call} == {answer}" for call, answer, ok in result.tests]
     lines += ["", "# vote (candidate: tests passed / valid, agreement)"]
@@ -265,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet_env()
     silence_parse_warnings()
     parser = argparse.ArgumentParser(
-        description="Test-time collaboration: pick a Code-LLM candidate with Test-LLM tests."
+        prog="codea1 solve",
+        description="Test-time collaboration: pick a Code-LLM candidate with Test-LLM tests.",
     )
     parser.add_argument(
         "--problem", required=True, help="problem file (.json, .yaml or .py; see the module docstring)"

@@ -132,3 +132,34 @@ def test_attack_user_errors_are_one_line(tmp_path, capsys):
     assert attack_main([f"{tmp_path / 'none.py'}::f"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "none.py: file not found" in err[0]
+
+
+@pytest.mark.parametrize(
+    ("command", "options"),
+    [
+        ("solve", ["--problem", "--params"]),
+        ("attack", ["target", "--params"]),
+        ("serve", ["--cron", "--limit"]),
+    ],
+)
+def test_cli_help_lists_the_real_options(command: str, options: list[str]) -> None:
+    """Regression (issue 18): `codea1 solve/attack/serve --help` listed no options."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    result = CliRunner().invoke(app, [command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert f"usage: codea1 {command}" in result.output
+    for option in options:
+        assert option in result.output, (option, result.output)
+
+
+def test_solve_never_chooses_a_candidate_that_does_not_parse():
+    """Regression (issue 18): `solve` returned a "chosen candidate" that was not valid Python."""
+    broken = "def add(a, b):\n    return a +"  # the executor may still "pass" it: the parser must decide
+    res = select_many([problem()], [[broken, BUGGY]], TESTER, CFG, FakeExecutor())[0]
+    assert res.code == BUGGY and res.chosen == 1
+    none = select_many([problem()], [[broken]], TESTER, CFG, FakeExecutor())[0]
+    assert (none.code, none.chosen) == ("", -1)
+    assert "none of the 1 candidates is valid Python" in format_result(none)
