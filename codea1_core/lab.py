@@ -272,6 +272,11 @@ def _training_families(lab_cfg: LabConfig) -> list[Family]:
     return chosen
 
 
+def training_family_names(lab_cfg: LabConfig) -> list[str]:
+    """Entry points of the families the lab models are trained on (what ``codea1 attack`` can speak to)."""
+    return [f.name for f in _training_families(lab_cfg)]
+
+
 def lab_problems(lab_cfg: LabConfig, split: str) -> list[Problem]:
     """The lab problems of one split, deterministic in ``lab_cfg.seed``.
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,8 @@ class Finding:
     predicted: str
     actual: str = ""
     """``repr`` of the function's output (disagreements) or the error text (errors)."""
+    support: int = 1
+    """How many of the sampled suites wrote this same test (call and answer): agreement across suites."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,9 @@ class AttackReport:
     invalid: tuple[Finding, ...]
     unparsed: int = 0
     """Asserts the parser rejected (not of the form ``assert f(...) == answer``)."""
+    suites: int = 1
+    note: str = ""
+    """A caveat printed first (the built-in lab toy model on a function outside its training)."""
 
 
 def load_target(target: str, spec: str | None = None) -> Problem:
@@ -91,10 +96,12 @@ def attack(problem: Problem, test_policy: Any, cfg: Config, executor: Any, suite
 
     prompt = test_messages(problem, problem.reference_solution, cfg.reward.k)
     texts = [c.text for c in test_policy.generate([prompt], suites, eval_sampling(cfg, 1))[0]]
-    tests, unparsed = {}, 0
+    tests, support, unparsed = {}, {}, 0
     for text in texts:
         parsed = extract_tests(text, problem.entry_point, cfg.tests.parse_mode)
         unparsed += parsed.invalid
+        for key in {(t.call, t.answer) for t in parsed.tests}:  # once per suite
+            support[key] = support.get(key, 0) + 1
         for t in parsed.tests:
             tests.setdefault((t.call, t.answer), t)
     tests = list(tests.values())
@@ -106,30 +113,61 @@ def attack(problem: Problem, test_policy: Any, cfg: Config, executor: Any, suite
             raise RuntimeError(
                 f"sandbox infrastructure error while running {t.call}: {got.error or ans.error}"
             )
+        n = support[(t.call, t.answer)]
         if not got.ok:
-            errors.append(Finding(t.call, t.answer, f"{got.status}: {got.error}".rstrip(": ")))
+            errors.append(Finding(t.call, t.answer, f"{got.status}: {got.error}".rstrip(": "), n))
         elif not ans.ok:
-            invalid.append(Finding(t.call, t.answer, f"answer {ans.status}: {ans.error}".rstrip(": ")))
+            invalid.append(Finding(t.call, t.answer, f"answer {ans.status}: {ans.error}".rstrip(": "), n))
         elif values_equal(got.value, ans.value, cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol):
-            agreed.append(Finding(t.call, t.answer, repr(got.value)))
+            agreed.append(Finding(t.call, t.answer, repr(got.value), n))
         else:
-            wrong.append(Finding(t.call, t.answer, repr(got.value)))
-    return AttackReport(
-        problem.entry_point, len(tests), tuple(agreed), tuple(wrong), tuple(errors), tuple(invalid), unparsed
+            wrong.append(Finding(t.call, t.answer, repr(got.value), n))
+    return AttackReport(problem.entry_point, len(tests), tuple(agreed), _ranked(wrong), _ranked(errors),
+                        tuple(invalid), unparsed, suites)  # fmt: skip
+
+
+def _ranked(findings: list[Finding]) -> tuple[Finding, ...]:
+    """Most-agreed first: a test several independent suites wrote is likelier a real bug than one suite's guess
+    (stable: ties keep the generation order)."""
+    return tuple(sorted(findings, key=lambda f: -f.support))
+
+
+def toy_model_note(cfg: Config, entry_point: str, test_model: str | None) -> str:
+    """The caveat for the built-in lab model on a function outside its training families, else ``""``.
+
+    The default Test LLM (no ``--test-model``, ``data.train_sources: [lab]``) is the ~0.5M-parameter lab toy: it
+    only ever saw the lab families, so on anything else its tests are close to noise.
+    """
+    from codea1_core.lab import training_family_names
+
+    if test_model is not None or not set(cfg.data.train_sources) <= {"lab"}:
+        return ""
+    families = training_family_names(cfg.lab)
+    if entry_point in families:
+        return ""
+    return (
+        f"note: the Test LLM is the built-in lab toy (a tiny model trained only on the lab families: "
+        f"{', '.join(families)}); {entry_point!r} is not one of them, so expect noise. "
+        "Pass --test-model DIR (or train on your own data) for real findings."
     )
 
 
 def format_report(report: AttackReport) -> str:
     """Human-readable report: disagreements first (candidate bugs), then errors."""
-    lines = [
+    lines = [report.note] if report.note else []
+    lines.append(
         f"# attack on {report.target}: {report.tests} tests, {len(report.agreed)} agree with the function"
-    ]
-    lines.append(f"\n# {len(report.disagreements)} disagreement(s): predicted answer != actual output")
+    )
+    lines.append(
+        f"\n# {len(report.disagreements)} disagreement(s): predicted answer != actual output"
+        f" (most-agreed first: [suites that wrote the test / {report.suites}])"
+    )
     lines += [
-        f"{f.call}\n    predicted: {f.predicted}\n    actual:    {f.actual}" for f in report.disagreements
+        f"[{f.support}/{report.suites}] {f.call}\n    predicted: {f.predicted}\n    actual:    {f.actual}"
+        for f in report.disagreements
     ]
     lines.append(f"\n# {len(report.errors)} call(s) raised")
-    lines += [f"{f.call}\n    {f.actual}" for f in report.errors]
+    lines += [f"[{f.support}/{report.suites}] {f.call}\n    {f.actual}" for f in report.errors]
     if report.invalid or report.unparsed:
         lines.append(
             f"\n# {len(report.invalid)} test(s) with an unevaluable answer, {report.unparsed} unparsed assert(s)"
@@ -163,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         policy = load_policy(cfg, "test", args.test_model)
         executor = make_executor(cfg.sandbox)
         try:
-            print(format_report(attack(problem, policy, cfg, executor, args.suites)))
+            report = attack(problem, policy, cfg, executor, args.suites)
+            note = toy_model_note(cfg, problem.entry_point, args.test_model)
+            print(format_report(replace(report, note=note)))
         finally:
             if hasattr(executor, "close"):
                 executor.close()

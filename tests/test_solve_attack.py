@@ -163,3 +163,30 @@ def test_solve_never_chooses_a_candidate_that_does_not_parse():
     none = select_many([problem()], [[broken]], TESTER, CFG, FakeExecutor())[0]
     assert (none.code, none.chosen) == ("", -1)
     assert "none of the 1 candidates is valid Python" in format_result(none)
+
+
+def test_attack_ranks_findings_by_agreement_across_suites(tmp_path):
+    """Issue 18: findings come most-agreed first, with how many suites wrote each test."""
+    f = tmp_path / "sut.py"
+    f.write_text(SUT)
+    suites = iter(
+        ["assert median([1, 2]) == 1.5", "assert median([4, 2]) == 3.0\nassert median([1, 2]) == 1.5"]
+    )
+    rep = attack(
+        load_target(f"{f}::median"), TextPolicy(lambda text: fenced(next(suites))), CFG, FakeExecutor(), 2
+    )
+    assert [(x.call, x.support) for x in rep.disagreements] == [("median([1, 2])", 2), ("median([4, 2])", 1)]
+    assert "[2/2] median([1, 2])" in format_report(rep)
+
+
+def test_attack_says_when_the_lab_toy_meets_a_function_outside_its_training():
+    """Regression (issue 18): `attack` on a non-lab function returned the tiny model's noise without saying so."""
+    from flows.attack import toy_model_note
+
+    note = toy_model_note(Config(), "median", None)
+    assert note.startswith("note: the Test LLM is the built-in lab toy") and "'median'" in note
+    assert toy_model_note(Config(), "median", "my/model") == ""  # the user's own model: no caveat
+    from codea1_core.lab import training_family_names
+
+    lab_name = training_family_names(Config().lab)[0]
+    assert toy_model_note(Config(), lab_name, None) == ""
