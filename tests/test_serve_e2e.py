@@ -78,6 +78,40 @@ def test_mode_parameter_is_honoured_and_writes_to_the_run_folder(tmp_path: Path)
     assert run.info.run_name == "train-golden-seed3"
 
 
+@pytest.mark.slow
+def test_pipeline_deployment_trains_evaluates_and_registers_in_its_run_folder(tmp_path: Path) -> None:
+    """Issue 18: a deployment run registered versions with no evaluation; the pipeline runs all three, in
+    its own folder, and the evaluation lands on the training run."""
+    from mlflow.tracking import MlflowClient
+
+    from codea1_core.lab import lab_problems
+    from codea1_core.prepared import save_prepared
+    from flows.serve import pipeline_flow
+
+    model = build_tiny(tmp_path / "model")
+    cfg = tiny_config(tmp_path, model, **{"orchestration.max_steps": 1, "mode": "golden"})
+    save_prepared(lab_problems(cfg.lab, "test")[:3], Path(cfg.data.prepared_dir) / "eval_lab_heldout.parquet")
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(cfg.to_dict()))
+    run_dir = tmp_path / "runs" / "p1"
+    small = ["eval.n_samples=2", "eval.k_list=[1]", "eval.baseline=false", "eval.max_mutants=2",
+             "eval.promote_metric=code/lab_heldout/base/pass@1"]  # fmt: skip
+    decision = pipeline_flow.fn(str(params), small, run_dir=str(run_dir))
+    assert set(decision["models"]) == {"code"} and decision["models"]["code"]["alias"] in {
+        "champion",
+        "candidate",
+    }
+    assert json.loads((run_dir / "register.json").read_text()) == decision
+    assert (run_dir / "eval" / "headline.json").is_file() and (
+        run_dir / "train" / "final" / "DONE.json"
+    ).is_file()
+    assert not Path(cfg.orchestration.checkpoint_dir).exists() and not Path(cfg.eval.out_dir).exists()
+    client = MlflowClient(tracking_uri=cfg.tracking.tracking_uri)
+    train_run = client.get_run(json.loads((run_dir / "train" / "final" / "DONE.json").read_text())["run_id"])
+    assert "eval/code/lab_heldout/base/pass_at_1" in train_run.data.metrics  # evaluation on the training run
+    assert "register/code/new" in train_run.data.metrics  # and the decision
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
