@@ -35,6 +35,8 @@ def test_progress_line_format() -> None:
 
     history = [{"time/iteration_s": 5.0}, {"time/iteration_s": 5.2}]
     row = {"code/reward_mean": 0.712, "test/reward_mean": 0.17, "mistake_book/size": 412.0}
-    assert progress_line(5, 95, row, history) == "it 5/95  code_r .71  test_r .17  MB 412  5.1 s/it  ETA 8 min"
+    assert (
+        progress_line(5, 95, row, history) == "it 5/95  code_r .71  test_r .17  MB 412  5.1 s/it  ETA 8 min"
+    )
     golden = progress_line(94, 95, {"code/reward_mean": 1.0}, history)
     assert golden == "it 94/95  code_r 1.00  5.1 s/it  ETA 5 s"
