@@ -18,8 +18,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 
 class ConfigError(ValueError):
     """A malformed configuration: the message names the file (if any) and the dotted key."""
@@ -90,6 +88,8 @@ class ModelConfig:
     """Use the tokenizer's chat template when it has one (plain-text prompts otherwise)."""
     gradient_checkpointing: bool = False
     """Trade compute for memory in the update."""
+    gpu_memory_gb: float = 0.0
+    """GPU memory (GB) the train-start memory plan checks against; 0 = the CUDA device's own (no check on CPU)."""
 
 
 @dataclass(frozen=True)
@@ -499,6 +499,8 @@ def _build(cls: type, raw: dict[str, Any], *, path: str, source: str) -> Any:
 
 
 def _dump_scalar(value: Any) -> str:
+    import yaml  # imported where used: the GPU bench builds configs from dicts on images without PyYAML
+
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
@@ -507,6 +509,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"override {text!r}: expected key=value (e.g. reward.alpha=0.25)")
     key, _, raw_value = text.partition("=")
+    import yaml
+
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r}: empty key")
@@ -533,6 +537,8 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping with errors that name the file."""
+    import yaml
+
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
