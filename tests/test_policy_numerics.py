@@ -139,7 +139,9 @@ def test_bf16_full_finetune_checkpoint_keeps_the_fp32_master(fp32_and_bf16_runs,
     """A resume must not round the master weights to bf16 (the 1e-6 moves would be lost on every resume)."""
     pol, _ = fp32_and_bf16_runs["bfloat16"]
     pol.save(tmp_path / "ckpt")
-    resumed = make_policy(tiny_dir, **{"model.finetune": "full", "model.dtype": "bfloat16", "grpo.lr": 1.0e-6})
+    resumed = make_policy(
+        tiny_dir, **{"model.finetune": "full", "model.dtype": "bfloat16", "grpo.lr": 1.0e-6}
+    )
     resumed.load(tmp_path / "ckpt")
     for (k, a), b in zip(pol.model.named_parameters(), resumed.model.parameters(), strict=True):
         assert b.dtype == torch.float32 and torch.equal(a.detach(), b.detach()), k
