@@ -65,7 +65,7 @@ from codea1_core.comparison import (
     rewards_chart,
     table_markdown,
 )
-from flows.common import UserError, quiet_env, run_user_errors
+from flows.common import UserError, run_user_errors
 
 QUICK_OVERRIDES = [
     "orchestration.max_steps=2",
@@ -370,7 +370,6 @@ def write_outputs(out: Path, results: Sequence[RunResult], wall_s: float) -> str
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m flows.lab_compare``; exit 0 when every experiment produced results, 1 otherwise."""
-    quiet_env()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3, help="seeds 1..N per mode (default 3)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma list from {list(MODES)}")
