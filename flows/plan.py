@@ -20,7 +20,7 @@ from pathlib import Path
 
 from codea1_core.config import Config
 from codea1_core.memory_plan import GPU_SIZES_GB, ModelShape, estimate, verdict
-from flows.common import UserError, load_stage_config, quiet_env, run_user_errors
+from flows.common import UserError, load_stage_config, run_user_errors
 
 log = logging.getLogger("codea1.plan")
 
@@ -106,7 +106,6 @@ def check_training_fits(cfg: Config) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``codea1 plan``: exit 0 when the config fits every GPU asked about, 1 when not, 2 on user errors."""
-    quiet_env()
     parser = argparse.ArgumentParser(description="Estimate the peak GPU memory of a training config.")
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--gpu-gb", type=float, action="append", default=None,
