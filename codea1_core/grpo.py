@@ -159,16 +159,25 @@ def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 def _block_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ids: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """log π(ids) and the entropy of one token block: logits exist only for these tokens, upcast to float32."""
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    ids: torch.Tensor,
+    entropy_sink: list | None,
+) -> torch.Tensor:
+    """log π(ids) of one token block: logits exist only for these tokens, upcast to float32.
+
+    The block's entropy is appended to ``entropy_sink`` the first time only: activation checkpointing
+    calls this again in backward, and the recomputation need not repeat it.
+    """
     logits = torch.nn.functional.linear(hidden, weight, bias).float()
     logz = torch.logsumexp(logits, dim=-1)
     picked = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - logz
-    with torch.no_grad():
-        logp = logits.detach() - logz.detach().unsqueeze(-1)
-        entropy = -(logp.exp() * logp).sum(-1)
-    return picked, entropy
+    if entropy_sink is not None and not entropy_sink:
+        with torch.no_grad():
+            logp = logits.detach() - logz.detach().unsqueeze(-1)
+            entropy_sink.append(-(logp.exp() * logp).sum(-1))
+    return picked
 
 
 def blocked_token_logprobs(
@@ -177,7 +186,8 @@ def blocked_token_logprobs(
     bias: torch.Tensor | None,
     ids: torch.Tensor,
     block_tokens: int = 1024,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    with_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(ids) and per-token entropy from final hidden states, ``block_tokens`` tokens at a time (float32).
 
     Equal to :func:`token_logprobs` of ``linear(hidden, weight, bias)``, but under autograd each block is
@@ -189,9 +199,10 @@ def blocked_token_logprobs(
         weight: (V, H) LM head weight; ``bias``: (V,) or None.
         ids: (N,) the token each row predicts.
         block_tokens: Rows per block (the memory/speed trade-off; ``memory_plan`` assumes the same).
+        with_entropy: Also return the entropies (a metric; the old/reference passes skip it).
 
     Returns:
-        ``(logprobs, entropy)``, both (N,) float32; ``entropy`` carries no gradient.
+        ``(logprobs, entropy)``, both (N,) float32 (``entropy`` None without ``with_entropy``; no gradient).
     """
     if hidden.shape[:-1] != ids.shape or hidden.dim() != 2:
         raise ValueError(
@@ -203,18 +214,18 @@ def blocked_token_logprobs(
     grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     for start in range(0, hidden.shape[0], block_tokens):
         h, t = hidden[start : start + block_tokens], ids[start : start + block_tokens]
+        sink: list | None = [] if with_entropy else None
         if grad:
-            lp, ent = torch.utils.checkpoint.checkpoint(
-                _block_logprobs, h, weight, bias, t, use_reentrant=False
+            lp = torch.utils.checkpoint.checkpoint(
+                _block_logprobs, h, weight, bias, t, sink, use_reentrant=False
             )
         else:
-            lp, ent = _block_logprobs(h, weight, bias, t)
+            lp = _block_logprobs(h, weight, bias, t, sink)
         lps.append(lp)
-        ents.append(ent.detach())
-    if not lps:
-        empty = hidden.new_zeros(0, dtype=torch.float32)
-        return empty, empty
-    return torch.cat(lps), torch.cat(ents)
+        ents.extend(sink or [])
+    empty = hidden.new_zeros(0, dtype=torch.float32)
+    entropy = (torch.cat(ents) if ents else empty) if with_entropy else None
+    return (torch.cat(lps) if lps else empty), entropy
 
 
 def _masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

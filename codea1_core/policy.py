@@ -324,12 +324,15 @@ class Policy:
         return [rows[i : i + n] for i in range(0, len(rows), n)]
 
     # ---------------------------------------------------------------------------------------- update
-    def _forward(self, samples: list[tuple[list[int], list[int]]], *, reference: bool = False) -> tuple:
+    def _forward(
+        self, samples: list[tuple[list[int], list[int]]], *, reference: bool = False, entropy: bool = True
+    ) -> tuple:
         """Per-token log-probs, completion mask and per-token entropy of each completion (all (B, T) float32).
 
         Prompts are left-padded, completions right-padded. The LM head runs on the completion tokens only,
         one block of :data:`LOGPROB_BLOCK_TOKENS` at a time (``grpo.blocked_token_logprobs``), so no
         full-vocabulary logits exist for the micro-batch; padding positions get log-prob and entropy 0.
+        ``entropy=False`` (the old/reference passes) skips the entropy and returns zeros for it.
         """
         p_max = max(len(p) for p, _ in samples)
         c_max = max(len(c) for _, c in samples)
@@ -347,9 +350,9 @@ class Policy:
         with self._autocast():
             if reference and self.ref_model is None:
                 with self.model.disable_adapter():
-                    lp, ent = _completion_logprobs(model, kwargs, targets, cmask, p_max)
+                    lp, ent = _completion_logprobs(model, kwargs, targets, cmask, p_max, entropy)
             else:
-                lp, ent = _completion_logprobs(model, kwargs, targets, cmask, p_max)
+                lp, ent = _completion_logprobs(model, kwargs, targets, cmask, p_max, entropy)
         return lp, cmask.float(), ent
 
     def _autocast(self) -> Any:
@@ -377,7 +380,9 @@ class Policy:
         out = {}
         for mb in self._micro_batches(idx, batch):
             lp, _, _ = self._forward(
-                [(batch.prompt_ids[i], batch.completion_ids[i]) for i in mb], reference=reference
+                [(batch.prompt_ids[i], batch.completion_ids[i]) for i in mb],
+                reference=reference,
+                entropy=False,
             )
             for row, i in enumerate(mb):
                 out[i] = lp[row, : len(batch.completion_ids[i])].cpu()
@@ -520,7 +525,7 @@ def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
 
 
 def _completion_logprobs(
-    model: Any, kwargs: dict, targets: torch.Tensor, cmask: torch.Tensor, p_max: int
+    model: Any, kwargs: dict, targets: torch.Tensor, cmask: torch.Tensor, p_max: int, entropy: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T) log-probs and entropies of ``targets`` where ``cmask``; hidden row p_max-1+t predicts token t."""
     from codea1_core.grpo import blocked_token_logprobs
@@ -538,9 +543,10 @@ def _completion_logprobs(
             :, p_max - 1 : p_max - 1 + targets.shape[1]
         ]
         lp_sel, ent_sel = blocked_token_logprobs(
-            hidden[cmask], head.weight, head.bias, targets[cmask], LOGPROB_BLOCK_TOKENS
+            hidden[cmask], head.weight, head.bias, targets[cmask], LOGPROB_BLOCK_TOKENS, with_entropy=entropy
         )
-    return zeros.masked_scatter(cmask, lp_sel), zeros.masked_scatter(cmask, ent_sel)
+    ent = zeros.masked_scatter(cmask, ent_sel) if entropy and ent_sel is not None else zeros
+    return zeros.masked_scatter(cmask, lp_sel), ent
 
 
 def _pad_rows(rows: list[torch.Tensor]) -> torch.Tensor:
