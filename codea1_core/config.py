@@ -124,6 +124,12 @@ class RolloutConfig:
     """vLLM: reuse KV cache across prompts sharing a prefix."""
     shared_engine: bool = True
     """vLLM: both roles as LoRA adapters on one engine (else one engine per role)."""
+    tensor_parallel_size: int = 1
+    """vLLM: GPUs each engine's weights are split over (``tensor_parallel_size`` engine argument)."""
+    data_parallel_size: int = 1
+    """vLLM: engine replicas (``data_parallel_size`` engine argument, passed only when > 1). Whether the
+    offline ``vllm.LLM`` accepts it is vLLM's call: recent releases refuse it in a single process and say so
+    at engine start (then launch one run per GPU group, or use ``tensor_parallel_size``)."""
 
 
 @dataclass(frozen=True)
