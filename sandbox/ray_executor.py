@@ -296,21 +296,25 @@ class RayExecutor:
     def close(self) -> None:
         """Stop the actors' pools, kill the actors, and stop Ray if this executor started it."""
         slots, self._slots = getattr(self, "_slots", []), []
-        if not hasattr(self, "_ray"):
-            return
+        if not hasattr(self, "_ray") or not self._ray.is_initialized():
+            return  # never touch the Ray API without a connection: it would start a new runtime
+        if slots:
+            self._stop_actors(slots)
+        if getattr(self, "_owns_ray", False):
+            self._owns_ray = False
+            self._ray.shutdown()
+
+    def _stop_actors(self, slots: list[_Slot]) -> None:
         refs = [s.actor.close.remote() for s in slots if s.alive]
         try:
             self._ray.wait(refs, num_returns=len(refs), timeout=30)
         except Exception:
-            pass
+            pass  # a dead actor's pool is gone with it
         for slot in slots:
             try:
                 self._ray.kill(slot.actor, no_restart=True)
             except Exception:
                 pass
-        if getattr(self, "_owns_ray", False):
-            self._owns_ray = False
-            self._ray.shutdown()
 
     def __enter__(self) -> RayExecutor:
         return self

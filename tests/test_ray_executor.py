@@ -226,3 +226,26 @@ def test_bad_arguments_are_rejected_before_ray_is_touched():
         RayExecutor(actors_per_node=0)
     with pytest.raises(ValueError, match="infra_retries"):
         RayExecutor(workers_per_actor=1, infra_retries=-1, limits=ExecLimits())
+
+
+@pytest.mark.slow
+def test_losing_a_node_mid_step_loses_no_job(rex, cluster):
+    """The second node is removed (its raylet and workers killed) while a step runs: its actor's jobs are
+    retried on the head node's actor, none is lost or scored, and the next step runs on what is left.
+    Runs last: it changes the module's cluster (slow: ~15 s for Ray to declare the node dead)."""
+    head = ray.get_runtime_context().get_node_id()
+    node = next(n for n in cluster.list_all_nodes() if n.node_id != head)
+    before = dict(rex.stats)
+
+    def remove() -> None:
+        time.sleep(1.0)
+        cluster.remove_node(node, allow_graceful=False)
+
+    thread = threading.Thread(target=remove)
+    thread.start()
+    results = rex.run_many([(SLEEPY, [f"f({i})"]) for i in range(24)])
+    thread.join()
+    assert [[(o.status, o.value) for o in r] for r in results] == [[("ok", 3 * i)] for i in range(24)]
+    assert rex.stats["actor_losses"] > before["actor_losses"] and rex.stats["infra_errors"] == 0
+    assert [s.node_id for s in rex._slots if s.alive] == [head]
+    assert [o.value for r in rex.run_many([(SLEEPY, ["f(2)"])] * 3) for o in r] == [6] * 3
