@@ -12,6 +12,7 @@ Skips (with the reason) only when ``ray`` is not importable: ``pip install -e '.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -210,6 +211,37 @@ def test_make_executor_builds_the_ray_backend_from_config(cluster):
         assert ex.workers_per_actor == 1 and len(ex._slots) == 2 and ex.isolation["backend"] == "ray"
         assert ex.run("x = 2\n", ["x + 1"])[0].value == 3
     assert ray.is_initialized(), "an executor that joined an existing connection must not shut Ray down"
+
+
+@pytest.mark.slow
+def test_a_training_step_on_the_ray_backend_matches_the_process_backend(
+    cluster, prefect_harness, tmp_path, monkeypatch
+):
+    """One tiny Code-A1 step through the real flow on each backend, same seed: the outcome matrices the
+    rewards are computed from (the step's outcome parquet) are identical, and so are the rewards."""
+    import pandas as pd
+    from test_train_flow import build_tiny, tiny_config
+
+    from flows.train import train_flow
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    model = build_tiny(tmp_path / "model")
+    outcomes, metrics = {}, {}
+    for backend in ("process", "ray"):
+        cfg = tiny_config(
+            tmp_path / backend, model,
+            **{"orchestration.max_steps": 1, "sandbox.backend": backend, "sandbox.ray_workers_per_actor": 1},
+        )  # fmt: skip
+        state = train_flow(config=cfg.to_dict(), return_state=True)
+        assert state.is_completed(), state
+        out = tmp_path / backend / "train"
+        outcomes[backend] = pd.read_parquet(out / "outcomes" / "it_000001.parquet")
+        (line,) = (out / "metrics.jsonl").read_text().splitlines()
+        metrics[backend] = json.loads(line)
+    pd.testing.assert_frame_equal(outcomes["process"], outcomes["ray"])
+    assert metrics["ray"]["sandbox/infra_errors"] == 0 and metrics["ray"]["sandbox/calls"] > 0
+    for key in ("code/reward_mean", "test/reward_mean", "sandbox/calls"):
+        assert metrics["ray"][key] == metrics["process"][key], key
 
 
 def _alive(pid: int) -> bool:
