@@ -176,6 +176,13 @@ def test_killing_an_actor_mid_step_loses_no_job(rex):
     assert not any(_alive(pid) for pid in record["pids"]), "the killed actor's sandbox workers must exit"
     again = rex.run_many([(SLEEPY, ["f(5)"])] * 4)  # the replacement actor serves the next step
     assert [o.value for r in again for o in r] == [15] * 4
+    warm = [ray.get(s.actor.describe.remote(), timeout=30) for s in rex._slots]
+    assert warm[1]["pid"] == rex.actor_info[1]["pid"], "the surviving actor is never restarted"
+    rex.run_many([(SLEEPY, ["f(1)"])] * 4)
+    later = [ray.get(s.actor.describe.remote(), timeout=30) for s in rex._slots]
+    assert [w["worker_pids"] for w in later] == [w["worker_pids"] for w in warm], (
+        "pools stay warm across steps"
+    )
 
 
 def test_a_job_lost_past_its_retries_is_an_infra_error_and_never_scored(rex):
