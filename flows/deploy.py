@@ -6,8 +6,9 @@ checkout; a git URL makes Prefect clone it on the worker's machine):
 
 * ``train/codea1-train`` — the training flow (``flows/train.py``), parameters ``params`` + ``overrides``;
 * ``evaluate-params/codea1-evaluate`` — the evaluation stage (``flows/serve.py``), same parameters;
-* ``pipeline/codea1-pipeline`` — the whole DVC pipeline (``dvc repro``, what ``make run`` runs; with
-  ``overrides`` a ``dvc exp run -S key=value ...`` experiment), in the deployment's working directory.
+* ``pipeline/codea1-pipeline`` — the whole DVC pipeline, what ``make run`` runs (``flows/pipeline.py``:
+  ``dvc repro`` and the learning table; with ``overrides`` a ``dvc exp run -S key=value ...`` experiment),
+  in the deployment's working directory.
 
 A run started from the UI or the API is then picked up by any worker polling the pool, on any machine that
 can reach the Prefect API::
@@ -40,7 +41,8 @@ from typing import Any
 from prefect import flow
 
 from codea1_core.config import load_config
-from flows.common import UserError, quiet_env, run_user_errors
+from flows.common import UserError, run_user_errors
+from flows.pipeline import _child_env
 from flows.serve import EVALUATE_DEPLOYMENT, TRAIN_DEPLOYMENT
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -57,9 +59,10 @@ ENTRYPOINTS = {
 
 
 def pipeline_command(overrides: list[str]) -> list[str]:
-    """``dvc repro`` (the default pipeline, as ``make run``), or a ``dvc exp run -S`` experiment with overrides."""
+    """``make run``'s pipeline (``python -m flows.pipeline``: ``dvc repro`` + the learning table, on the run's
+    Prefect API), or a ``dvc exp run -S key=value ...`` experiment when there are overrides."""
     if not overrides:
-        return [sys.executable, "-m", "dvc", "repro"]
+        return [sys.executable, "-m", "flows.pipeline"]
     return [sys.executable, "-m", "dvc", "exp", "run", *[a for o in overrides for a in ("-S", o)]]
 
 
@@ -68,7 +71,7 @@ def pipeline_flow(overrides: list[str] | None = None) -> dict[str, Any]:
     """Run the DVC pipeline in the working directory (the deployment's source); fail with DVC's last lines."""
     cmd = pipeline_command(list(overrides or []))
     print("running:", " ".join(cmd[2:]))
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=_child_env())
     print(proc.stdout[-4000:])
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[2:])} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
@@ -150,7 +153,6 @@ def deploy_all(
 
 def main(argv: list[str] | None = None) -> int:
     """Parse args, then create the pool (if needed) and the deployments."""
-    quiet_env()
     parser = argparse.ArgumentParser(
         description="Register train/evaluate/pipeline deployments on a work pool"
     )

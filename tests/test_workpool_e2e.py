@@ -52,8 +52,8 @@ def test_deployments_target_the_pool_with_code_from_the_checkout(repo_root: Path
         build_deployments("params.yaml", ["reward.alpha=high"], "pool-x", str(repo_root))
 
 
-def test_pipeline_is_dvc_repro_or_an_experiment_with_overrides() -> None:
-    assert pipeline_command([])[1:] == ["-m", "dvc", "repro"]
+def test_pipeline_is_make_runs_pipeline_or_an_experiment_with_overrides() -> None:
+    assert pipeline_command([])[1:] == ["-m", "flows.pipeline"]
     assert pipeline_command(["reward.alpha=0.25", "seed=2"])[3:] == [
         "exp", "run", "-S", "reward.alpha=0.25", "-S", "seed=2",
     ]  # fmt: skip
