@@ -103,7 +103,9 @@ class RayExecutor:
         limits, network_isolation, drop_privileges, hide_paths: as for ``ProcessExecutor`` (per actor).
         infra_retries: times a job lost with its actor is re-queued before it is ``infra_error``;
             also passed to each actor's pool for its own worker crashes.
-        max_chunk_jobs: largest chunk sent to one actor at once (default ``8 * workers_per_actor``).
+        max_chunk_jobs: largest chunk sent to one actor at once (default ``32 * workers_per_actor``: an actor
+            runs one chunk at a time, so its workers idle at the end of each chunk; fewer, bigger chunks
+            idle less, and the chunks shrink at the end of a step anyway).
     """
 
     def __init__(
@@ -126,7 +128,7 @@ class RayExecutor:
         self.limits = limits or ExecLimits()
         self.infra_retries = infra_retries
         self.workers_per_actor = workers_per_actor
-        self.max_chunk_jobs = max_chunk_jobs or 8 * workers_per_actor
+        self.max_chunk_jobs = max_chunk_jobs or 32 * workers_per_actor
         self._executor_kwargs = {
             "workers": workers_per_actor,
             "limits": self.limits,
