@@ -32,7 +32,7 @@ from typing import Any
 from prefect import flow
 
 from codea1_core.config import Config, load_config
-from flows.common import UserError, quiet_env, run_user_errors
+from flows.common import UserError, run_user_errors
 
 TRAIN_DEPLOYMENT = "codea1-train"
 EVALUATE_DEPLOYMENT = "codea1-evaluate"
@@ -190,7 +190,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse args, build the deployments and serve them until interrupted."""
-    quiet_env()
     args = parser().parse_args(argv)
 
     def go() -> None:

@@ -40,7 +40,7 @@ from codea1_core.evaluation import (
     select_candidate,
 )
 from codea1_core.types import Problem
-from flows.common import UserError, load_stage_config, quiet_env, run_user_errors
+from flows.common import UserError, load_stage_config, run_user_errors
 
 
 @dataclass(frozen=True)
@@ -277,7 +277,6 @@ def main(argv: list[str] | None = None) -> int:
     """``codea1 solve --problem FILE``; exit 2 with one line on user errors."""
     from codea1_core.parsing import silence_parse_warnings
 
-    quiet_env()
     silence_parse_warnings()
     parser = argparse.ArgumentParser(
         prog="codea1 solve",

@@ -38,8 +38,6 @@ def prefect_env(port: int) -> dict[str, str]:
     api = f"http://127.0.0.1:{port}/api"
     return {
         **os.environ,
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "DO_NOT_TRACK": "1",
         "PREFECT_SERVER_API_HOST": "127.0.0.1",
         "PREFECT_SERVER_API_PORT": str(port),
         "PREFECT_API_URL": api,
@@ -94,7 +92,8 @@ def start_uis(params: str, prefect_port: int, mlflow_port: int) -> int:
     )
     artifacts = cfg.tracking.artifact_location if cfg else "mlflow/artifacts"
     Path("mlflow").mkdir(exist_ok=True)
-    envs = [prefect_env(prefect_port), {**os.environ, "DO_NOT_TRACK": "1"}]
+    # both inherit flows.environment's defaults (applied when flows was imported); Prefect's gets its port
+    envs = [prefect_env(prefect_port), dict(os.environ)]
     previous = {sig: signal.signal(sig, _raise_stop) for sig in STOP_SIGNALS}
     procs: list[subprocess.Popen] = []
     stopped = False
