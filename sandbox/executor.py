@@ -71,10 +71,16 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from codea1_core import values
 from codea1_core.types import CallOutcome
 from sandbox.child import write_msg
-from sandbox.limits import ExecLimits, default_hide_paths, python_keep_paths, sweep_uid_from_proc
+from sandbox.decoding import DecodeBudget, ResultRejected, decode_result
+from sandbox.limits import (
+    ExecLimits,
+    default_hide_paths,
+    python_keep_paths,
+    remove_cgroups,
+    sweep_uid_from_proc,
+)
 
 _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from sandbox.child import worker_main; worker_main()"
 _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -114,6 +120,7 @@ class _Worker:
             detail = reply[1] if reply else f"worker exited at start-up: {self.stderr_tail()}"
             raise SandboxUnavailable(f"sandbox worker could not start: {detail}")
         self.isolation: dict = reply[1]
+        self.cgroup_dirs: list[str] = self.isolation.pop("cgroup_dirs", [])
 
     def _read_blocking(self, timeout_s: float) -> Any:
         deadline = time.monotonic() + timeout_s
@@ -176,6 +183,7 @@ class _Worker:
                 pass
         if self.uid is not None:
             sweep_uid_from_proc(self.uid)  # descendants that escaped the worker's clean-up
+        remove_cgroups(getattr(self, "cgroup_dirs", []))
         self.log.close()
 
     def stop(self) -> None:
@@ -243,6 +251,10 @@ class ProcessExecutor:
         self.isolation: dict = dict(self._workers[0].isolation)
         self.isolation["uid"] = "dedicated per worker" if self._drop else "not dropped"
         self.isolation["rlimits"] = "AS CPU FSIZE NOFILE CORE" + (" NPROC" if self._drop else "")
+        self.isolation["children"] = "forked from a clean zygote (no earlier program's memory)"
+        self.isolation["results"] = (
+            f"<= {self.limits.max_result_bytes} encoded bytes per program; linear decode (hash-flood guard)"
+        )
 
     def _start_worker(self) -> _Worker:
         uid = 100_000 + secrets.randbelow(2**30) if self._drop else None
@@ -309,12 +321,14 @@ class ProcessExecutor:
                 if worker.rfd in ready:
                     worker.feed()
                 while queue and (msg := worker.poll_message()) is not None:
-                    j, attempt, _ = queue.popleft()
-                    if msg[0] == "result" and msg[1] == j:
-                        results[j] = [_to_outcome(c) for c in msg[2]]
-                        self.last_outputs[j] = msg[3]
-                    else:  # the worker is fine, our machinery failed for this job (fork, mkdir, ...)
-                        self._retry_or_fail(j, attempt, str(msg[2]), results, pending, jobs)
+                    j, attempt, _ = queue[0]
+                    if msg[0] != "result" or msg[1] != j:  # our machinery failed in that worker (fork,
+                        # mount, ...): it may stay broken, so it is replaced and the job retried
+                        self._fail_worker(w, queue, f"worker failed: {msg[2]}", results, pending, jobs)
+                        break
+                    queue.popleft()
+                    results[j] = outcomes_of(msg[2], self.limits)
+                    self.last_outputs[j] = msg[3]
                 if queue and (worker.buf is None or time.monotonic() > queue[0][2]):
                     why = (
                         f"worker died: {worker.stderr_tail()}"
@@ -366,12 +380,21 @@ def _job_bytes(job: tuple[str, list[str]]) -> int:
     return len(job[0]) * 4 + sum(len(c) * 4 + 8 for c in job[1]) + 256  # upper bound of the marshal size
 
 
-def _to_outcome(call: tuple) -> CallOutcome:
+def outcomes_of(calls: list[tuple], limits: ExecLimits) -> list[CallOutcome]:
+    """Decode one program's reported calls, all charged to one decode budget (bounded parent memory)."""
+    budget = DecodeBudget(limits.max_result_bytes)
+    return [_to_outcome(c, budget) for c in calls]
+
+
+def _to_outcome(call: tuple, budget: DecodeBudget | None = None) -> CallOutcome:
     status, payload, error, dur_s = call
     if status != "ok":
         return CallOutcome(status, None, error, dur_s)
     try:
-        return CallOutcome("ok", values.decode(payload), "", dur_s)
+        value = decode_result(payload, budget or DecodeBudget(ExecLimits().max_result_bytes))
+        return CallOutcome("ok", value, "", dur_s)
+    except ResultRejected as exc:
+        return CallOutcome("unsupported_output", None, f"UnsupportedValue: {exc}", dur_s)
     except ValueError as exc:  # only a forged frame can carry bytes our encoder did not write
         return CallOutcome("error", None, f"SandboxViolation: {exc}", dur_s)
 
