@@ -126,7 +126,7 @@ def worker_main() -> None:
         "private_tmp": isolation["private_tmp"],
         "cgroup_fds": cgroup_fds,
         "cgroup_dirs": isolation["cgroup_dirs"],
-        "ipc": isolation["ipc"].startswith("ipcns"),
+        "ipc": isolation["ipc"].startswith("ipcns per worker and per program"),
         "n": 0,
         "oom_seen": 0,
     }
@@ -463,6 +463,10 @@ def _clean_tmp(tmp: str, ctx: dict) -> None:
         OSError: a private tmpfs could not be replaced (the worker reports infra and is replaced).
     """
     if ctx["private_tmp"]:
+        try:
+            os.rmdir(tmp)  # empty (the usual case): /tmp may then need no remount at all
+        except OSError:
+            pass
         _limits.wipe_private_tmp(ctx["private_tmp"], ctx["lim"].max_file_mb)
     else:
         remove_tree(tmp)

@@ -35,6 +35,8 @@ _Q = struct.Struct(">q")
 _D = struct.Struct(">d")
 _L = struct.Struct(">I")
 _CONTAINER_TAGS = frozenset(b"ltSZd")
+_BASE_BYTES = {0x6C: 56, 0x74: 40, 0x53: 216, 0x5A: 216, 0x64: 64}  # empty list, tuple, set, frozenset, dict
+_ITEM_BYTES = {0x6C: 8, 0x74: 8, 0x53: 40, 0x5A: 40, 0x64: 48}  # per item (hash tables: slack included)
 
 
 class ResultRejected(ValueError):
@@ -117,8 +119,7 @@ def _dec_container(view: memoryview, tag: int, pos: int, depth: int, budget: Dec
     pos += 4
     if n > len(view) - pos:  # every item takes at least one byte
         raise ValueError("truncated container")
-    # Sets and dicts cost a hash table (up to ~4 slots of 8-24 bytes per key); lists/tuples a pointer.
-    budget.charge(64 + (8 * n if tag in (0x6C, 0x74) else 48 * n))
+    budget.charge(_BASE_BYTES[tag] + _ITEM_BYTES[tag] * n)  # ~ sys.getsizeof of the container built
     items = []
     for _ in range(n * 2 if tag == 0x64 else n):
         item, pos = _dec(view, pos, depth + 1, budget)
