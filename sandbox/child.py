@@ -2,13 +2,16 @@
 
 What it does: :func:`worker_main` is the entry point of one warm worker process started by
 ``ProcessExecutor`` (a fresh interpreter, never a fork of the caller). The worker isolates itself once
-(``limits.setup_worker_isolation``), pre-imports common modules, then for each program forks a child
-that applies rlimits, drops to the worker's dedicated uid and runs :func:`_harness`: define the
+(``limits.setup_worker_isolation``, ``limits.setup_worker_cgroup``), pre-imports common modules, then
+forks a :class:`Zygote` BEFORE its first job. For each program the worker hands the zygote three pipe
+ends; the zygote forks a child that reads its job (and only its job) from its pipe, joins the worker's
+cgroup, applies rlimits, drops to the worker's dedicated uid and runs :func:`_harness`: define the
 program, evaluate each call expression under a per-call ``setitimer``, encode each result with
 ``codea1_core.values`` and send one authenticated frame per call over a private pipe. The worker
 (:func:`_supervise`) enforces the same limits from outside with a wall clock, validates every frame
-(token, kind, strictly increasing call index), kills the child and its descendants, and restarts
-a child after a hard per-call time-out so one slow call fails only itself (D3).
+(token, kind, strictly increasing call index, the program's result-byte cap), has the zygote kill and
+reap the child and its descendants, replaces the private tmpfs the program used, and restarts a child
+after a hard per-call time-out so one slow call fails only itself (D3).
 
 What it does not do: compare values (the trusted parent does, D2), or decode untrusted values.
 The threat model is in ``sandbox/executor.py``. Not meant to be run by hand.

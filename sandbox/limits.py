@@ -1,22 +1,26 @@
 """Execution limits and the Linux primitives the sandbox uses to apply them (namespaces, rlimits, uids).
 
 What it does: :class:`ExecLimits` (the knobs of one program run); :func:`setup_worker_isolation` (run
-once in a fresh worker process: new network + mount namespace, project paths hidden behind tmpfs,
-private /tmp); :func:`apply_child_limits` (run in each forked child: rlimits, uid/gid drop,
-no-new-privs, parent-death signal); :func:`sweep_uid` (kill every process of a dedicated uid).
+once in a fresh worker process: new network + mount + IPC namespace, host mounts read-only, IPC objects
+disabled, project paths hidden behind tmpfs, private tmpfs on the world-writable directories);
+:func:`setup_worker_cgroup` (a memory + pids cgroup per worker, v2 or v1); :func:`wipe_private_tmp`
+(fresh tmpfs after a program); :func:`apply_child_limits` (run in each forked child: rlimits, uid/gid
+drop, no-new-privs, parent-death signal); :func:`sweep_uid` (kill every process of a dedicated uid).
 
-What it does not do: fork, talk to the parent, or run untrusted code itself. Linux only; the namespace
-parts need root (CAP_SYS_ADMIN). Not a security boundary on its own: see ``sandbox/executor.py``.
+What it does not do: talk to the parent or run untrusted code itself (only :func:`sweep_uid` forks).
+Linux only; the namespace and cgroup parts need root (CAP_SYS_ADMIN). Not a security boundary on its own: see ``sandbox/executor.py``.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import math
 import os
 import resource
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -370,10 +374,19 @@ def oom_kills(dirs: list[str]) -> int:
     return 0
 
 
-def remove_cgroups(dirs: list[str]) -> None:
-    """Remove a dead worker's cgroup directories (best effort: a group still holding a process stays)."""
+def remove_cgroups(dirs: list[str], wait_s: float = 0.5) -> None:
+    """Remove a dead worker's cgroup directories; its zygote and children die with it (parent-death
+    signal) but may take a moment to leave, so EBUSY is retried for up to ``wait_s`` (then left)."""
+    deadline = time.monotonic() + wait_s
     for group in reversed(dirs):
-        _rmdir_quietly(group)
+        while True:
+            try:
+                os.rmdir(group)
+            except OSError as exc:
+                if exc.errno == errno.EBUSY and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                    continue
+            break
 
 
 def _rmdir_quietly(path: str) -> None:
