@@ -253,7 +253,8 @@ def test_isolation_records_the_hardening(ex):
     if os.geteuid() != 0:
         pytest.skip("namespaces and cgroups need root")
     assert ex.isolation["ipc"].startswith("ipcns per worker")
-    assert "/run/lock" in ex.isolation["filesystem"] and "read-only" in ex.isolation["filesystem"]
+    assert "read-only" in ex.isolation["filesystem"]
+    assert "/run/lock" in ex.isolation["filesystem"] or not os.path.isdir("/run/lock")
     assert ex.isolation["cgroup"].startswith(("v2 ", "v1 ", "unavailable ("))
     assert "zygote" in ex.isolation["children"]
 
