@@ -249,6 +249,18 @@ def test_a_worker_reporting_infra_is_replaced_and_its_job_retried():
         assert one.run(PROGRAM, ["f(2)"])[0].value == 4
 
 
+def test_deep_tree_is_removed_without_namespaces():
+    """Without namespaces the program's temp dir is removed by a walk: a 1500-deep tree made the old
+    recursive removal raise RecursionError (infra_error for that job and the worker kept failing)."""
+    program = "import os\ndef deep(n):\n    for _ in range(n):\n        os.mkdir('d')\n        os.chdir('d')\n    return os.getcwd()[:30]\n"
+    with ProcessExecutor(workers=1, network_isolation="off", drop_privileges=False, hide_paths=[]) as plain:
+        out = plain.run(program, ["deep(1500)"])
+        assert out[0].status == "ok", out
+        tmp = out[0].value.split("/d/")[0]
+        assert not os.path.exists(tmp), f"{tmp} was left behind"
+        assert plain.run(PROGRAM, ["f(21)"])[0].value == 42 and plain.stats["infra_errors"] == 0
+
+
 def test_isolation_records_the_hardening(ex):
     if os.geteuid() != 0:
         pytest.skip("namespaces and cgroups need root")
