@@ -3,14 +3,15 @@
 What it does: :func:`worker_main` is the entry point of one warm worker process started by
 ``ProcessExecutor`` (a fresh interpreter, never a fork of the caller). The worker isolates itself once
 (``limits.setup_worker_isolation``, ``limits.setup_worker_cgroup``), pre-imports common modules, then
-forks a :class:`Zygote` BEFORE its first job. For each program the worker hands the zygote three pipe
-ends; the zygote forks a child that reads its job (and only its job) from its pipe, joins the worker's
-cgroup, applies rlimits, drops to the worker's dedicated uid and runs :func:`_harness`: define the
+forks a :class:`Zygote` BEFORE its first job. The zygote forks each child ahead of time (after the
+previous one is reaped and cleaned up); the child joins the worker's cgroup and waits for its job on
+its own pipe; the worker takes it, writes the job (and only its job), and the child applies rlimits,
+drops to the worker's dedicated uid and runs :func:`_harness`: define the
 program, evaluate each call expression under a per-call ``setitimer``, encode each result with
 ``codea1_core.values`` and send one authenticated frame per call over a private pipe. The worker
 (:func:`_supervise`) enforces the same limits from outside with a wall clock, validates every frame
 (token, kind, strictly increasing call index, the program's result-byte cap), has the zygote kill and
-reap the child and its descendants, replaces the private tmpfs the program used, and restarts a child
+reap the child and its descendants and replace the private tmpfs the program used, and restarts a child
 after a hard per-call time-out so one slow call fails only itself (D3).
 
 What it does not do: compare values (the trusted parent does, D2), or decode untrusted values.
@@ -140,6 +141,7 @@ def worker_main() -> None:
     while True:
         msg = read_msg(rfd)
         if msg is None or msg[0] == "exit":
+            ctx["zygote"].close()
             return
         _, job_id, source, exprs = msg
         try:
@@ -174,7 +176,10 @@ def oneshot_main(root: str) -> None:
     }
     try:
         ctx["zygote"] = Zygote(ctx, close_fds=())
-        result: tuple = ("result", 0, *run_program(source, exprs, ctx))
+        try:
+            result: tuple = ("result", 0, *run_program(source, exprs, ctx))
+        finally:
+            ctx["zygote"].close()
     except Exception as exc:
         result = ("infra", 0, f"{type(exc).__name__}: {exc}")
     os.makedirs(os.path.join(root, "out"), exist_ok=True)
@@ -237,32 +242,15 @@ def run_program(source: str, exprs: list[str], ctx: dict) -> tuple[list[tuple], 
 def _run_child(
     source: str, exprs: list[str], start: int, used: int, deadline: float, ctx: dict, output: bytearray
 ) -> tuple[dict, str, object]:
-    """Run the calls from ``start`` in one child forked by the zygote; ``used``: result bytes so far."""
+    """Run the calls from ``start`` in the zygote's next child; ``used``: result bytes so far."""
     lim: _limits.ExecLimits = ctx["lim"]
-    uid = ctx["uid"]
-    ctx["n"] += 1
-    tmp = f"/tmp/codea1-run-{os.getpid()}-{ctx['n']}"
-    os.mkdir(tmp, 0o700)
-    if uid is not None:
-        os.chown(tmp, uid, uid)
+    zygote: Zygote = ctx["zygote"]
+    pid, tmp, job_w, chan_r, out_r = zygote.take()
     token = secrets.token_bytes(_TOKEN_BYTES)
-    job_r, job_w = os.pipe()
-    chan_r, chan_w = os.pipe()
-    out_r, out_w = os.pipe()
     cpu_s = max(deadline - time.monotonic(), 0.0) + 1.0
     try:
-        pid = ctx["zygote"].spawn(cpu_s, tmp, [job_r, chan_w, out_w])
-    except BaseException:
-        for fd in (job_w, chan_r, out_r):
-            os.close(fd)
-        raise
-    finally:
-        for fd in (job_r, chan_w, out_w):
-            os.close(fd)
-    status = None
-    try:
         try:  # the child's own job, and only it; a child that died before reading it is seen below
-            write_msg(job_w, (source, exprs, start, token, lim.max_result_bytes - used))
+            write_msg(job_w, (source, exprs, start, token, lim.max_result_bytes - used, cpu_s, tmp))
         except OSError:
             pass
         os.close(job_w)
@@ -270,22 +258,27 @@ def _run_child(
             pid, chan_r, out_r, token, len(exprs), start, used, deadline, lim, output
         )
     finally:
-        status = ctx["zygote"].reap(pid)
         os.close(chan_r)
         os.close(out_r)
-        _clean_tmp(tmp, ctx)
+        status = zygote.reap(pid)  # kills what is left, wipes the private tmpfs; raises if it could not
     if end == "died":
         end, detail = _exit_reason(status, *detail, ctx)
     return got, end, detail
 
 
+_Q = struct.Struct(">q")
+_QQ = struct.Struct(">qq")
+
+
 class Zygote:
     """The process every program's child is forked from (trusted; worker side and zygote side).
 
-    Forked from the worker before the first job, it never receives job data: the worker sends it the
-    three pipe ends of a child (job in, result channel, output) and gets a pid back; the child reads its
-    job from its own pipe. The zygote is a subreaper: it reaps each child and any descendant left,
-    reporting the child's wait status to the worker.
+    Forked from the worker before the first job, it never receives job data. It forks each child ahead
+    of time (after cleaning up the previous one) and hands the worker the child's pid, temp dir and the
+    worker's ends of its three pipes (job in, result channel, output); the child joins the cgroup, then
+    waits for its job on its own pipe. So the fork is off the worker's critical path and one round trip
+    per program remains: ``reap``. The zygote is a subreaper: it reaps each child and any descendant
+    left, and replaces the private tmpfs, before it forks the next child.
     """
 
     def __init__(self, ctx: dict, close_fds: tuple[int, ...]) -> None:
@@ -310,72 +303,110 @@ class Zygote:
         theirs.close()
         self.pid = pid
 
-    def _ask(self, msg: bytes, fds: list[int] | None = None) -> int:
-        if fds:
-            socket.send_fds(self.sock, [msg], fds)
-        else:
-            self.sock.send(msg)
-        reply = self.sock.recv(16)
-        if len(reply) != 8:
-            raise OSError(f"sandbox zygote died ({len(reply)}-byte reply)")
-        return _Q.unpack(reply)[0]
+    def take(self) -> tuple[int, str, int, int, int]:
+        """The next child, waiting for its job: ``(pid, tmp, job_w, chan_r, out_r)``."""
+        msg, fds, _flags, _addr = socket.recv_fds(self.sock, 4096, 3)
+        if msg[:1] == b"C" and len(fds) == 3:
+            return _Q.unpack_from(msg, 1)[0], msg[9:].decode(), *fds
+        for fd in fds:
+            os.close(fd)
+        err = _Q.unpack_from(msg, 1)[0] if msg[:1] == b"E" else 0
+        raise OSError(err, f"sandbox zygote could not prepare a child: {os.strerror(err) if err else 'gone'}")
 
-    def spawn(self, cpu_s: float, tmp: str, fds: list[int]) -> int:
-        """Fork a child holding ``fds`` (job in, result channel, output); returns its pid."""
-        pid = self._ask(b"F" + _D.pack(cpu_s) + tmp.encode(), fds)
-        if pid <= 0:
-            raise OSError(-pid, f"sandbox zygote could not fork: {os.strerror(-pid)}")
-        return pid
+    def close(self) -> None:
+        """Stop the zygote (it drops the child it had ready and that child's temp dir)."""
+        try:
+            self.sock.send(b"Q")
+            self.sock.settimeout(5.0)
+            self.sock.recv(8)
+        except OSError:
+            pass
+        self.sock.close()
 
     def reap(self, pid: int) -> int:
-        """Kill the child ``pid`` with its descendants, wait for it; returns its wait status."""
-        return self._ask(b"R" + _Q.pack(pid))
-
-
-_Q = struct.Struct(">q")
-_D = struct.Struct(">d")
+        """Kill the child ``pid`` with its descendants, wait for it, clean up; returns its wait status."""
+        self.sock.send(b"R" + _Q.pack(pid))
+        reply = self.sock.recv(32)
+        if len(reply) != _QQ.size:
+            raise OSError(f"sandbox zygote died ({len(reply)}-byte reply)")
+        status, err = _QQ.unpack(reply)
+        if err:
+            raise OSError(err, f"sandbox clean-up failed: {os.strerror(err)}")
+        return status
 
 
 def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
-    """Serve fork and reap requests; exits when the worker goes away."""
+    """Offer a child, then serve reap requests (each followed by the next offer); exits with the worker."""
+    tmp, offered = _offer(sock, ctx)
     while True:
-        msg, fds, _flags, _addr = socket.recv_fds(sock, 4096, 3)
-        if not msg:
+        msg = sock.recv(64)
+        if msg == b"Q":  # the worker stops: drop the waiting child and its temp dir (a host dir when
+            if offered > 0:  # there are no namespaces)
+                _reap(offered, ctx["uid"])
+            remove_tree(tmp)
+            sock.send(b"Q")
             return
-        if msg[:1] == b"F" and len(fds) == 3:
-            try:
-                pid = os.fork()
-            except OSError as exc:
-                pid = -(exc.errno or 1)
-            if pid == 0:
-                _child_main(sock, fds, _D.unpack_from(msg, 1)[0], msg[9:].decode(), ctx)
-            if pid > 0:
-                try:
-                    os.setpgid(pid, pid)
-                except OSError:
-                    pass
-            for fd in fds:
-                os.close(fd)
-            sock.send(_Q.pack(pid))
-        elif msg[:1] == b"R" and len(msg) == 9:
-            sock.send(_Q.pack(_reap(_Q.unpack_from(msg, 1)[0], ctx["uid"])))
-        else:
-            for fd in fds:
-                os.close(fd)
+        if len(msg) != 9 or msg[:1] != b"R":
             return
+        status, err = _reap(_Q.unpack_from(msg, 1)[0], ctx["uid"]), 0
+        try:
+            _clean_tmp(tmp, ctx)
+        except OSError as exc:
+            err = exc.errno or 5
+        sock.send(_QQ.pack(status, err))
+        if err:
+            return  # the worker reports infra and is replaced
+        tmp, offered = _offer(sock, ctx)
 
 
-def _child_main(sock: socket.socket, fds: list[int], cpu_s: float, tmp: str, ctx: dict) -> None:
-    """The forked child: read its job, join the cgroup and a new IPC namespace, confine itself, run."""
+def _offer(sock: socket.socket, ctx: dict) -> tuple[str, int]:
+    """Fork the next child (it waits for its job) and send the worker its pid, temp dir and pipe ends."""
+    ctx["n"] += 1
+    tmp = f"/tmp/codea1-run-{os.getpid()}-{ctx['n']}"
+    try:
+        os.mkdir(tmp, 0o700)
+        if ctx["uid"] is not None:
+            os.chown(tmp, ctx["uid"], ctx["uid"])
+        (job_r, job_w), (chan_r, chan_w), (out_r, out_w) = os.pipe(), os.pipe(), os.pipe()
+    except OSError as exc:
+        sock.send(b"E" + _Q.pack(exc.errno or 5))
+        return tmp, -1
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        pid = -(exc.errno or 11)
+    if pid == 0:
+        _child_main(sock, (job_w, chan_r, out_r), job_r, chan_w, out_w, ctx)
+    for fd in (job_r, chan_w, out_w):
+        os.close(fd)
+    if pid < 0:
+        sock.send(b"E" + _Q.pack(-pid))
+    else:
+        try:
+            os.setpgid(pid, pid)
+        except OSError:
+            pass
+        socket.send_fds(sock, [b"C" + _Q.pack(pid) + tmp.encode()], [job_w, chan_r, out_r])
+    for fd in (job_w, chan_r, out_r):
+        os.close(fd)
+    return tmp, pid
+
+
+def _child_main(
+    sock: socket.socket, theirs: tuple[int, ...], job_r: int, chan_w: int, out_w: int, ctx: dict
+) -> None:
+    """The forked child: join the cgroup (and an IPC namespace), wait for the job, confine itself, run."""
     try:
         sock.close()
-        job_r, chan_w, out_w = fds
-        source, exprs, start, token, budget = read_msg(job_r)
-        os.close(job_r)
+        for fd in theirs:  # the worker's ends: a worker that dies must mean EOF on our job pipe
+            os.close(fd)
+        _limits.prctl(_limits.PR_SET_PDEATHSIG, signal.SIGKILL)  # until the uid drop sets it again
         for fd in ctx["cgroup_fds"]:
             os.write(fd, b"0")  # join the worker's cgroup (memory.max, pids.max) before anything runs
         if ctx["ipc"] and not _limits.enter_private_ipc():
             os._exit(72)
+        source, exprs, start, token, budget, cpu_s, tmp = read_msg(job_r)
+        os.close(job_r)
         chan = _enter_child(ctx["lim"], cpu_s, ctx["uid"], ctx["devnull"], out_w, chan_w, tmp)
         _harness(source, exprs, start, chan, token, ctx["lim"], budget)
     except BaseException:

@@ -10,7 +10,8 @@ encoded plain data and are decoded here, in the trusted parent; callers compare 
 This is a guard for generated code, not a security boundary (like evalplus/human-eval). As root on
 Linux it provides, per program:
   * a fresh child process forked from a clean zygote: each worker forks one zygote before its first
-    job, and every child is forked from it and reads only its own job from its own pipe. So no frame,
+    job, and every child is forked from it (ahead of time, so the fork is off the critical path) and
+    reads only its own job from its own pipe. So no frame,
     object (``gc.get_objects``) or memory byte a child can reach holds another program's source, calls,
     results or output (the worker, which holds those, is never the parent of a child);
   * rlimits AS (``memory_mb``), CPU, FSIZE, NOFILE, CORE=0 and, with the uid drop, NPROC, plus a
