@@ -12,7 +12,7 @@ decoder does not need for trusted bytes:
   * memory: every object built is charged an estimate of its size against a :class:`DecodeBudget`
     shared by all calls of one program (``DECODED_PER_ENCODED_BYTE`` times its result cap), so the
     parent's memory per program, hence per batch, is bounded whatever the program returns (an encoding
-    of a million empty sets is 5 MB but would be 200 MB of objects).
+    of a million empty sets is 5 MB but would be 216 MB of objects).
 
 Rejections raise :class:`ResultRejected` (the call is ``unsupported_output``); malformed bytes raise
 ``ValueError`` as in ``values.decode``. What it does not do: encode, compare, or run any code of the
@@ -28,8 +28,9 @@ from codea1_core.values import MAX_DEPTH
 
 MAX_SAME_HASH = 32
 """Most keys of one set/frozenset/dict allowed to share one hash value (natural data: 1 or 2)."""
-DECODED_PER_ENCODED_BYTE = 16
-"""Decoded-object bytes a program may cost per byte of its result cap (lists of short strings: ~9)."""
+DECODED_PER_ENCODED_BYTE = 4
+"""Decoded-object bytes a program may cost per byte of its result cap (1 GiB at the default cap; a
+list of ints costs ~4.4 x its encoding, of 1-character strings ~10 x, of empty sets ~43 x)."""
 
 _Q = struct.Struct(">q")
 _D = struct.Struct(">d")
@@ -90,7 +91,7 @@ def _dec(view: memoryview, pos: int, depth: int, budget: DecodeBudget) -> tuple[
         return _Q.unpack_from(view, pos)[0], pos + 8
     if tag == 0x73:  # s
         (n,) = _L.unpack_from(view, pos)
-        budget.charge(80 + 4 * n)  # up to 4 bytes per character once decoded
+        budget.charge(80 + n)  # a str takes at most as many bytes per character as UTF-8 does
         return _take(view, pos + 4, n).decode("utf-8", "surrogatepass"), pos + 4 + n
     if tag == 0x66:  # f
         budget.charge(24)

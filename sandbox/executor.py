@@ -43,8 +43,9 @@ Linux it provides, per program:
     together by ``max_result_bytes`` (checked by the harness and again by the worker; past it a call
     is ``unsupported_output`` "result too large"); the parent decodes with ``sandbox/decoding.py``,
     linear in the input (sets/dicts with more than 32 keys sharing one hash are ``unsupported_output``)
-    and charging every object built to a per-program budget (16 x ``max_result_bytes``), so the
-    parent's memory per batch is at most ``jobs x 16 x max_result_bytes`` whatever programs return;
+    and charging every object built to a per-program budget (4 x ``max_result_bytes``, 1 GiB by
+    default), so the parent's decoded results of a batch take at most ``jobs x 4 x max_result_bytes``
+    whatever programs return (the default cap, 256 MiB, keeps every EvalPlus reference chunk whole);
   * a worker whose machinery fails (fork, mount, its zygote gone) answers ``infra``: the parent replaces
     it and retries the job (up to ``infra_retries``), so a broken worker never stays in the pool;
   * reproducibility: every worker runs with PYTHONHASHSEED=0, so set/dict orders of a program are the
