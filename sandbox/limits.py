@@ -328,7 +328,7 @@ def _cgroup_v2(mem: int, pids: int, name: str) -> tuple[str, list[str], list[str
     except OSError:
         os.rmdir(group)
         raise
-    return f"v2 {group} (memory.max {mem >> 20} MB, pids.max {pids})", [f"{group}/cgroup.procs"], [group]
+    return f"v2 per worker (memory.max {mem >> 20} MB, pids.max {pids})", [f"{group}/cgroup.procs"], [group]
 
 
 def _cgroup_v1(mem: int, pids: int, name: str) -> tuple[str, list[str], list[str]]:
@@ -357,7 +357,7 @@ def _cgroup_v1(mem: int, pids: int, name: str) -> tuple[str, list[str], list[str
         for group in reversed(made):
             _rmdir_quietly(group)
         raise
-    desc = f"v1 {made[0]} + {made[1]} (memory {mem >> 20} MB, pids.max {pids})"
+    desc = f"v1 memory + pids per worker (memory.limit_in_bytes {mem >> 20} MB, pids.max {pids})"
     return desc, [f"{g}/cgroup.procs" for g in made], made
 
 
