@@ -140,8 +140,9 @@ def worker_main() -> None:
     write_msg(wfd, ("hello", isolation))
     while True:
         msg = read_msg(rfd)
-        if msg is None or msg[0] == "exit":
+        if msg is None or msg[0] == "exit":  # (None: the parent is gone and cannot clean up for us)
             ctx["zygote"].close()
+            _limits.remove_cgroups(ctx["cgroup_dirs"])
             return
         _, job_id, source, exprs = msg
         try:
@@ -363,10 +364,7 @@ def _offer(sock: socket.socket, ctx: dict) -> tuple[str, int]:
     """Fork the next child (it waits for its job) and send the worker its pid, temp dir and pipe ends."""
     ctx["n"] += 1
     tmp = f"/tmp/codea1-run-{os.getpid()}-{ctx['n']}"
-    try:
-        os.mkdir(tmp, 0o700)
-        if ctx["uid"] is not None:
-            os.chown(tmp, ctx["uid"], ctx["uid"])
+    try:  # the child makes its temp dir once its job came: an idle child leaves nothing on disk
         (job_r, job_w), (chan_r, chan_w), (out_r, out_w) = os.pipe(), os.pipe(), os.pipe()
     except OSError as exc:
         sock.send(b"E" + _Q.pack(exc.errno or 5))
@@ -407,6 +405,9 @@ def _child_main(
             os._exit(72)
         source, exprs, start, token, budget, cpu_s, tmp = read_msg(job_r)
         os.close(job_r)
+        os.mkdir(tmp, 0o700)
+        if ctx["uid"] is not None:
+            os.chown(tmp, ctx["uid"], ctx["uid"])
         chan = _enter_child(ctx["lim"], cpu_s, ctx["uid"], ctx["devnull"], out_w, chan_w, tmp)
         _harness(source, exprs, start, chan, token, ctx["lim"], budget)
     except BaseException:

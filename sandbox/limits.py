@@ -318,6 +318,7 @@ def _cgroup_v2(mem: int, pids: int, name: str) -> tuple[str, list[str], list[str
         if not {"memory", "pids"} <= set(fh.read().split()):
             raise OSError("memory/pids controllers not available in cgroup v2")
     _write(f"{parent}/cgroup.subtree_control", "+memory +pids")
+    _remove_stale_groups(parent)
     group = f"{parent}/{name}"
     os.mkdir(group)
     try:
@@ -347,7 +348,9 @@ def _cgroup_v1(mem: int, pids: int, name: str) -> tuple[str, list[str], list[str
             ("memory", "memory.limit_in_bytes", mem),
             ("pids", "pids.max", pids),
         ):
-            group = mounts[controller] + _own_cgroup(controller).rstrip("/") + "/" + name
+            parent = mounts[controller] + _own_cgroup(controller).rstrip("/")
+            _remove_stale_groups(parent)
+            group = f"{parent}/{name}"
             os.mkdir(group)
             made.append(group)
             _write(f"{group}/{setting}", str(value))
@@ -359,6 +362,19 @@ def _cgroup_v1(mem: int, pids: int, name: str) -> tuple[str, list[str], list[str
         raise
     desc = f"v1 memory + pids per worker (memory.limit_in_bytes {mem >> 20} MB, pids.max {pids})"
     return desc, [f"{g}/cgroup.procs" for g in made], made
+
+
+def _remove_stale_groups(parent: str) -> None:
+    """Remove empty groups of dead workers (``codea1-<pid>-...`` whose pid is gone): a worker killed
+    with its parent (e.g. a killed Ray actor) cannot remove its own. Once per worker start."""
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith("codea1-")]
+    except OSError:
+        return
+    for n in names:
+        pid = n.split("-")[1]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            _rmdir_quietly(f"{parent}/{n}")
 
 
 def oom_kills(dirs: list[str]) -> int:
