@@ -19,8 +19,9 @@ The decode forward is still the model's own ``forward`` (its attention, rotary, 
 tiny cache object and a prepared mask, so the arithmetic is HF's. ``tests/test_fast_generate.py`` compares
 tokens and log-probs for exact equality with ``generate``.
 
-What it does not: beam search, assisted decoding, repetition penalties or any other logits processor,
-sliding-window or linear-attention caches, model families it was not checked on. :func:`unsupported_reason`
+What it does not: run on GPUs (not checked there: HF ``generate`` or vLLM), beam search, assisted
+decoding, repetition penalties or any other logits processor, sliding-window or linear-attention caches,
+model families it was not checked on. :func:`unsupported_reason`
 says when a model is outside that set; :class:`~codea1_core.policy.Policy` then calls ``generate``.
 
 Run: ``pytest tests/test_fast_generate.py``; throughput: ``python bench/rollout_bench.py``.
@@ -108,6 +109,9 @@ def unsupported_reason(model: Any) -> str | None:
         return f"attention implementation {config._attn_implementation!r} (sdpa/eager only)"
     if getattr(config, "use_sliding_window", False) or "sliding_attention" in (config.layer_types or []):
         return "sliding-window attention"
+    device = next(base.parameters()).device
+    if device.type != "cpu":  # HF's CUDA loop defers its stop checks; equality and speed unchecked there
+        return f"device {device.type} (checked on the CPU only)"
     extra = set(base.generation_config.to_diff_dict()) - _ALLOWED_GENERATION_KEYS
     if extra:
         return f"generation_config sets {sorted(extra)} (could add processors)"

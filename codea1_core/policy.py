@@ -2,7 +2,8 @@
 
 What it does: loads an HF causal LM + tokenizer, wraps it in a LoRA adapter (``model.finetune == "lora"``;
 the reference policy is the same model with the adapter disabled, ALGORITHM.md D8) or keeps a frozen
-reference copy (``full``); samples completions in left-padded batches (:meth:`Policy.generate`); runs one
+reference copy (``full``); samples completions in left-padded batches (:meth:`Policy.generate`: through
+:mod:`codea1_core.fast_generate` where that reproduces HF ``generate`` token for token, else ``generate``); runs one
 GRPO training step (:meth:`Policy.step`, ALGORITHM.md §3 steps 13-15 and §10) with its own AdamW optimizer
 and warm-up + cosine schedule; saves/loads resumable checkpoints and exports merged HF model directories.
 Two ``Policy`` objects (code and test) live in one process and never share parameters or optimizers.

@@ -197,3 +197,9 @@ def test_models_it_cannot_reproduce_fall_back_to_generate(tiny_dir, tmp_path, mo
     out = pol.generate(PROMPTS[:1], 2, SamplingParams(max_new_tokens=8, seed=1))
     assert [len(c.token_ids) > 0 for c in out[0]] == [True, True]
     assert fast_generate.unsupported_reason(make_policy(tiny_dir).model) is None
+
+
+def test_models_off_the_cpu_fall_back_to_generate(tiny_dir):
+    """The equality is checked on the CPU only; a model elsewhere (here: the meta device) keeps HF generate."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).to("meta")
+    assert "device meta" in fast_generate.unsupported_reason(model)
