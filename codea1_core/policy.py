@@ -18,6 +18,7 @@ Run: ``pytest tests/test_policy.py``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
@@ -32,6 +33,9 @@ from codea1_core import policy_io
 from codea1_core.config import Config, ConfigError
 
 log = logging.getLogger(__name__)
+
+LOGPROB_BLOCK_TOKENS = 1024
+"""Completion tokens per LM-head block in the update: a block's float32 logits are its only vocab-sized tensor."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,19 @@ def render_messages(tokenizer: Any, messages: list[dict], use_chat_template: boo
     return render_plain(messages)
 
 
+def master_dtypes(finetune: str, dtype: torch.dtype) -> tuple[torch.dtype, torch.dtype | None]:
+    """(parameter dtype, autocast dtype or None) of a policy with ``model.finetune`` and ``model.dtype``.
+
+    Full fine-tuning in a half dtype keeps float32 master weights (and so float32 AdamW state) and computes
+    under ``torch.autocast`` in the half dtype, as verl and TRL do: AdamW applied to bf16 weights rounds
+    almost every lr-1e-6 update away (bf16 keeps 8 significant bits). LoRA needs none of this: peft keeps
+    the adapters in float32 over a frozen half-precision base.
+    """
+    if finetune == "full" and dtype in (torch.bfloat16, torch.float16):
+        return torch.float32, dtype
+    return dtype, None
+
+
 def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
     """Linear warm-up over ``warmup_steps`` (step 0 already gets lr/warmup), then half-cosine to 0 (§11)."""
     if step < warmup_steps:
@@ -166,9 +183,10 @@ class Policy:
         self.cfg, self.role, self.model_path, self.total_steps = cfg, role, str(model_path), total_steps
         self.device = _resolve_device(cfg.model.device)
         self.dtype = _resolve_dtype(cfg.model.dtype, self.device)
+        self.param_dtype, self.autocast_dtype = master_dtypes(cfg.model.finetune, self.dtype)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-            model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
+            model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.param_dtype)
         except OSError as exc:
             raise OSError(f"model.{role}_path: cannot load model {self.model_path!r}: {exc}") from exc
         self.tokenizer.padding_side = "left"
@@ -182,7 +200,8 @@ class Policy:
         if cfg.model.finetune == "lora":
             model = self._wrap_lora(model)
         else:
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+            # The frozen reference needs no master copy: it is kept in the compute dtype (half the memory).
+            self.ref_model = copy.deepcopy(model).to(self.dtype).eval().requires_grad_(False)
         self.model = model
         self.eos_ids = self._eos_ids()
         self.fast_generate = True
@@ -350,10 +369,16 @@ class Policy:
         return new, lps
 
     # ---------------------------------------------------------------------------------------- update
-    def _forward(self, samples: list[tuple[list[int], list[int]]], *, reference: bool = False) -> tuple:
-        """Per-token log-probs (and logits) of each completion: prompts left-padded, completions right-padded."""
-        from codea1_core.grpo import token_logprobs
+    def _forward(
+        self, samples: list[tuple[list[int], list[int]]], *, reference: bool = False, entropy: bool = True
+    ) -> tuple:
+        """Per-token log-probs, completion mask and per-token entropy of each completion (all (B, T) float32).
 
+        Prompts are left-padded, completions right-padded. The LM head runs on the completion tokens only,
+        one block of :data:`LOGPROB_BLOCK_TOKENS` at a time (``grpo.blocked_token_logprobs``), so no
+        full-vocabulary logits exist for the micro-batch; padding positions get log-prob and entropy 0.
+        ``entropy=False`` (the old/reference passes) skips the entropy and returns zeros for it.
+        """
         p_max = max(len(p) for p, _ in samples)
         c_max = max(len(c) for _, c in samples)
         pad = self.tokenizer.pad_token_id
@@ -365,15 +390,21 @@ class Policy:
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         ids, attn, pos = ids.to(self.device), attn.to(self.device), pos.to(self.device)
         model = self.ref_model if reference and self.ref_model is not None else self.model
-        kwargs = {"input_ids": ids, "attention_mask": attn, "position_ids": pos, "logits_to_keep": c_max + 1}
-        if reference and self.ref_model is None:
-            with self.model.disable_adapter():
-                logits = model(**kwargs).logits[:, :-1]
-        else:
-            logits = model(**kwargs).logits[:, :-1]
-        targets = ids[:, p_max:]
-        cmask = attn[:, p_max:].float()
-        return token_logprobs(logits, targets), cmask, logits  # half precision upcast row by row
+        kwargs = {"input_ids": ids, "attention_mask": attn, "position_ids": pos}
+        targets, cmask = ids[:, p_max:], attn[:, p_max:].bool()
+        with self._autocast():
+            if reference and self.ref_model is None:
+                with self.model.disable_adapter():
+                    lp, ent = _completion_logprobs(model, kwargs, targets, cmask, p_max, entropy)
+            else:
+                lp, ent = _completion_logprobs(model, kwargs, targets, cmask, p_max, entropy)
+        return lp, cmask.float(), ent
+
+    def _autocast(self) -> Any:
+        """bf16/fp16 compute over float32 master weights (full fine-tuning), else a no-op context."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
     def _micro_batches(self, idx: list[int], batch: TrainBatch) -> list[list[int]]:
         """Greedy split of sample indices so that padded tokens per micro-batch stay under the budget."""
@@ -394,7 +425,9 @@ class Policy:
         out = {}
         for mb in self._micro_batches(idx, batch):
             lp, _, _ = self._forward(
-                [(batch.prompt_ids[i], batch.completion_ids[i]) for i in mb], reference=reference
+                [(batch.prompt_ids[i], batch.completion_ids[i]) for i in mb],
+                reference=reference,
+                entropy=False,
             )
             for row, i in enumerate(mb):
                 out[i] = lp[row, : len(batch.completion_ids[i])].cpu()
@@ -477,7 +510,7 @@ class Policy:
         mb_tokens = sum(len(batch.completion_ids[i]) for i in mb_idx)
         self.optimizer.zero_grad(set_to_none=True)
         for micro in self._micro_batches(mb_idx, batch):
-            lp, cmask, logits = self._forward([(batch.prompt_ids[i], batch.completion_ids[i]) for i in micro])
+            lp, cmask, ent = self._forward([(batch.prompt_ids[i], batch.completion_ids[i]) for i in micro])
             old_t = _pad_rows([old[i] for i in micro]).to(lp.device)
             ref_t = _pad_rows([ref[i] for i in micro]).to(lp.device)
             adv = torch.tensor([float(batch.advantages[i]) for i in micro], device=lp.device)
@@ -487,10 +520,7 @@ class Policy:
                 num_tokens_total=mb_tokens,
             )  # fmt: skip
             loss.backward()
-            with torch.no_grad():  # entropy row by row: a float32 copy of all logits can be GBs at 152k vocab
-                for row, row_mask in zip(logits, cmask, strict=True):
-                    logp = torch.log_softmax(row.float(), -1)
-                    sums["entropy"] += float((-(logp.exp() * logp).sum(-1) * row_mask).sum())
+            sums["entropy"] += float((ent * cmask).sum())
             w = parts["tokens"]
             sums["loss"] += float(loss.detach()) * mb_tokens
             sums["pg_loss"] += parts["pg_loss"] * w
@@ -518,6 +548,50 @@ class Policy:
     def export(self, path: str | Path) -> Path:
         """A standalone HF model directory (LoRA merged into a copy) + tokenizer, written atomically."""
         return policy_io.export_policy(self, Path(path))
+
+
+def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
+    """(decoder, LM head) of an HF causal LM (through a peft wrapper), or None when logits are post-processed.
+
+    Models that scale or soft-cap their logits (``logit_scale``, ``final_logit_softcapping``) or do not
+    expose the two parts fall back to the model's own forward.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    if any(getattr(config, k, None) for k in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
+        return None
+    try:
+        decoder, head = base.get_decoder(), base.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    if decoder is None or not isinstance(head, torch.nn.Linear):
+        return None
+    return decoder, head
+
+
+def _completion_logprobs(
+    model: Any, kwargs: dict, targets: torch.Tensor, cmask: torch.Tensor, p_max: int, entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) log-probs and entropies of ``targets`` where ``cmask``; hidden row p_max-1+t predicts token t."""
+    from codea1_core.grpo import blocked_token_logprobs
+
+    parts = _decoder_and_head(model)
+    zeros = torch.zeros(targets.shape, dtype=torch.float32, device=targets.device)
+    if parts is None:  # fallback: the model's own (post-processed) logits, materialised for these rows
+        logits = model(**kwargs, logits_to_keep=targets.shape[1] + 1).logits[:, :-1][cmask].float()
+        logp = torch.log_softmax(logits, -1)
+        lp_sel = logp.gather(-1, targets[cmask].unsqueeze(-1)).squeeze(-1)
+        ent_sel = -(logp.detach().exp() * logp.detach()).sum(-1)
+    else:
+        decoder, head = parts
+        hidden = decoder(**kwargs, use_cache=False).last_hidden_state[
+            :, p_max - 1 : p_max - 1 + targets.shape[1]
+        ]
+        lp_sel, ent_sel = blocked_token_logprobs(
+            hidden[cmask], head.weight, head.bias, targets[cmask], LOGPROB_BLOCK_TOKENS, with_entropy=entropy
+        )
+    ent = zeros.masked_scatter(cmask, ent_sel) if entropy and ent_sel is not None else zeros
+    return zeros.masked_scatter(cmask, lp_sel), ent
 
 
 def _pad_rows(rows: list[torch.Tensor]) -> torch.Tensor:
