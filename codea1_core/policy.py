@@ -2,7 +2,8 @@
 
 What it does: loads an HF causal LM + tokenizer, wraps it in a LoRA adapter (``model.finetune == "lora"``;
 the reference policy is the same model with the adapter disabled, ALGORITHM.md D8) or keeps a frozen
-reference copy (``full``); samples completions in left-padded batches (:meth:`Policy.generate`); runs one
+reference copy (``full``); samples completions in left-padded batches (:meth:`Policy.generate`: through
+:mod:`codea1_core.fast_generate` where that reproduces HF ``generate`` token for token, else ``generate``); runs one
 GRPO training step (:meth:`Policy.step`, ALGORITHM.md §3 steps 13-15 and §10) with its own AdamW optimizer
 and warm-up + cosine schedule; saves/loads resumable checkpoints and exports merged HF model directories.
 Two ``Policy`` objects (code and test) live in one process and never share parameters or optimizers.
@@ -203,6 +204,8 @@ class Policy:
             self.ref_model = copy.deepcopy(model).to(self.dtype).eval().requires_grad_(False)
         self.model = model
         self.eos_ids = self._eos_ids()
+        self.fast_generate = True
+        """Sample through :mod:`codea1_core.fast_generate` where it reproduces ``generate`` (False: always HF)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         g = cfg.grpo
         self.optimizer = torch.optim.AdamW(
@@ -273,45 +276,17 @@ class Policy:
         return out
 
     def _generate_chunk(self, enc: Any, n: int, sp: SamplingParams, seed: int) -> list[list[Completion]]:
-        from transformers import (
-            LogitsProcessorList,
-            TemperatureLogitsWarper,
-            TopKLogitsWarper,
-            TopPLogitsWarper,
-        )
-
         ids = enc["input_ids"].repeat_interleave(n, 0).to(self.device)
         mask = enc["attention_mask"].repeat_interleave(n, 0).to(self.device)
-        recorder = _RawLogprobRecorder()
-        processors: list[Any] = [recorder]
-        sample = sp.temperature > 0
-        if sample and sp.temperature != 1.0:
-            processors.append(TemperatureLogitsWarper(sp.temperature))
-        if sample and sp.top_k > 0:
-            processors.append(TopKLogitsWarper(sp.top_k))
-        if sample and sp.top_p < 1.0:
-            processors.append(TopPLogitsWarper(sp.top_p))
+        warpers = self._warpers(sp)
+        fast = self.fast_generate and sp.max_new_tokens >= 1 and self._fast_unsupported() is None
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
-            seqs = self.model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                **(
-                    {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
-                    if sample
-                    else {"do_sample": False}
-                ),
-                repetition_penalty=1.0,
-                max_new_tokens=sp.max_new_tokens,
-                pad_token_id=self.tokenizer.pad_token_id,
-                eos_token_id=self.eos_ids,
-                logits_processor=LogitsProcessorList(processors),
-            )
-        new = seqs[:, ids.shape[1] :].cpu()
-        if new.shape[1]:
-            recorder.take(new[:, -1])
-        lps = torch.stack(recorder.logprobs, 1) if recorder.logprobs else torch.zeros(new.shape)
+            if fast:
+                new, lps = self._sample_fast(enc, n, sp, warpers)
+            else:
+                new, lps = self._sample_hf(ids, mask, sp, warpers)
         rows = []
         for r in range(new.shape[0]):
             toks = new[r].tolist()
@@ -322,6 +297,76 @@ class Policy:
             reason = "stop" if stop is not None else "length"
             rows.append(Completion(text, prompt, toks, lps[r, : len(toks)].tolist(), reason))
         return [rows[i : i + n] for i in range(0, len(rows), n)]
+
+    @staticmethod
+    def _warpers(sp: SamplingParams) -> list[Any]:
+        """The sampling warpers, in ``generate``'s order (after the raw log-prob recorder)."""
+        from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        warpers: list[Any] = []
+        sample = sp.temperature > 0
+        if sample and sp.temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(sp.temperature))
+        if sample and sp.top_k > 0:
+            warpers.append(TopKLogitsWarper(sp.top_k))
+        if sample and sp.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(sp.top_p))
+        return warpers
+
+    def _fast_unsupported(self) -> str | None:
+        """Why :mod:`codea1_core.fast_generate` cannot stand in for ``generate`` here (None: it can); logged once."""
+        from codea1_core import fast_generate
+
+        reason = fast_generate.unsupported_reason(self.model)
+        if reason is not None and not getattr(self, "_fast_reason_logged", False):
+            log.info("policy %s: HF generate (fast path not applicable: %s)", self.role, reason)
+            self._fast_reason_logged = True
+        return reason
+
+    def _sample_fast(self, enc: Any, n: int, sp: SamplingParams, warpers: list[Any]) -> tuple:
+        """New tokens and raw log-probs from :func:`codea1_core.fast_generate.sample` (same as ``generate``)."""
+        from codea1_core import fast_generate
+
+        out = fast_generate.sample(
+            self.model,
+            enc["input_ids"].to(self.device),
+            enc["attention_mask"].to(self.device),
+            n=n,
+            max_new_tokens=sp.max_new_tokens,
+            eos_ids=self.eos_ids,
+            pad_id=self.tokenizer.pad_token_id,
+            do_sample=sp.temperature > 0,
+            warpers=warpers,
+        )
+        return out.tokens, out.logprobs
+
+    def _sample_hf(
+        self, ids: torch.Tensor, mask: torch.Tensor, sp: SamplingParams, warpers: list[Any]
+    ) -> tuple:
+        """New tokens and raw log-probs from HF ``generate`` (the reference path; any model)."""
+        from transformers import LogitsProcessorList
+
+        recorder = _RawLogprobRecorder()
+        sample = sp.temperature > 0
+        seqs = self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            **(
+                {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+                if sample
+                else {"do_sample": False}
+            ),
+            repetition_penalty=1.0,
+            max_new_tokens=sp.max_new_tokens,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=self.eos_ids,
+            logits_processor=LogitsProcessorList([recorder, *warpers]),
+        )
+        new = seqs[:, ids.shape[1] :].cpu()
+        if new.shape[1]:
+            recorder.take(new[:, -1])
+        lps = torch.stack(recorder.logprobs, 1) if recorder.logprobs else torch.zeros(new.shape)
+        return new, lps
 
     # ---------------------------------------------------------------------------------------- update
     def _forward(
