@@ -195,7 +195,9 @@ class Policy:
         model.to(self.device)
         if cfg.model.gradient_checkpointing:
             # transformers 5 names it activation checkpointing (the old name warns); older releases know only the old
-            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable = (
+                getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            )
             enable()
             model.enable_input_require_grads()
         self.ref_model = None
