@@ -194,7 +194,11 @@ class Policy:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         model.to(self.device)
         if cfg.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            # transformers 5 names it activation checkpointing (the old name warns); older releases know only the old
+            enable = (
+                getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            )
+            enable()
             model.enable_input_require_grads()
         self.ref_model = None
         if cfg.model.finetune == "lora":
