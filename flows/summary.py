@@ -54,21 +54,26 @@ HEADLINE_FILE = "headline.json"
 def headline(metrics: dict[str, Any], promote: str) -> dict[str, dict[str, float]]:
     """``{row: {warmstart, trained, delta}}`` for the promote metric and the first test source's pass@k / mut@k.
 
-    Short row names (``code_pass@1``, ``test_pass@5``, ``test_mut@5``) keep ``dvc metrics show`` readable; the
-    promote metric's full name is in params.yaml (``eval.promote_metric``). Without a warm-start baseline the
-    rows hold only ``trained``.
+    Short names keep ``dvc metrics show`` about 150 columns wide: rows ``code`` (the Code LLM on
+    ``eval.promote_metric``, pass@1), ``test`` (the Test LLM's validity pass@k) and ``mut`` (its mutant kill rate
+    mut@k), columns ``warm`` (the warm start), ``trained`` and ``delta``. Without a warm-start baseline the rows
+    hold only ``trained``.
     """
     rows: dict[str, dict[str, float]] = {}
     test_keys = [k for k in _headline_keys(metrics, promote) if k.startswith("test/")]
     if not test_keys:  # no baseline: the trained numbers alone
         test_keys = sorted(k for k in metrics if _is_test_rate(k))
     first_source = test_keys[0].split("/")[1] if test_keys else None
-    chosen = [("code_" + promote.rsplit("/", 1)[-1], promote)]
-    chosen += [("test_" + k.rsplit("/", 1)[-1], k) for k in test_keys if k.split("/")[1] == first_source]
+    chosen = [("code", promote)]
+    chosen += [
+        ("mut" if k.rsplit("/", 1)[-1].startswith("mut@") else "test", k)
+        for k in test_keys
+        if k.split("/")[1] == first_source
+    ]
     for label, key in chosen:
         row = {
             name: float(metrics[full])
-            for name, full in (("warmstart", f"warmstart/{key}"), ("trained", key), ("delta", f"delta/{key}"))
+            for name, full in (("warm", f"warmstart/{key}"), ("trained", key), ("delta", f"delta/{key}"))
             if isinstance(metrics.get(full), (int, float))
         }
         if row:

@@ -18,15 +18,15 @@ def test_headline_rows_are_the_learning_table() -> None:
     }  # fmt: skip
     top = headline(metrics, PROMOTE)
     assert top == {
-        "code_pass@1": {"warmstart": 23.7, "trained": 34.5, "delta": 10.8},
-        "test_mut@5": {"warmstart": 0.0, "trained": 38.5, "delta": 38.5},
-        "test_pass@5": {"warmstart": 14.0, "trained": 22.4, "delta": 8.4},
+        "code": {"warm": 23.7, "trained": 34.5, "delta": 10.8},
+        "mut": {"warm": 0.0, "trained": 38.5, "delta": 38.5},
+        "test": {"warm": 14.0, "trained": 22.4, "delta": 8.4},
     }
 
 
 def test_headline_without_baseline_keeps_trained_numbers() -> None:
     top = headline({PROMOTE: 30.0, "test/lab_heldout/pass@5": 20.0}, PROMOTE)
-    assert top == {"code_pass@1": {"trained": 30.0}, "test_pass@5": {"trained": 20.0}}
+    assert top == {"code": {"trained": 30.0}, "test": {"trained": 20.0}}
 
 
 def test_progress_line_format() -> None:
