@@ -23,6 +23,10 @@ DEFAULTS: dict[str, str] = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
     "DO_NOT_TRACK": "1",
+    # A training iteration is ~12 task runs: their "Finished in state Completed()" lines would bury the one
+    # progress line per iteration. Task failures and retries (WARNING, ERROR) still print; the UI shows every
+    # task run's state either way.
+    "PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL": "WARNING",
     # Great Expectations: no usage statistics.
     "GX_ANALYTICS_ENABLED": "false",
     # tokenizers: no fork warnings from the sandbox's worker processes.
