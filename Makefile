@@ -1,7 +1,7 @@
 # codea1 — the README's two commands are `make run` and `make test`.
 SHELL := /bin/bash
 # The first interpreter found of 3.11 (preferred: a CPU torch wheel for it is on disk here), 3.12, 3.13.
-PYTHON ?= $(firstword $(foreach p,python3.11 python3.12 python3.13,$(shell command -v $(p) 2>/dev/null)))
+PYTHON ?= $(firstword $(foreach p,python3.11 python3.12 python3.13,$(shell $(p) -c 'import sys' >/dev/null 2>&1 && echo $(p))))
 # Extra pip arguments for the CPU torch install, e.g. an index of CPU-only wheels on Pythons other than 3.11.
 TORCH_PIP_ARGS ?=
 VENV ?= .venv

@@ -72,6 +72,7 @@ from codea1_core.comparison import (
     table_markdown,
 )
 from flows.common import UserError, run_user_errors
+from flows.prefect_server import shared_api
 
 QUICK_OVERRIDES = [
     "orchestration.max_steps=2",
@@ -439,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"  interrupted? continue with: python -m flows.lab_compare --resume {tag} [same options]"
                 )
-            with open(out / "dvc.log", "a" if args.resume else "w") as log:
+            # one Prefect API for every experiment's stages (flows.prefect_server), not one per stage
+            with shared_api(), open(out / "dvc.log", "a" if args.resume else "w") as log:
                 todo = [e for e in experiments if e not in done]
                 if runner == "queue":
                     queue_and_run(repo, todo, args.jobs, out, log)

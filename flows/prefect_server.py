@@ -56,6 +56,19 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "(no server log)"
 
 
+def _die_with_parent() -> None:
+    """In the server's process (before exec): get SIGTERM when the pipeline process dies, even by SIGKILL.
+
+    Linux only (``prctl(PR_SET_PDEATHSIG)``); elsewhere the ``finally`` clause of :func:`shared_api` is all.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM the server's process group (uvicorn and its children), SIGKILL what is left after a while."""
     if proc.poll() is not None:
@@ -88,7 +101,7 @@ def shared_api(timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[str]:
     cmd += ["--no-ui", "--no-services", "--analytics-off"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)  # fmt: skip
+                                start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
     try:
         deadline = time.monotonic() + timeout_s
         while not _healthy(api_url):

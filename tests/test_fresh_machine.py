@@ -185,3 +185,30 @@ def test_make_run_goes_through_the_pipeline_runner() -> None:
     assert recipe.returncode == 0, recipe.stderr
     assert "-m flows.pipeline" in recipe.stdout
     assert "dvc repro" not in recipe.stdout.replace("flows.pipeline", "")
+
+
+def test_a_killed_pipeline_takes_its_prefect_server_with_it(tmp_path: Path) -> None:
+    """SIGKILL leaves no ``finally`` to run: the server must still not outlive the pipeline (no orphans)."""
+    code = (
+        "import time, flows\n"
+        "from flows.prefect_server import shared_api\n"
+        "with shared_api() as url:\n"
+        "    print(url, flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=tmp_path, env=_pristine_env(tmp_path),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), proc.stderr.read()[-2000:]
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while _health(url) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _health(url), "the Prefect server outlived a killed pipeline"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
