@@ -7,6 +7,7 @@ TORCH_PIP_ARGS ?=
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.codea1-installed
+TEST_STAMP := $(VENV)/.codea1-test-extras
 
 .PHONY: setup run test test-slow test-gpu ui lint format lab-compare clean
 
@@ -36,11 +37,15 @@ run: setup
 	@test -d .dvc || $(BIN)/dvc init -q
 	@$(BIN)/python -m flows.pipeline
 
-## test: the test suite without the opt-in gpu/slow markers
-test: setup
+## test: the test suite without the opt-in gpu/slow markers (installs the optional `ray` extra its tests need)
+$(TEST_STAMP): $(STAMP)
+	@$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,ray]'
+	@touch $(TEST_STAMP)
+
+test: setup $(TEST_STAMP)
 	@$(BIN)/python -m pytest -m "not gpu and not slow"
 
-test-slow: setup
+test-slow: setup $(TEST_STAMP)
 	@$(BIN)/python -m pytest -m slow
 
 test-gpu: setup

@@ -18,8 +18,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 
 class ConfigError(ValueError):
     """A malformed configuration: the message names the file (if any) and the dotted key."""
@@ -90,6 +88,8 @@ class ModelConfig:
     """Use the tokenizer's chat template when it has one (plain-text prompts otherwise)."""
     gradient_checkpointing: bool = False
     """Trade compute for memory in the update."""
+    gpu_memory_gb: float = 0.0
+    """GPU memory (GB) the train-start memory plan checks against; 0 = the CUDA device's own (no check on CPU)."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,12 @@ class RolloutConfig:
     """vLLM: reuse KV cache across prompts sharing a prefix."""
     shared_engine: bool = True
     """vLLM: both roles as LoRA adapters on one engine (else one engine per role)."""
+    tensor_parallel_size: int = 1
+    """vLLM: GPUs each engine's weights are split over (``tensor_parallel_size`` engine argument)."""
+    data_parallel_size: int = 1
+    """vLLM: engine replicas (``data_parallel_size`` engine argument, passed only when > 1). Whether the
+    offline ``vllm.LLM`` accepts it is vLLM's call: recent releases refuse it in a single process and say so
+    at engine start (then launch one run per GPU group, or use ``tensor_parallel_size``)."""
 
 
 @dataclass(frozen=True)
@@ -212,8 +218,9 @@ class MistakeBookConfig:
 class SandboxConfig:
     """Execution of untrusted code (ALGORITHM.md D2-D4)."""
 
-    backend: Literal["process", "docker"] = "process"
-    """``process`` (fork-server pool, everywhere) or ``docker`` (needs an engine)."""
+    backend: Literal["process", "docker", "ray"] = "process"
+    """``process`` (fork-server pool, everywhere), ``docker`` (needs an engine) or ``ray`` (the process pool in
+    warm Ray actors on every node of a Ray cluster; ``pip install -e '.[ray]'``, ``sandbox/ray_executor.py``)."""
     workers: int = 2
     """Warm worker processes."""
     call_timeout_s: float = 2.0
@@ -238,6 +245,14 @@ class SandboxConfig:
     """When running as root, run children as an unprivileged uid."""
     docker_image: str = "python:3.11-slim"
     """Image of the Docker backend."""
+    ray_address: str = ""
+    """``backend: ray``: the cluster to join (``auto``, ``host:6379``, ``ray://host:10001``); empty = the
+    ``RAY_ADDRESS`` environment variable, else a local Ray runtime started (and stopped) by the run."""
+    ray_actors_per_node: int = 1
+    """``backend: ray``: sandbox actors per alive node; each owns a warm process pool."""
+    ray_workers_per_actor: int = 2
+    """``backend: ray``: fork-server workers per actor (``workers`` is the process backend's); size
+    actors x workers to each node's cores (the actors reserve no Ray CPUs)."""
 
 
 @dataclass(frozen=True)
@@ -505,6 +520,8 @@ def _build(cls: type, raw: dict[str, Any], *, path: str, source: str) -> Any:
 
 
 def _dump_scalar(value: Any) -> str:
+    import yaml  # imported where used: the GPU bench builds configs from dicts on images without PyYAML
+
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
@@ -513,6 +530,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"override {text!r}: expected key=value (e.g. reward.alpha=0.25)")
     key, _, raw_value = text.partition("=")
+    import yaml
+
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r}: empty key")
@@ -539,6 +558,8 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping with errors that name the file."""
+    import yaml
+
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")

@@ -1,4 +1,4 @@
-"""The ``codea1`` command line: one subcommand per pipeline stage, plus solve / attack / serve / ui.
+"""The ``codea1`` command line: one subcommand per pipeline stage, plus solve / attack / serve / deploy / ui.
 
 Every stage subcommand takes ``--params FILE`` and ``key=value`` overrides, exactly like the DVC stages
 (``python -m flows.<stage>``) which it calls; user mistakes end in one line on stderr and exit code 2.
@@ -127,9 +127,24 @@ def attack(ctx: typer.Context) -> None:
 
 
 @app.command(context_settings=PASSTHROUGH)
+def plan(ctx: typer.Context) -> None:
+    """Estimate the peak GPU memory of a training config and say whether it fits 80 GB and 141 GB GPUs.
+
+    Usage: codea1 plan --params FILE [--gpu-gb N] [key=value ...]
+    """
+    _run_main("plan", list(ctx.args))
+
+
+@app.command(context_settings=PASSTHROUGH)
 def serve(ctx: typer.Context) -> None:
     """Register Prefect deployments (train, evaluate) so runs can be started and scheduled from the UI."""
     _run_main("serve", list(ctx.args))
+
+
+@app.command(context_settings=PASSTHROUGH)
+def deploy(ctx: typer.Context) -> None:
+    """Create train/evaluate/pipeline deployments on a Prefect work pool (default: process pool)."""
+    _run_main("deploy", list(ctx.args))
 
 
 @app.command()

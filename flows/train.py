@@ -282,7 +282,10 @@ def finish(run: TrainRun) -> dict[str, Any]:
 
 
 def run(cfg: Config) -> dict[str, Any]:
-    """DVC/CLI entry point (``flows.common.stage_main``)."""
+    """DVC/CLI entry point (``flows.common.stage_main``); a config that cannot fit its GPU stops here, in one line."""
+    from flows.plan import check_training_fits
+
+    check_training_fits(cfg)
     return train_flow(config=cfg.to_dict())
 
 
