@@ -2,8 +2,9 @@
 
 What it does: the pure half of ``make lab-compare`` (``flows/lab_compare.py``, ALGORITHM.md §14, §15, D10):
 the comparison arms (:data:`MODES`, as ``key=value`` config overrides), one :class:`RunResult` per
-experiment, :func:`aggregate` (mean and sample std over seeds per mode and column), :func:`table_markdown`,
-the reward and Mistake-Book charts (PNG bytes, matplotlib Agg) and a self-contained HTML page.
+experiment, :func:`aggregate` (mean, sample std and 95 % CI over seeds per mode and column), :func:`paired`
+(each arm minus ``golden_sparse`` seed by seed), :func:`table_markdown` (aggregate, paired and per-seed
+tables), the reward and Mistake-Book charts (PNG bytes, matplotlib Agg) and a self-contained HTML page.
 What it does not: run experiments, read DVC/git, or write files (the flow does).
 
 How to run: ``pytest tests/test_lab_compare.py``.
@@ -19,18 +20,31 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+SPARSE = "lab.golden_tests=sparse"
+"""The data every learning arm trains on: scarce golden tests, as in real datasets (issue 17)."""
 MODES: dict[str, list[str]] = {
-    "golden": ["mode=golden"],
-    "selfplay": ["mode=selfplay"],
-    "codea1": ["mode=codea1"],
-    "codea1_nomb": ["mode=codea1", "mistake_book.enabled=false"],
+    "golden_sparse": ["mode=golden", SPARSE],
+    "golden_boundary": ["mode=golden", "lab.golden_tests=boundary"],
+    "selfplay": ["mode=selfplay", SPARSE],
+    "codea1": ["mode=codea1", SPARSE],
+    "codea1_nomb": ["mode=codea1", "mistake_book.enabled=false", SPARSE],
+    "codea1_a0": ["mode=codea1", "reward.alpha=0.0", SPARSE],
+    "codea1_a1": ["mode=codea1", "reward.alpha=1.0", SPARSE],
 }
-"""Comparison arms (D10) as ``-S`` overrides; ``codea1_nomb`` is the §15.4 Mistake Book ablation."""
+"""Comparison arms (D10, §15) as ``-S`` overrides. Every arm but ``golden_boundary`` (the oracle ceiling:
+exhaustive boundary tests) sees the sparse golden tests wherever training uses golden tests (golden
+rewards, validation, the Test LLM's warm-start suites); evaluation is the same full set for all.
+``codea1_nomb`` is the §15.4 Mistake Book ablation, ``codea1_a0`` / ``codea1_a1`` the α ablation (§15.3)."""
+BASELINE_ARM = "golden_sparse"
+"""The arm every other one is compared with seed by seed (:func:`paired`): the paper's Golden-Tests row."""
 MODE_COLORS = {
-    "golden": "tab:green",
+    "golden_sparse": "tab:green",
+    "golden_boundary": "tab:olive",
     "selfplay": "tab:orange",
     "codea1": "tab:blue",
     "codea1_nomb": "tab:red",
+    "codea1_a0": "tab:cyan",
+    "codea1_a1": "tab:purple",
 }
 """One colour per mode in every chart."""
 COLUMNS: list[tuple[str, str, str]] = [
@@ -38,15 +52,22 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("code pass@1 held-out seen", "eval", "code/lab_heldout_seen/base/pass@1"),
     ("Δ vs warm start", "eval", "delta/code/lab_heldout_seen/base/pass@1"),
     ("code pass@1 held-out all", "eval", "code/lab_heldout/base/pass@1"),
+    ("sparse-test pass@1 seen", "eval", "code/lab_heldout_seen/sparse/pass@1"),
     ("test pass@5", "eval", "test/lab_heldout/pass@5"),
     ("Δ test pass@5", "eval", "delta/test/lab_heldout/pass@5"),
     ("mut@5", "eval", "test/lab_heldout/mut@5"),
+    ("mut@5 suites", "eval", "test/lab_heldout/mut_suites"),
+    ("mut@5 all suites", "eval", "test/lab_heldout/mut@5_all"),
     ("Mul", "eval", "test/lab_heldout/mul"),
     ("final code reward", "history", "code/reward_mean"),
     ("final test reward", "history", "test/reward_mean"),
 ]
 """(column title, source, key): the paper's Table 15.1/15.2 in small, the starting point each mode improved
-on (every mode has its own warm start: selfplay's one model learned both roles), the final training rewards."""
+on (every mode has its own warm start: selfplay's one model learned both roles), the final training rewards.
+``base`` pass@1 is judged on the full boundary set; "sparse-test" on the sparse golden tests only (a gap
+between them is bugs the sparse tests let through); mut@5 over passing suites (and how many), and over all."""
+HEADLINE = "code pass@1 held-out seen"
+"""The column the paired comparison and the per-seed table are about (``eval.promote_metric``)."""
 
 
 @dataclass(frozen=True)
@@ -112,39 +133,88 @@ def row_values(result: RunResult) -> dict[str, float | None]:
     return out
 
 
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145)
+_T975 += (2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048)
+_T975 += (2.045, 2.042)
+"""Student-t 0.975 quantiles for 1..30 degrees of freedom (beyond: the normal 1.96)."""
+
+
+def ci95(values: Sequence[float]) -> float | None:
+    """Half-width of the two-sided 95 % confidence interval of the mean (Student t, n - 1 df).
+
+    Few seeds make it wide on purpose (t = 2.776 for 5 seeds): that width is what the comparison knows.
+    None when n < 2.
+    """
+    n = len(values)
+    if n < 2:
+        return None
+    t = _T975[n - 2] if n - 1 <= len(_T975) else 1.96
+    return t * statistics.stdev(values) / math.sqrt(n)
+
+
+def _summary(vals: Sequence[float]) -> dict[str, Any]:
+    return {
+        "values": list(vals),
+        "n": len(vals),
+        "mean": statistics.fmean(vals) if vals else None,
+        "std": statistics.stdev(vals) if len(vals) > 1 else None,
+        "ci95": ci95(vals),
+    }
+
+
 def aggregate(results: Sequence[RunResult]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per mode and column: ``{mean, std, n, values}``; std is the sample std (None when n < 2)."""
-    table: dict[str, dict[str, dict[str, Any]]] = {}
+    """Per mode and column: ``{mean, std, ci95, n, values}``; std is the sample std (None when n < 2)."""
+    values: dict[str, dict[str, list[float]]] = {}
     for res in results:
         if res.error:
             continue
-        cells = table.setdefault(res.experiment.mode, {t: {"values": []} for t, _, _ in COLUMNS})
+        cells = values.setdefault(res.experiment.mode, {t: [] for t, _, _ in COLUMNS})
         for title, value in row_values(res).items():
             if value is not None:
-                cells[title]["values"].append(value)
-    for cells in table.values():
-        for cell in cells.values():
-            vals = cell["values"]
-            cell["n"] = len(vals)
-            cell["mean"] = statistics.fmean(vals) if vals else None
-            cell["std"] = statistics.stdev(vals) if len(vals) > 1 else None
-    return table
+                cells[title].append(value)
+    return {mode: {t: _summary(v) for t, v in cells.items()} for mode, cells in values.items()}
+
+
+def paired(
+    results: Sequence[RunResult], mode: str, baseline: str = BASELINE_ARM, column: str = HEADLINE
+) -> dict[str, Any]:
+    """``mode`` minus ``baseline`` on ``column``, seed by seed (seeds where both produced the value).
+
+    Pairing removes what a seed shares across arms (its problems' order, its warm start's luck), so the
+    deltas' CI is the honest test of "beats the baseline"; ``wins`` counts seeds with a positive delta.
+    """
+    by_seed: dict[str, dict[int, float]] = {mode: {}, baseline: {}}
+    for res in results:
+        arm = res.experiment.mode
+        value = None if res.error else row_values(res)[column]
+        if arm in by_seed and value is not None:
+            by_seed[arm][res.experiment.seed] = value
+    seeds = sorted(set(by_seed[mode]) & set(by_seed[baseline]))
+    deltas = [by_seed[mode][s] - by_seed[baseline][s] for s in seeds]
+    return {"seeds": seeds, "deltas": deltas, "wins": sum(d > 0 for d in deltas), **_summary(deltas)}
+
+
+def _fmt(value: float | None, half: float | None = None, signed: bool = False) -> str:
+    if value is None:
+        return "–"
+    text = f"{value:+.2f}" if signed else f"{value:.2f}"
+    return f"{text} ± {half:.2f}" if half is not None else text
 
 
 def _cell(cell: Mapping[str, Any]) -> str:
-    if cell["mean"] is None:
-        return "–"
-    std = f" ± {cell['std']:.2f}" if cell["std"] is not None else ""
-    return f"{cell['mean']:.2f}{std}"
+    return _fmt(cell["mean"], cell["ci95"])
 
 
 def table_markdown(table: Mapping[str, Mapping[str, Mapping[str, Any]]], results: Sequence[RunResult]) -> str:
-    """Markdown table (one row per mode, ``mean ± std (n seeds)``) plus the failed experiments."""
+    """Markdown: one row per mode (``mean ± 95 % CI half-width``), the paired deltas vs
+    :data:`BASELINE_ARM` per seed, the per-seed headline numbers, and the failed experiments."""
     titles = [t for t, _, _ in COLUMNS]
     lines = ["| mode | seeds | " + " | ".join(titles) + " |", "|---" * (len(titles) + 2) + "|"]
     for mode in [m for m in MODES if m in table]:
         n = max(c["n"] for c in table[mode].values())
         lines.append(f"| {mode} | {n} | " + " | ".join(_cell(table[mode][t]) for t in titles) + " |")
+    lines += ["", "mean ± half-width of the 95 % confidence interval over seeds (Student t, n − 1 df)."]
+    lines += _paired_lines(results) + _per_seed_lines(results)
     failed = [r for r in results if r.error]
     if failed:
         lines.append("")
@@ -152,11 +222,49 @@ def table_markdown(table: Mapping[str, Mapping[str, Mapping[str, Any]]], results
     return "\n".join(lines) + "\n"
 
 
+def _paired_lines(results: Sequence[RunResult]) -> list[str]:
+    """Paired deltas of every other arm vs the baseline arm, when the baseline ran."""
+    ran = {r.experiment.mode for r in results if not r.error}
+    arms = [m for m in MODES if m != BASELINE_ARM and m in ran]
+    if BASELINE_ARM not in ran or not arms:
+        return []
+    lines = ["", f"Paired vs {BASELINE_ARM} ({HEADLINE}, per seed: arm − {BASELINE_ARM}):", ""]
+    lines += ["| mode | seeds | Δ per seed | mean Δ ± 95 % CI | wins |", "|---|---|---|---|---|"]
+    for arm in arms:
+        p = paired(results, arm)
+        per_seed = ", ".join(f"s{s}: {d:+.2f}" for s, d in zip(p["seeds"], p["deltas"], strict=True))
+        mean = _fmt(p["mean"], p["ci95"], signed=True)
+        lines.append(f"| {arm} | {p['n']} | {per_seed or '–'} | {mean} | {p['wins']}/{p['n']} |")
+    return lines
+
+
+def _per_seed_lines(results: Sequence[RunResult]) -> list[str]:
+    """Warm start and trained headline per (mode, seed): a spread hidden by a mean shows here."""
+    order = {m: i for i, m in enumerate(MODES)}
+    rows = sorted(
+        (r for r in results if not r.error),
+        key=lambda r: (r.experiment.seed, order.get(r.experiment.mode, len(order)), r.experiment.mode),
+    )
+    if not rows:
+        return []
+    start = COLUMNS[0][0]
+    lines = ["", f"Per seed ({start} → {HEADLINE}):", ""]
+    lines += ["| mode | seed | warm start | trained | Δ |", "|---|---|---|---|---|"]
+    for res in rows:
+        v = row_values(res)
+        delta = v[HEADLINE] - v[start] if v[HEADLINE] is not None and v[start] is not None else None
+        lines.append(
+            f"| {res.experiment.mode} | {res.experiment.seed} | {_fmt(v[start])} | {_fmt(v[HEADLINE])} "
+            f"| {_fmt(delta, signed=True)} |"
+        )
+    return lines
+
+
 # ------------------------------------------------------------------------------------------------
 # Plots and report
 # ------------------------------------------------------------------------------------------------
 
-PAPER_PASS_RATE = {"codea1": 0.76, "codea1_nomb": 0.86, "golden": 0.74, "replay": 0.55}
+PAPER_PASS_RATE = {"codea1": 0.76, "codea1_nomb": 0.86, "golden_sparse": 0.74, "replay": 0.55}
 """§15.4 (fig:mistakebook, approximate): training pass rate at the end of training; replay pass rate."""
 
 
@@ -227,7 +335,7 @@ def mistake_book_chart(results: Sequence[RunResult]) -> bytes:
     lines = [
         (m, ["code/pass_new", "code/pass_golden", "code/reward_mean"]) for m in ("codea1", "codea1_nomb")
     ]
-    lines += [("golden", ["code/pass_golden", "code/pass_new", "code/reward_mean"])]
+    lines += [("golden_sparse", ["code/pass_golden", "code/pass_new", "code/reward_mean"])]
     for mode, keys in lines:
         xs, ys = mean_curve(results, mode, keys)
         if xs:
@@ -235,8 +343,8 @@ def mistake_book_chart(results: Sequence[RunResult]) -> bytes:
             right.axhline(PAPER_PASS_RATE[mode], ls="--", lw=0.8, color=MODE_COLORS[mode])
     xs, ys = mean_curve(results, "codea1", ["mistake_book/replay_pass_rate"])
     if xs:
-        right.plot(xs, ys, marker="x", label="codea1 replay pass rate", color="tab:purple")
-        right.axhline(PAPER_PASS_RATE["replay"], ls="--", lw=0.8, color="tab:purple")
+        right.plot(xs, ys, marker="x", label="codea1 replay pass rate", color="tab:brown")
+        right.axhline(PAPER_PASS_RATE["replay"], ls="--", lw=0.8, color="tab:brown")
     right.set(title="training pass rate (dashed: paper §15.4)", xlabel="iteration", ylim=(0, 1.05))
     right.legend(fontsize=7)
     return _png(fig)

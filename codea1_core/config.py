@@ -376,6 +376,12 @@ class LabConfig:
     """Test-LLM warm-start conversations per training problem (test prompts are ~3x longer)."""
     warmstart_batch_size: int = 4
     """SFT batch size of the warm start."""
+    golden_tests: Literal["sparse", "boundary"] = "boundary"
+    """Golden tests that TRAINING sees (golden-mode rewards, validation, the warm start's golden calls):
+    ``boundary`` = each problem's exhaustive boundary tests plus two ordinary inputs (an oracle ceiling);
+    ``sparse`` = two or three happy-path tests per problem, like MBPP's three asserts, that at least half
+    of each family's buggy variants pass (the paper's premise: human tests are scarce). Evaluation
+    (the ``test`` split) always uses the full set and reports ``base``, ``plus`` and ``sparse`` pass@k."""
 
 
 @dataclass(frozen=True)

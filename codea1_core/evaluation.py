@@ -54,6 +54,8 @@ class SampleVerdict:
     base: bool
     plus: bool
     infra: bool = False
+    sparse: bool | None = None
+    """Passes the problem's sparse golden tests (``metadata["sparse_calls"]``, lab only); None = none named."""
 
 
 @dataclass
@@ -198,7 +200,18 @@ def judge_sample(
     ]
     n_base = len(problem.tests)
     base = all(ok[:n_base])
-    return SampleVerdict(base=base, plus=base and all(ok[n_base:]))
+    return SampleVerdict(
+        base=base, plus=base and all(ok[n_base:]), sparse=_sparse_verdict(problem, cases, ok)
+    )
+
+
+def _sparse_verdict(problem: Problem, cases: Sequence[Any], ok: Sequence[bool]) -> bool | None:
+    """All sparse golden calls matched; None when the problem names none (non-lab benchmarks)."""
+    named = problem.metadata.get("sparse_calls")
+    if not named:
+        return None
+    sparse = set(named)
+    return all(flag for case, flag in zip(cases, ok, strict=True) if case.call in sparse)
 
 
 def verdicts_for(
@@ -243,6 +256,9 @@ def aggregate_code(
     """Flat metrics ``code/<bench>/{base,plus}/pass@k`` and ``avg@n`` in percent.
 
     ``code/<bench>/pass@k`` is the headline number: plus when the benchmark has plus inputs, else base.
+    Lab problems also give ``code/<bench>/sparse/...``: the same samples judged on the sparse golden tests
+    only (what a ``lab.golden_tests: sparse`` run was rewarded on), beside ``base`` (the boundary set)
+    and ``plus`` (boundary + sparse, the full set) — the EvalPlus idea of base vs plus tests.
     """
     base = [[v.base for v in row if not v.infra] for row in verdicts]
     plus = [[v.plus for v in row if not v.infra] for row in verdicts]
@@ -250,6 +266,9 @@ def aggregate_code(
     out = _split_metrics(f"code/{bench}/base", base, k_list)
     if has_plus:
         out |= _split_metrics(f"code/{bench}/plus", plus, k_list)
+    if any(v.sparse is not None for row in verdicts for v in row):
+        sparse = [[bool(v.sparse) for v in row if not v.infra and v.sparse is not None] for row in verdicts]
+        out |= _split_metrics(f"code/{bench}/sparse", sparse, k_list)
     headline = "plus" if has_plus else "base"
     for key, value in list(out.items()):
         if key.startswith(f"code/{bench}/{headline}/"):
@@ -352,7 +371,10 @@ def aggregate_tests(bench: str, records: Sequence[SuiteRecord], k: int) -> dict[
     ``pass@k`` is the share of generated tests (first k asserts of one suite) correct on the reference;
     ``pass@k_ult`` uses the strict UnLeakedTestBench denominator k × #problems (missing tests count as
     wrong); ``mul`` / ``mul_ult`` multiply each with ``mut@k``. ``mut@k`` averages killed/completed over
-    problems whose suite passes the reference.
+    problems whose suite passes the reference (``mut_suites`` of them), as UnLeakedTestBench does; with
+    few valid suites it swings wildly, so ``mut@k_all`` averages over every problem with a suite
+    (``mut_all_suites``): a suite that fails the reference, or is empty, kills nothing (0). A passing
+    suite whose mutants all failed to run (or a reference without mutants) is in neither denominator.
     """
     out: dict[str, float] = {}
     n = len(records)
@@ -364,12 +386,25 @@ def aggregate_tests(bench: str, records: Sequence[SuiteRecord], k: int) -> dict[
     out[f"test/{bench}/mut@{k}"] = (
         100.0 * sum(r.killed / r.mutants for r in kept) / len(kept) if kept else 0.0
     )
+    out |= _mut_all(bench, records, k)
     out[f"test/{bench}/mul"] = out[f"test/{bench}/pass@{k}"] * out[f"test/{bench}/mut@{k}"] / 100.0
     out[f"test/{bench}/mul_ult"] = out[f"test/{bench}/pass@{k}_ult"] * out[f"test/{bench}/mut@{k}"] / 100.0
     out[f"test/{bench}/n_problems"] = float(n)
     out[f"test/{bench}/suites_passing_reference"] = float(sum(r.passes_reference for r in records))
     out[f"test/{bench}/mutants_mean"] = sum(r.mutants for r in kept) / len(kept) if kept else 0.0
     return out
+
+
+def _mut_all(bench: str, records: Sequence[SuiteRecord], k: int) -> dict[str, float]:
+    """``mut@k`` over all suites (failing ones count 0) and both denominators (see :func:`aggregate_tests`)."""
+    kept = [r for r in records if r.passes_reference and r.mutants > 0]
+    counted = [r for r in records if not r.passes_reference or r.mutants > 0]
+    killed = sum(r.killed / r.mutants for r in kept)
+    return {
+        f"test/{bench}/mut@{k}_all": 100.0 * killed / len(counted) if counted else 0.0,
+        f"test/{bench}/mut_suites": float(len(kept)),
+        f"test/{bench}/mut_all_suites": float(len(counted)),
+    }
 
 
 # --------------------------------------------------------------------------------------------------

@@ -5,6 +5,9 @@ What it does: each :class:`Family` is a one-line function whose behaviour hinges
 rounding). A family is instantiated with seeded parameters into :class:`Problem` objects with a
 reference solution, golden tests whose expected values come from running that (trusted, our own)
 reference in-process (ALGORITHM.md D1), and typical buggy variants that fail at least one golden test.
+Golden tests come in two coverages (``lab.golden_tests``): ``boundary`` (exhaustive, an oracle ceiling)
+and ``sparse`` (a few happy-path asserts, like MBPP's, that many buggy variants pass); training sees
+the selected one, evaluation always the full set with the sparse calls named in the metadata.
 Held-out parameters form the ``val``/``test`` splits; families marked ``heldout`` appear only in ``test``.
 It also renders the tokenizer corpus and the supervised warm-start conversations of both roles.
 
@@ -182,6 +185,35 @@ _FAMILY_LIST = [
 FAMILIES: dict[str, Family] = {f.name: f for f in _FAMILY_LIST}
 """All lab families by name (the name is also the entry point)."""
 
+
+def _mid(p: Params) -> int:
+    return (p["lo"] + p["hi"]) // 2
+
+
+# Sparse golden tests (``lab.golden_tests: sparse``): the two or three happy-path asserts a person writes
+# first, like MBPP's three per problem. They avoid the exact boundary on purpose, so at least half of each
+# family's buggy variants pass them (the comment names which); tests/test_lab.py checks that share.
+# fmt: off
+_SPARSE: dict[str, Callable[[Params], list[tuple]]] = {
+    "is_above": lambda p: [(p["t"] + 10,), (p["t"] - 10,), (p["t"] + 25,)],  # x >= t passes
+    "at_most": lambda p: [(p["t"] - 10,), (p["t"] + 10,), (p["t"] - 25,)],  # x < t passes
+    "in_range": lambda p: [(_mid(p),), (p["lo"] - 10,), (p["hi"] + 10,)],  # all three pass
+    "sum_from": lambda p: [(p["a"] - 1,), (p["a"] - 4,)],  # the "0 if n < a" clause: both pass
+    "count_below": lambda p: [([p["t"] + 5, p["t"] - 3, p["t"] - 4],), ([p["t"] + 1, p["t"] + 2],), ([],)],  # both
+    "first_or": lambda p: [([1, 2, 3],), ([7, 4],), ([],)],  # len(xs) > 1 passes
+    "tidy": lambda p: [("Dog",), (getattr("hello", p["case"])(),), ("Tree",)],  # no strip() passes
+    "to_units": lambda p: [(1.0,), (2.0,), (10.0,)],  # whole inputs: both pass
+    "clamp": lambda p: [(_mid(p),), (p["lo"] + 1,), (p["hi"] + 5,)],  # no lower bound passes
+    "window": lambda p: [([],), (list(range(1, p["b"] + 1)),)],  # xs[a:b] passes on a list of length b
+    "count_char": lambda p: [(f"{p['c']}-{p['c']}",), ("123",)],  # case-sensitive count passes
+    "mean_or": lambda p: [([2, 4],), ([1, 2],), ([5],)],  # no empty check passes
+    "distance": lambda p: [(p["t"] + 7,), (p["t"],), (p["t"] + 2,)],  # x - t passes
+    "grade": lambda p: [(p["t"] + 10,), (p["t"] - 10,), (100,)],  # score > t passes
+    "count_between": lambda p: [([_mid(p), p["lo"] - 5, p["hi"] + 5],), ([],), ([_mid(p)],)],  # both pass
+    "is_close": lambda p: [(p["t"],), (p["t"] + p["d"] + 5,), (p["t"] - p["d"] - 5,)],  # strict < passes
+}
+# fmt: on
+
 _TYPICAL_TESTS = 2
 """Ordinary inputs added to each problem's boundary inputs in its golden tests."""
 
@@ -232,18 +264,45 @@ def _param_sets(family: Family, seed: int, count: int) -> list[Params]:
     )
 
 
-def _make_problem(family: Family, params: Params, index: int, split: str, seed: int) -> Problem:
-    rng = random.Random(f"codea1-lab/{seed}/{family.name}/{index}/typical")
-    arg_tuples = family.boundary(params) + [family.typical(params, rng) for _ in range(_TYPICAL_TESTS)]
+def _golden(family: Family, reference: str, arg_tuples: list[tuple]) -> tuple[TestCase, ...]:
+    """Distinct calls of ``arg_tuples`` with the reference's answers (a raising reference is our defect)."""
     calls = list(dict.fromkeys(_call(family.name, args) for args in arg_tuples))
-    reference = family.source(family.body, params)
     expected = _evaluate(reference, calls)
     for call, value in zip(calls, expected, strict=True):
         if isinstance(value, Exception):  # a defect of this module, not of user input
             raise RuntimeError(f"lab family {family.name}: reference raised on {call}: {value!r}")
-    tests = tuple(TestCase(call, value) for call, value in zip(calls, expected, strict=True))
+    return tuple(TestCase(call, value) for call, value in zip(calls, expected, strict=True))
+
+
+def _layout(
+    full: tuple[TestCase, ...], sparse: tuple[TestCase, ...], split: str, golden_tests: str
+) -> tuple[tuple[TestCase, ...], tuple[TestCase, ...]]:
+    """``(tests, plus_tests)`` of one problem: what training sees in ``tests``.
+
+    ``test`` (evaluation) always gets the full boundary set as ``tests`` (so ``base`` pass@k means what
+    it always meant) and the sparse calls it lacks as ``plus_tests``. Training splits get the selected
+    set: ``boundary`` exactly as before (no plus), ``sparse`` the sparse tests with the rest as plus.
+    """
+    if split == "test":
+        known = {t.call for t in full}
+        return full, tuple(t for t in sparse if t.call not in known)
+    if golden_tests == "boundary":
+        return full, ()
+    chosen = {t.call for t in sparse}
+    return sparse, tuple(t for t in full if t.call not in chosen)
+
+
+def _make_problem(
+    family: Family, params: Params, index: int, split: str, seed: int, golden_tests: str = "boundary"
+) -> Problem:
+    rng = random.Random(f"codea1-lab/{seed}/{family.name}/{index}/typical")
+    arg_tuples = family.boundary(params) + [family.typical(params, rng) for _ in range(_TYPICAL_TESTS)]
+    reference = family.source(family.body, params)
+    full = _golden(family, reference, arg_tuples)
+    sparse = _golden(family, reference, _SPARSE[family.name](params))
     buggy = list(dict.fromkeys(family.source(b, params) for b in family.bugs))
-    buggy = [b for b in buggy if b != reference and _fails(b, tests)]
+    buggy = [b for b in buggy if b != reference and _fails(b, full)]
+    tests, plus_tests = _layout(full, sparse, split, golden_tests)
     sentence = family.description.format(**params)
     signature = f"{family.name}({family.args})"
     return Problem(
@@ -255,7 +314,13 @@ def _make_problem(family: Family, params: Params, index: int, split: str, seed: 
         entry_point=family.name,
         reference_solution=reference,
         tests=tests,
-        metadata={"family": family.name, "params": dict(params), "buggy": buggy},
+        plus_tests=plus_tests,
+        metadata={
+            "family": family.name,
+            "params": dict(params),
+            "buggy": buggy,
+            "sparse_calls": [t.call for t in sparse],
+        },
     )
 
 
@@ -287,7 +352,9 @@ def lab_problems(lab_cfg: LabConfig, split: str) -> list[Problem]:
             family, plus every held-out family).
 
     Returns:
-        Problems with ids ``lab/<family>/<i>``; ``i`` is unique across splits within a family.
+        Problems with ids ``lab/<family>/<i>``; ``i`` is unique across splits within a family. Their
+        ``tests`` follow ``lab_cfg.golden_tests`` on ``train``/``val`` and are always the full boundary
+        set on ``test`` (see :func:`_layout`); ``metadata["sparse_calls"]`` names the sparse tests.
 
     Raises:
         ConfigError: Unknown split, family or a size a family cannot supply (every family offers at
@@ -307,7 +374,10 @@ def lab_problems(lab_cfg: LabConfig, split: str) -> list[Problem]:
     problems = []
     for family in _training_families(lab_cfg):
         params = _param_sets(family, lab_cfg.seed, 2 * n_held + n_train)
-        problems += [_make_problem(family, params[i], i, split, lab_cfg.seed) for i in range(start, stop)]
+        problems += [
+            _make_problem(family, params[i], i, split, lab_cfg.seed, lab_cfg.golden_tests)
+            for i in range(start, stop)
+        ]
     if split == "test":
         for family in (f for f in _FAMILY_LIST if f.heldout):
             params = _param_sets(family, lab_cfg.seed, n_held)
@@ -328,7 +398,7 @@ def check_lab_config(lab_cfg: LabConfig) -> None:
 
 
 def buggy_variants(problem: Problem) -> list[str]:
-    """The typical buggy solutions of a lab problem (each fails >= 1 golden test); [] for other sources."""
+    """The typical buggy solutions of a lab problem (each fails >= 1 boundary test); [] for other sources."""
     return list(problem.metadata.get("buggy", []))
 
 
@@ -442,13 +512,18 @@ def tokenizer_corpus(lab_cfg: LabConfig, *, k: int = 8) -> list[str]:
 
     from codea1_core.prompts import render_plain, test_messages_blackbox
 
-    problems = [p for split in SPLITS for p in lab_problems(lab_cfg, split)]
+    # The boundary layout in every mode: the tokenizer (and so the initial model) must not depend on
+    # which golden tests training sees, or the sparse and boundary arms would start from different models.
+    as_boundary = replace(lab_cfg, golden_tests="boundary")
+    problems = [p for split in SPLITS for p in lab_problems(as_boundary, split)]
     texts: list[str] = []
     for p in problems:
         texts += [p.prompt, p.description, p.reference_solution, *buggy_variants(p)]
         texts += [f"assert {t.call} == {t.expected!r}" for t in p.tests]
         texts.append(render_chatml(test_messages_blackbox(p, k)))
-    one_each = replace(lab_cfg, warmstart_code_examples_per_problem=1, warmstart_test_examples_per_problem=1)
+    one_each = replace(
+        as_boundary, warmstart_code_examples_per_problem=1, warmstart_test_examples_per_problem=1
+    )
     for role in ("code", "test"):
         for example in warmstart_examples(problems, role, one_each, lab_cfg.seed, k=k):
             texts += [render_chatml(example["messages"]), render_plain(example["messages"])]

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 BASELINE_PREFIX = "warmstart"
 """Key prefix of the starting models' numbers in ``metrics.json`` (``delta/...`` = trained - baseline)."""
-BASELINE_CACHE_VERSION = "1"
+BASELINE_CACHE_VERSION = "2"  # 2: sparse pass@k and mut@k over all suites (new keys)
 RATE_TAGS = ("pass@", "avg@", "mut@", "mul")
 """Metric name parts that mark a rate (percent) worth a ``delta/`` key."""
 

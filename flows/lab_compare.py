@@ -1,12 +1,16 @@
 """``make lab-compare``: the paper's comparison in small, as DVC experiments (ALGORITHM.md §14, §15, D10).
 
-What it does: one DVC experiment per (mode, seed) — ``golden``, ``selfplay``, ``codea1`` and ``codea1`` without
-the Mistake Book (``codea1_nomb``: ``mistake_book.enabled=false``), seeds 1..N setting ``seed`` and ``data.seed``
+What it does: one DVC experiment per (mode, seed) — the arms of ``codea1_core.comparison.MODES``: ``golden_sparse``
+(golden tests as scarce as real data's), ``golden_boundary`` (exhaustive boundary tests: the oracle ceiling),
+``selfplay``, ``codea1``, ``codea1`` without the Mistake Book (``codea1_nomb``) and at α = 0 / 1 (``codea1_a0``,
+``codea1_a1``); every arm but the ceiling trains with ``lab.golden_tests=sparse``; seeds 1..N set ``seed`` and
+``data.seed``
 — each ``dvc exp run evaluate -S mode=... -S seed=... -n lc-<tag>-<mode>-s<seed>`` (prepare → warmstart → train
 → evaluate; ``register`` is not run and ``tracking.register=false``, so a comparison never touches the model
 registry). It then reads every experiment's ``outputs/eval/metrics.json`` and ``outputs/train/history.csv`` and
-writes ``<out>/`` (default ``outputs/lab_compare/``): ``table.md`` / ``table.json`` (mean ± sample std over
-seeds per mode), ``rewards.png``, ``mistake_book.png`` (vs the paper's §15.4 figure), ``report.html``,
+writes ``<out>/`` (default ``outputs/lab_compare/``): ``table.md`` / ``table.json`` (mean ± 95 % CI over seeds
+per mode, each arm's paired deltas vs ``golden_sparse`` per seed, the per-seed table), ``rewards.png``,
+``mistake_book.png`` (vs the paper's §15.4 figure), ``report.html``,
 ``runs/<name>/`` and ``dvc.log``; prints the table and the wall time. Exit 1 when an experiment failed.
 
 Two runners (``--runner``, default ``auto``):
@@ -28,13 +32,14 @@ Either way each experiment also stays a git ref under ``refs/exps`` (``dvc exp s
 MLflow: queued runs log to their temp copy's ``mlflow/`` store (dropped with it); workspace runs log to the
 user's store (``tracking.*``), as any ``dvc exp run`` would.
 Prepare and warmstart are shared through DVC (unchanged stage / run cache) only where their params agree:
-both read ``seed`` and warmstart also reads ``mode``, so they run once per seed (and mode).
+both read ``seed`` and ``lab.golden_tests`` and warmstart also reads ``mode``, so they run once per seed (and
+coverage, and mode).
 
 The numbers (aggregates, table, plots, HTML) are computed by ``codea1_core/comparison.py``; this flow plans,
 runs, collects and writes.
 What it does not: change the pipeline, or pick a winner (read the table with its std and number of seeds).
 
-Run: ``python -m flows.lab_compare [--seeds 3] [--modes golden,selfplay,codea1,codea1_nomb] [--quick]
+Run: ``python -m flows.lab_compare [--seeds 5] [--modes golden_sparse,codea1,...] [--quick]
 [--runner auto|queue|workspace] [--jobs 1] [--out DIR] [--collect-only TAG] [--resume TAG] [key=value ...]``
 (``make lab-compare``). Values go to ``dvc exp run -S`` as YAML: write strings that look like YAML keywords
 quoted, e.g. ``"tracking.backend='null'"``.
@@ -60,6 +65,7 @@ from codea1_core.comparison import (
     RunResult,
     aggregate,
     mistake_book_chart,
+    paired,
     parse_history,
     report_html,
     rewards_chart,
@@ -353,13 +359,21 @@ def write_outputs(out: Path, results: Sequence[RunResult], wall_s: float) -> str
     }  # fmt: skip
     _write(
         out / "table.json",
-        json.dumps({"table": table, "experiments": experiments, "wall_s": wall_s}, indent=1),
+        json.dumps(
+            {
+                "table": table,
+                "paired": {m: paired(results, m) for m in MODES},
+                "experiments": experiments,
+                "wall_s": wall_s,
+            },
+            indent=1,
+        ),
     )
     _write(out / "table.md", table_md)
     charts = {"rewards": rewards_chart(results), "mistake_book": mistake_book_chart(results)}
     for name, png in charts.items():
         _write(out / f"{name}.png", png)
-    notes = f"{len(results)} experiments, wall time {wall_s / 60:.1f} min; mean ± sample std over seeds."
+    notes = f"{len(results)} experiments, wall time {wall_s / 60:.1f} min; mean ± 95 % CI over seeds."
     _write(out / "report.html", report_html(table_md, charts, results, notes))
     return table_md
 
@@ -372,7 +386,7 @@ def write_outputs(out: Path, results: Sequence[RunResult], wall_s: float) -> str
 def main(argv: list[str] | None = None) -> int:
     """``python -m flows.lab_compare``; exit 0 when every experiment produced results, 1 otherwise."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 1..N per mode (default 3)")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds 1..N per mode (default 5)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma list from {list(MODES)}")
     parser.add_argument(
         "--quick", action="store_true", help="1 seed and tiny runs: " + " ".join(QUICK_OVERRIDES)

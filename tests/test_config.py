@@ -63,6 +63,10 @@ def test_every_field_has_a_docstring(repo_root: Path) -> None:
         ({"rollout": {"n_code": True}}, "rollout.n_code: expected int, got bool True"),
         ({"data": {"train_sources": ["lab", 3]}}, "data.train_sources[1]: expected str, got int 3"),
         ({"sandbox": 5}, "sandbox: expected a mapping (section), got int 5"),
+        (
+            {"lab": {"golden_tests": "dense"}},
+            "lab.golden_tests: expected one of ['sparse', 'boundary'], got str 'dense'",
+        ),
     ],
 )
 def test_from_dict_names_the_dotted_key(raw: dict, message: str) -> None:

@@ -216,3 +216,14 @@ def test_stage_deps_cover_the_code_the_stage_imports(repo_root: Path, stage: str
         if p not in deps and not any(d in p.parents for d in deps)
     )
     assert not missing, f"dvc.yaml stage {stage!r}: imported but not in deps: {missing}"
+
+
+def test_golden_tests_coverage_reprepares_the_data(repo_root: Path) -> None:
+    """Issue 17: ``lab.golden_tests`` decides the prepared training problems, so prepare must track it
+    (warmstart tracks the whole ``lab`` section; train and evaluate follow through ``data/prepared``)."""
+    stages = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]
+    assert "lab.golden_tests" in stages["prepare"]["params"]
+    assert "lab" in stages["warmstart"]["params"]
+    assert all("data/prepared" in stages[s]["deps"] for s in ("warmstart", "train", "evaluate"))
+    params = yaml.safe_load((repo_root / "params.yaml").read_text())
+    assert params["lab"]["golden_tests"] == "boundary"  # the default run keeps its measured numbers

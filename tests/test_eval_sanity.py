@@ -89,3 +89,33 @@ def test_golden_mbpp_asserts_pass5_100(n, shared_data_dir, executor, tmp_path):
     assert m["test/mbpp_val/pass@5"] == 100.0, [v for r in records for v in r.verdicts if not v.correct]
     assert 0.0 < m["test/mbpp_val/mut@5"] <= 100.0
     print(f"\ngolden MBPP asserts on {len(problems)} mbpp_val references: {m}")
+
+
+def test_lab_sparse_tests_let_a_bug_through_that_the_boundary_set_catches(executor, tmp_path):
+    """Issue 17, end to end through the prepared parquet and the real sandbox: on the held-out lab set a
+    buggy variant that passes a problem's sparse golden tests scores 100 on ``sparse`` and 0 on ``base``
+    (the boundary set) and ``plus`` (the full set); the reference scores 100 on all three."""
+    from dataclasses import replace
+
+    from codea1_core.config import LabConfig
+    from codea1_core.lab import buggy_variants, lab_problems
+    from codea1_core.prepared import load_prepared, save_prepared
+    from tasks.evaluate import score_codes
+
+    problems = lab_problems(replace(LabConfig(), heldout_per_family=1), "test")
+    problems = load_prepared(save_prepared(problems, tmp_path / "eval_lab_heldout.parquet"))
+    cfg = Config.from_dict({"eval": {"n_samples": 1, "k_list": [1]}})
+
+    def passes_sparse(problem, code):
+        namespace: dict = {}
+        exec(code, namespace)  # trusted lab templates, only to pick the bug
+        tests = [t for t in problem.tests + problem.plus_tests if t.call in problem.metadata["sparse_calls"]]
+        return all(eval(t.call, namespace) == t.expected for t in tests)
+
+    bugs = [next(b for b in buggy_variants(p) if passes_sparse(p, b)) for p in problems]
+    ref = score_codes(problems, [[p.reference_solution] for p in problems], cfg, executor, "lab")
+    bug = score_codes(problems, [[b] for b in bugs], cfg, executor, "lab")
+    for split in ("base", "plus", "sparse"):
+        assert ref[f"code/lab/{split}/pass@1"] == 100.0, (split, ref)
+    assert bug["code/lab/sparse/pass@1"] == 100.0, bug
+    assert bug["code/lab/base/pass@1"] == 0.0 and bug["code/lab/plus/pass@1"] == 0.0, bug

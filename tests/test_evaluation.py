@@ -174,6 +174,37 @@ def test_aggregate_code_drops_infra_samples_and_counts_them():
     assert "code/x/plus/pass@1" not in m and m["code/x/pass@1"] == 100.0
 
 
+def test_sparse_verdict_judges_only_the_named_sparse_calls():
+    """Issue 17: a lab sample is judged on the sparse golden tests too, from the same outcomes."""
+    p = problem(
+        tests=(("add(0, 0)", 0), ("add(1, 2)", 3)),
+        plus=(("add(5, 5)", 10),),
+        source="lab",
+        metadata={"sparse_calls": ["add(1, 2)", "add(5, 5)"]},
+    )
+    assert judge_sample(p, [OK(0), OK(3), OK(10)], 1e-6, 1e-6) == SampleVerdict(True, True, sparse=True)
+    # passes the sparse tests, fails the boundary test add(0, 0): the bug sparse tests cannot see
+    assert judge_sample(p, [OK(1), OK(3), OK(10)], 1e-6, 1e-6) == SampleVerdict(False, False, sparse=True)
+    assert judge_sample(p, [OK(0), OK(3), OK(11)], 1e-6, 1e-6) == SampleVerdict(True, False, sparse=False)
+    assert judge_sample(problem(), [OK(3), OK(10)], 1e-6, 1e-6).sparse is None  # none named
+
+
+def test_aggregate_code_reports_sparse_beside_base_and_plus():
+    ps = [problem("a", source="lab", metadata={"sparse_calls": ["add(1, 2)"]}), problem("b")]
+    v = [
+        [SampleVerdict(False, False, sparse=True), SampleVerdict(True, True, sparse=True)],
+        [SampleVerdict(True, True), SampleVerdict(False, False)],  # no sparse tests named: not counted
+    ]
+    m = aggregate_code("lab", ps, v, [1])
+    assert m["code/lab/base/pass@1"] == pytest.approx(50.0)
+    assert m["code/lab/plus/pass@1"] == pytest.approx(50.0)
+    assert m["code/lab/sparse/pass@1"] == pytest.approx(100.0)  # problem a only, 2/2 (base: 1/2)
+    assert m["code/lab/sparse/avg@2"] == pytest.approx(100.0)
+    assert "code/he/sparse/pass@1" not in aggregate_code(
+        "he", [problem()], [[SampleVerdict(True, True)]], [1]
+    )
+
+
 def test_verdicts_for_maps_each_sample_to_its_judged_job():
     p = problem()
     jobs = build_code_jobs([p], [["good", "bad", "good"]])
@@ -219,6 +250,26 @@ def test_mutant_killed_and_aggregate_tests():
     assert m["test/lab/mut@5"] == pytest.approx(75.0)
     assert m["test/lab/mul"] == pytest.approx(m["test/lab/pass@5"] * 75.0 / 100)
     assert m["test/lab/mul_ult"] == pytest.approx(40.0 * 75.0 / 100)
+
+
+def test_mut_at_k_over_all_suites_counts_failing_suites_as_killing_nothing():
+    """Issue 17: mut@k over passing suites only swings 0 -> 57 with few valid suites; ``mut@k_all``
+    divides by every suite (a suite failing the reference kills nothing) and both denominators show."""
+    good = (TestVerdict("f(1)", "2", True, 2),)
+    records = [
+        SuiteRecord("a", 1, good, killed=3, mutants=4),  # 75 %
+        SuiteRecord("b", 1, good, killed=1, mutants=2),  # 50 %
+        SuiteRecord("c", 1, (TestVerdict("f(2)", "9", False),), killed=0, mutants=0),  # fails reference
+        SuiteRecord("d", 0, (), killed=0, mutants=0),  # nothing parsed
+        SuiteRecord("e", 1, good, killed=0, mutants=0),  # passes, but no mutant completed: undefined
+    ]
+    m = aggregate_tests("lab", records, k=5)
+    assert m["test/lab/mut@5"] == pytest.approx(62.5)  # existing key unchanged: (75 + 50) / 2
+    assert m["test/lab/mut_suites"] == 2
+    assert m["test/lab/mut@5_all"] == pytest.approx((75 + 50) / 4)
+    assert m["test/lab/mut_all_suites"] == 4
+    empty = aggregate_tests("lab", [], k=5)
+    assert empty["test/lab/mut@5_all"] == 0.0 and empty["test/lab/mut_all_suites"] == 0
 
 
 def test_score_and_select_candidates_most_passed_then_agreement():

@@ -187,3 +187,62 @@ def test_tokenizer_corpus_covers_what_models_see():
     assert "System:\n" in joined  # plain rendering
     for name in FAMILIES:
         assert f"def {name}(" in joined
+
+
+# --------------------------------------------------------------------------------------------------
+# lab.golden_tests: sparse vs boundary coverage (issue 17)
+# --------------------------------------------------------------------------------------------------
+
+SPARSE = replace(CFG, golden_tests="sparse")
+
+
+def _passes(source: str, tests) -> bool:
+    got = _outputs(source, [t.call for t in tests])
+    return all(not isinstance(g, Exception) and g == t.expected for g, t in zip(got, tests, strict=True))
+
+
+def _sparse_and_boundary(p):
+    """(sparse tests, boundary tests) of a problem in any layout, from ``metadata["sparse_calls"]``."""
+    every = {t.call: t for t in p.tests + p.plus_tests}
+    sparse = [every[c] for c in p.metadata["sparse_calls"]]
+    if p.split == "test":  # evaluation layout: tests = the boundary set, plus = sparse calls it lacks
+        return sparse, list(p.tests)
+    return sparse, [t for t in every.values() if t.call not in p.metadata["sparse_calls"]]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sparse_golden_tests_let_half_the_bugs_through_and_boundary_tests_catch_all(seed):
+    """Acceptance of issue 17: per family, >= half of the buggy variants pass the sparse golden tests,
+    and every one of them fails the boundary set (so sparse-trained code can keep its bugs)."""
+    cfg = replace(SPARSE, seed=seed)
+    passed: dict[str, list[bool]] = {name: [] for name in FAMILIES}
+    for split in lab.SPLITS:
+        for p in lab_problems(cfg, split):
+            sparse, boundary = _sparse_and_boundary(p)
+            assert 2 <= len(sparse) <= 3 and _passes(p.reference_solution, sparse), p.id
+            for bug in buggy_variants(p):
+                assert not _passes(bug, boundary), (p.id, bug)
+                passed[p.metadata["family"]].append(_passes(bug, sparse))
+    for name, flags in passed.items():
+        assert flags, name
+        assert sum(flags) >= len(flags) / 2, (name, sum(flags), len(flags))
+
+
+def test_golden_tests_mode_decides_what_training_sees_but_never_evaluation(all_problems):
+    sparse = {split: lab_problems(SPARSE, split) for split in lab.SPLITS}
+    for split in ("train", "val"):
+        for b, s in zip(all_problems[split], sparse[split], strict=True):
+            assert b.plus_tests == ()  # boundary: exactly the exhaustive set, as before
+            assert [t.call for t in s.tests] == s.metadata["sparse_calls"]
+            assert {t.call for t in s.tests + s.plus_tests} == {t.call for t in b.tests} | set(
+                s.metadata["sparse_calls"]
+            )
+            assert (b.prompt, b.reference_solution, b.metadata) == (
+                s.prompt,
+                s.reference_solution,
+                s.metadata,
+            )
+    for b, s in zip(all_problems["test"], sparse["test"], strict=True):
+        assert (b.tests, b.plus_tests) == (s.tests, s.plus_tests)  # evaluation: one full set for every arm
+        assert {t.call for t in b.plus_tests} <= set(b.metadata["sparse_calls"])
+    assert tokenizer_corpus(SPARSE) == tokenizer_corpus(CFG)  # both arms start from the same tokenizer

@@ -45,11 +45,11 @@ def _result(mode: str, seed: int, pass1: float, reward: float, error: str = "") 
 
 
 def test_plan_sets_both_seeds_and_the_mistake_book_ablation():
-    exps = lc.plan(["golden", "codea1_nomb"], 2, ["eval.n_samples=2"], "tag")
+    exps = lc.plan(["golden_sparse", "codea1_nomb"], 2, ["eval.n_samples=2"], "tag")
     assert [e.name for e in exps] == [
-        "lc-tag-golden-s1",
+        "lc-tag-golden_sparse-s1",
         "lc-tag-codea1_nomb-s1",
-        "lc-tag-golden-s2",
+        "lc-tag-golden_sparse-s2",
         "lc-tag-codea1_nomb-s2",
     ]
     nomb = exps[3]
@@ -61,7 +61,7 @@ def test_plan_sets_both_seeds_and_the_mistake_book_ablation():
 
 
 @pytest.mark.parametrize(
-    ("modes", "seeds", "match"), [(["golden", "nope"], 1, "nope"), (["golden"], 0, "seeds")]
+    ("modes", "seeds", "match"), [(["golden_sparse", "nope"], 1, "nope"), (["golden_sparse"], 0, "seeds")]
 )
 def test_plan_rejects_bad_arguments(modes, seeds, match):
     with pytest.raises(UserError, match=match):
@@ -69,14 +69,14 @@ def test_plan_rejects_bad_arguments(modes, seeds, match):
 
 
 def test_validate_names_the_bad_override_key(repo_root):
-    exps = lc.plan(["golden"], 1, ["reward.alpha=lots"], "t")
+    exps = lc.plan(["golden_sparse"], 1, ["reward.alpha=lots"], "t")
     with pytest.raises(ConfigError, match="reward.alpha"):
         lc.validate(repo_root / "params.yaml", exps)
     lc.validate(repo_root / "params.yaml", lc.plan(list(lc.MODES), 1, lc.QUICK_OVERRIDES, "t"))
 
 
 def test_main_reports_bad_mode_as_one_line_exit_2(capsys, tmp_path):
-    assert lc.main(["--modes", "golden,bogus", "--repo", str(tmp_path)]) == 2
+    assert lc.main(["--modes", "golden_sparse,bogus", "--repo", str(tmp_path)]) == 2
     assert "bogus" in capsys.readouterr().err
 
 
@@ -95,7 +95,7 @@ def test_parse_history_and_final_value_skip_missing_and_nan():
 
 def test_aggregate_mean_and_sample_std_per_mode_ignoring_failed_runs():
     results = [_result("codea1", s, p, r) for s, p, r in [(1, 10.0, 0.5), (2, 20.0, 0.7), (3, 40.0, 0.9)]]
-    results += [_result("golden", 1, 5.0, 0.4), _result("golden", 2, 0.0, 0.0, error="boom")]
+    results += [_result("golden_sparse", 1, 5.0, 0.4), _result("golden_sparse", 2, 0.0, 0.0, error="boom")]
     table = cmp.aggregate(results)
     cell = table["codea1"]["code pass@1 held-out seen"]
     assert cell["n"] == 3 and cell["values"] == [10.0, 20.0, 40.0]
@@ -105,7 +105,7 @@ def test_aggregate_mean_and_sample_std_per_mode_ignoring_failed_runs():
     assert table["codea1"]["code pass@1 held-out all"]["values"] == [2.5, 5.0, 10.0]
     assert table["codea1"]["final code reward"]["mean"] == pytest.approx(0.7)
     assert table["codea1"]["final test reward"]["mean"] == pytest.approx(0.2)  # last finite value
-    golden = table["golden"]["Mul"]
+    golden = table["golden_sparse"]["Mul"]
     assert golden["n"] == 1 and golden["mean"] == 2.5 and golden["std"] is None  # the failed seed is excluded
 
 
@@ -113,7 +113,7 @@ def test_table_markdown_rows_in_mode_order_and_failures_listed():
     results = [
         _result("codea1", 1, 10.0, 0.5),
         _result("codea1", 2, 30.0, 0.5),
-        _result("golden", 1, 5.0, 0.4),
+        _result("golden_sparse", 1, 5.0, 0.4),
     ]
     results.append(_result("selfplay", 1, 0.0, 0.0, error="no experiment commit"))
     md = cmp.table_markdown(cmp.aggregate(results), results)
@@ -121,18 +121,72 @@ def test_table_markdown_rows_in_mode_order_and_failures_listed():
     assert lines[0].startswith(
         "| mode | seeds | warm start code pass@1 | code pass@1 held-out seen | Δ vs warm start |"
     )
-    assert lines[2].startswith("| golden | 1 | 1.00 | 5.00 |")
-    assert lines[3].startswith(f"| codea1 | 2 | 1.00 ± 0.00 | 20.00 ± {statistics.stdev([10.0, 30.0]):.2f} |")
-    assert "selfplay |" not in md and "FAILED lc-t-selfplay-s1: no experiment commit" in md
+    assert lines[2].startswith("| golden_sparse | 1 | 1.00 | 5.00 |")
+    half = 12.706 * statistics.stdev([10.0, 30.0]) / 2**0.5  # 95 % CI, t with 1 df
+    assert lines[3].startswith(f"| codea1 | 2 | 1.00 ± 0.00 | 20.00 ± {half:.2f} |")
+    assert "| selfplay | 0 |" not in md and "FAILED lc-t-selfplay-s1: no experiment commit" in md
+    assert "| codea1 | 1 | s1: +5.00 | +5.00 | 1/1 |" in md  # paired vs golden_sparse: only seed 1 has both
+    assert "| codea1 | 2 | 1.00 | 30.00 | +29.00 |" in md  # per-seed table
+
+
+# ------------------------------------------------------------------------------------------------
+# Arms, confidence intervals and the paired comparison (issue 17)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_arms_cover_the_papers_comparison_and_only_the_ceiling_sees_boundary_tests(repo_root):
+    assert set(cmp.MODES) == {
+        "golden_sparse", "golden_boundary", "selfplay", "codea1", "codea1_nomb", "codea1_a0", "codea1_a1",
+    }  # fmt: skip
+    for mode, overrides in cmp.MODES.items():
+        coverage = "lab.golden_tests=boundary" if mode == "golden_boundary" else "lab.golden_tests=sparse"
+        assert coverage in overrides, mode
+    assert "reward.alpha=0.0" in cmp.MODES["codea1_a0"] and "reward.alpha=1.0" in cmp.MODES["codea1_a1"]
+    assert cmp.BASELINE_ARM == "golden_sparse" and set(cmp.MODE_COLORS) == set(cmp.MODES)
+    assert len(set(cmp.MODE_COLORS.values())) == len(cmp.MODES)
+    from codea1_core.config import load_config
+
+    cfgs = {m: load_config(repo_root / "params.yaml", cmp.MODES[m]) for m in ("codea1_a1", "golden_sparse")}
+    assert cfgs["codea1_a1"].reward.alpha == 1.0 and cfgs["golden_sparse"].lab.golden_tests == "sparse"
+
+
+def test_ci95_is_the_student_t_interval_of_the_mean():
+    values = [6.2, 23.7, 27.4, 18.0, 20.1]
+    expected = 2.776 * statistics.stdev(values) / 5**0.5  # t(0.975, 4 df) = 2.776
+    assert cmp.ci95(values) == pytest.approx(expected, rel=1e-3)
+    assert cmp.ci95([3.0]) is None and cmp.ci95([]) is None
+    assert cmp.ci95([1.0, 2.0] * 20) == pytest.approx(1.96 * statistics.stdev([1.0, 2.0] * 20) / 40**0.5)
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for n in (2, 3, 5, 10, 31):
+        assert cmp._T975[n - 2] == pytest.approx(scipy_stats.t.ppf(0.975, n - 1), abs=1e-3), n
+
+
+def test_paired_deltas_per_seed_only_where_both_arms_ran():
+    results = [_result("golden_sparse", s, p, 0.1) for s, p in [(1, 10.0), (2, 20.0), (3, 30.0), (4, 5.0)]]
+    results += [_result("codea1", s, p, 0.1) for s, p in [(1, 14.0), (2, 18.0), (3, 36.0)]]
+    results += [_result("codea1", 4, 0.0, 0.0, error="boom"), _result("codea1", 5, 50.0, 0.1)]
+    p = cmp.paired(results, "codea1")
+    assert p["seeds"] == [1, 2, 3]  # seed 4: codea1 failed; seed 5: no golden_sparse run
+    assert p["deltas"] == pytest.approx([4.0, -2.0, 6.0])
+    assert p["wins"] == 2 and p["n"] == 3
+    assert p["mean"] == pytest.approx(8 / 3)
+    assert p["ci95"] == pytest.approx(4.303 * statistics.stdev([4.0, -2.0, 6.0]) / 3**0.5, rel=1e-3)
+    assert cmp.paired(results, "selfplay")["n"] == 0 and cmp.paired(results, "selfplay")["mean"] is None
+    md = cmp.table_markdown(cmp.aggregate(results), results)
+    assert "| codea1 | 3 | s1: +4.00, s2: -2.00, s3: +6.00 | +2.67 ± " in md and "| 2/3 |" in md
 
 
 def test_write_outputs_writes_every_artifact(tmp_path):
-    results = [_result(m, s, 10.0 * s, 0.1 * s) for m in ("golden", "codea1", "codea1_nomb") for s in (1, 2)]
+    results = [
+        _result(m, s, 10.0 * s, 0.1 * s) for m in ("golden_sparse", "codea1", "codea1_nomb") for s in (1, 2)
+    ]
     md = lc.write_outputs(tmp_path, results, wall_s=12.0)
     assert (tmp_path / "table.md").read_text() == md
     data = json.loads((tmp_path / "table.json").read_text())
     assert data["table"]["codea1"]["Mul"]["mean"] == pytest.approx(7.5)
-    assert data["experiments"]["lc-t-golden-s2"]["seed"] == 2 and data["wall_s"] == 12.0
+    assert data["experiments"]["lc-t-golden_sparse-s2"]["seed"] == 2 and data["wall_s"] == 12.0
+    assert data["paired"]["codea1"]["deltas"] == [0.0, 0.0]  # same numbers per seed as golden_sparse
+    assert data["table"]["codea1"]["Mul"]["ci95"] is not None
     for png in ("rewards.png", "mistake_book.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     html = (tmp_path / "report.html").read_text()
@@ -142,7 +196,11 @@ def test_write_outputs_writes_every_artifact(tmp_path):
 
 
 def test_mean_curve_averages_seeds_per_iteration():
-    results = [_result("codea1", 1, 1.0, 0.4), _result("codea1", 2, 1.0, 0.8), _result("golden", 1, 1.0, 0.0)]
+    results = [
+        _result("codea1", 1, 1.0, 0.4),
+        _result("codea1", 2, 1.0, 0.8),
+        _result("golden_sparse", 1, 1.0, 0.0),
+    ]
     xs, ys = cmp.mean_curve(results, "codea1", ["code/reward_mean"])
     assert xs == [1.0, 2.0] and ys == pytest.approx([0.1, 0.6])
 
@@ -169,9 +227,9 @@ def test_collect_reads_outputs_from_the_experiment_commit(tmp_path):
     _git(tmp_path, "add", "-f", "outputs")
     _git(tmp_path, "commit", "-qm", "exp")
     sha = _git(tmp_path, "rev-parse", "HEAD").strip()
-    _git(tmp_path, "update-ref", f"refs/exps/{sha[:2]}/{sha[2:]}/lc-t-golden-s1", sha)
+    _git(tmp_path, "update-ref", f"refs/exps/{sha[:2]}/{sha[2:]}/lc-t-golden_sparse-s1", sha)
     (tmp_path / lc.EVAL_FILE).write_text("{}")  # the workspace copy is not what collect reads
-    exps = lc.plan(["golden"], 2, [], "t")
+    exps = lc.plan(["golden_sparse"], 2, [], "t")
     ok, missing = lc.collect(tmp_path, exps)
     assert ok.error == "" and ok.metrics == {"test/lab_heldout/mul": 3.5}
     assert ok.history == [{"iteration": 1.0, "code/reward_mean": 0.25}]
@@ -313,18 +371,18 @@ def test_a_hard_killed_run_is_restored_and_resumed_without_redoing_finished_expe
     (runs / "lc-t-codea1-s1").mkdir(parents=True)
     (runs / "lc-t-codea1-s1" / "metrics.json").write_text('{"code/lab_heldout_seen/base/pass@1": 40.0}')
     (runs / "lc-t-codea1-s1" / "history.csv").write_text("iteration,code/reward_mean\n1,0.25\n")
-    (runs / ".lc-t-golden-s1.tmp").mkdir()  # a copy cut short by the kill: not a finished run
+    (runs / ".lc-t-golden_sparse-s1.tmp").mkdir()  # a copy cut short by the kill: not a finished run
 
-    args = ["--resume", "t", "--modes", "codea1,golden", "--seeds", "1", "--repo", str(repo)]
+    args = ["--resume", "t", "--modes", "codea1,golden_sparse", "--seeds", "1", "--repo", str(repo)]
     assert lc.main([*args, "--runner", "workspace"]) == 0
     log = (repo / "outputs" / "lab_compare" / "dvc.log").read_text()
-    assert "-n lc-t-golden-s1" in log and "-n lc-t-codea1-s1" not in log  # only the unfinished one ran
+    assert "-n lc-t-golden_sparse-s1" in log and "-n lc-t-codea1-s1" not in log  # only the unfinished one ran
     assert (repo / "params.yaml").read_text() == "seed: 1\n"
     assert sorted(p.name for p in (repo / "data" / "prepared").iterdir()) == ["mine"]
     assert not (repo / "dvc.lock").exists() and not backup.exists()
     table = json.loads((repo / "outputs" / "lab_compare" / "table.json").read_text())["table"]
     assert table["codea1"]["code pass@1 held-out seen"]["values"] == [40.0]
-    assert table["golden"]["Mul"]["values"] == [1.5]
+    assert table["golden_sparse"]["Mul"]["values"] == [1.5]
 
 
 def test_restore_workspace_without_backup_is_a_no_op(tmp_path):
