@@ -51,8 +51,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from codea1_core.config import TestsConfig
-from codea1_core.parsing import is_plain_literal
-from codea1_core.types import Problem
+from codea1_core.types import Problem, literal_value
 
 DEFAULT_REPORT_DIR = Path("outputs/quality")
 FORBIDDEN_NAMES = frozenset(
@@ -269,6 +268,18 @@ def _check_call(call: str, entry_point: str, any_function: bool = False) -> str:
     return _names_check(call, tree, "")
 
 
+def _is_plain_literal(answer: str, tree: ast.Expression, entry_point: str) -> bool:
+    """Plain data (``codea1_core.types.literal_value``) naming no entry point: as ``parsing.is_plain_literal``
+    (not imported: the prepare stage would then depend on the parser)."""
+    if any(isinstance(n, ast.Name) and n.id == entry_point for n in ast.walk(tree)):
+        return False
+    try:
+        literal_value(answer)
+    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError, OverflowError):
+        return False
+    return True
+
+
 def _check_answer(answer: str, entry_point: str, literal: bool = True) -> str:
     """Reason code of one predicted answer; ``literal``: it must be plain data (``tests.literal_answers``)."""
     if _SIMPLE_LITERAL.fullmatch(answer):  # fast path: a number, bool, None, plain string or flat int list
@@ -279,7 +290,11 @@ def _check_answer(answer: str, entry_point: str, literal: bool = True) -> str:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return "answer_syntax"
     names = _names_check(answer, tree, "answer_")
-    if names == _OK and literal and not is_plain_literal(answer, unicodedata.normalize("NFKC", entry_point)):
+    if (
+        names == _OK
+        and literal
+        and not _is_plain_literal(answer, tree, unicodedata.normalize("NFKC", entry_point))
+    ):
         return "expected_not_literal"
     return names
 
