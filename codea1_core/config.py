@@ -62,7 +62,7 @@ class DataConfig:
     seed: int = 1
     """Seed of the shuffled problem sampler (official: 1)."""
     max_prompt_tokens: int = 4096
-    """Code prompts longer than this are filtered out of the training set."""
+    """Code prompts longer than this are filtered out of the training set (0 = no limit)."""
 
 
 @dataclass(frozen=True)
@@ -527,7 +527,7 @@ _OPEN_UNIT = _bound(0, 1, lo_open=True)  # top_p, memory utilisation
 _BETA = _bound(0, 1, hi_open=True)
 RANGES: dict[str, tuple[str, Callable[[float], bool]]] = {
     "data.reference_call_timeout_s": _POS, "data.train_batch_size": _COUNT, "data.epochs": _COUNT,
-    "data.max_problems_per_source": _COUNT0, "data.max_prompt_tokens": _COUNT,
+    "data.max_problems_per_source": _COUNT0, "data.max_prompt_tokens": _COUNT0,
     "model.lora_rank": _COUNT, "model.lora_alpha": _POS, "model.lora_dropout": _BETA,
     "rollout.n_code": _COUNT, "rollout.n_tests": _COUNT, "rollout.temperature": _POS,
     "rollout.top_p": _OPEN_UNIT, "rollout.top_k": _COUNT0, "rollout.max_new_tokens_code": _COUNT,
