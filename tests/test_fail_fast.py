@@ -20,8 +20,6 @@ import pytest
 import yaml
 from test_train_flow import build_tiny, tiny_config
 
-from tasks.tracking import TrackingUnavailable, probe_store
-
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -58,6 +56,8 @@ def test_an_unreachable_mlflow_server_fails_in_one_line_within_15_s(
 
 
 def test_a_locked_sqlite_store_fails_in_one_line(tmp_path, mlflow_cfg):
+    from tasks.tracking import TrackingUnavailable, probe_store
+
     db = tmp_path / "mlflow.db"
     holder = sqlite3.connect(db)
     holder.execute("CREATE TABLE t (x)")
@@ -74,6 +74,8 @@ def test_a_locked_sqlite_store_fails_in_one_line(tmp_path, mlflow_cfg):
 
 
 def test_a_read_only_store_folder_fails_in_one_line(tmp_path, mlflow_cfg):
+    from tasks.tracking import TrackingUnavailable, probe_store
+
     if os.geteuid() == 0:
         pytest.skip("root writes into read-only folders: the check cannot fail as root")
     folder = tmp_path
