@@ -373,6 +373,13 @@ def preflight(cfg: Config) -> None:
     from tasks.tracking import probe_store
 
     out_dir = Path(cfg.orchestration.checkpoint_dir)
+    n_train = len(
+        load_problems(cfg)[0]
+    )  # cheap (parquet or in-memory lab); setup() checks again after filtering
+    if loop.total_steps(n_train, cfg.data.train_batch_size, cfg.data.epochs, cfg.orchestration.max_steps) < 1:
+        raise UserError(
+            f"no training step: {n_train} problems < data.train_batch_size={cfg.data.train_batch_size}"
+        )
     same = ckpt.stored_fingerprint(out_dir) == loop.config_fingerprint(cfg.flat())
     if cfg.orchestration.resume == "auto" and same:
         ckpt.select_checkpoint(out_dir)

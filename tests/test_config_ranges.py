@@ -87,3 +87,18 @@ def test_tracking_backend_null_unquoted_means_the_null_tracker(tmp_path):
     path.write_text("tracking:\n  backend: null\n")
     assert load_config(path).tracking.backend == "null"
     assert load_config("params.yaml", ["tracking.backend=null"]).tracking.backend == "null"
+
+
+def test_a_config_with_no_training_step_is_refused_before_the_flow(tmp_path, capsys):
+    """An ``epochs``/batch combination with 0 steps used to exit 0 and export the warm start as "final"."""
+    from flows.train import run
+
+    params = tmp_path / "params.yaml"
+    params.write_text(f"data:\n  train_batch_size: 100000\norchestration:\n  checkpoint_dir: {tmp_path}/t\n")
+    t0 = time.perf_counter()
+    assert stage_main(run, "train", ["--params", str(params)]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # before it: the warning that the lab problems are built in memory
+    assert last.startswith("error: no training step") and "data.train_batch_size=100000" in last
+    assert "Traceback" not in err
+    assert time.perf_counter() - t0 < 30 and not (tmp_path / "t" / "final").exists()
