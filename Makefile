@@ -1,9 +1,13 @@
 # codea1 — the README's two commands are `make run` and `make test`.
 SHELL := /bin/bash
-PYTHON ?= python3.11
+# The first interpreter found of 3.11 (preferred: a CPU torch wheel for it is on disk here), 3.12, 3.13.
+PYTHON ?= $(firstword $(foreach p,python3.11 python3.12 python3.13,$(shell $(p) -c 'import sys' >/dev/null 2>&1 && echo $(p))))
+# Extra pip arguments for the CPU torch install, e.g. an index of CPU-only wheels on Pythons other than 3.11.
+TORCH_PIP_ARGS ?=
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.codea1-installed
+TEST_STAMP := $(VENV)/.codea1-test-extras
 
 .PHONY: setup run test test-slow test-gpu ui lint format lab-compare clean
 
@@ -11,27 +15,37 @@ STAMP := $(VENV)/.codea1-installed
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@if ! test -x $(BIN)/python; then \
+	  if test -z "$(PYTHON)"; then echo "setup: no python3.11, python3.12 or python3.13 on PATH (set PYTHON=...)" >&2; exit 1; fi; \
+	  echo "setup: creating $(VENV) with $(PYTHON) ($$($(PYTHON) --version 2>&1))"; \
+	  $(PYTHON) -m venv $(VENV); \
+	else \
+	  echo "setup: updating $(VENV) ($$($(BIN)/python --version 2>&1))"; \
+	fi
 	@$(BIN)/python -m pip install -q --upgrade pip
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
 	  echo "CUDA found: torch comes with the project install"; \
 	else \
-	  $(BIN)/python -m pip install -q torch==2.13.0; \
+	  $(BIN)/python -m pip install -q torch==2.13.0 $(TORCH_PIP_ARGS); \
 	fi
 	@$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
 ## run: the main job — `dvc repro` of the default pipeline (prepare -> warmstart -> train -> evaluate -> register)
+##      under one Prefect API for the whole run, then the learning table (flows/pipeline.py)
 run: setup
 	@test -d .dvc || $(BIN)/dvc init -q
-	@PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
-	@$(BIN)/python -m flows.summary
+	@$(BIN)/python -m flows.pipeline
 
-## test: the test suite without the opt-in gpu/slow markers
-test: setup
+## test: the test suite without the opt-in gpu/slow markers (installs the optional `ray` extra its tests need)
+$(TEST_STAMP): $(STAMP)
+	@$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,ray]'
+	@touch $(TEST_STAMP)
+
+test: setup $(TEST_STAMP)
 	@$(BIN)/python -m pytest -m "not gpu and not slow"
 
-test-slow: setup
+test-slow: setup $(TEST_STAMP)
 	@$(BIN)/python -m pytest -m slow
 
 test-gpu: setup

@@ -28,9 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")  # shared, loaded machines
 
-from flows.common import quiet_env  # noqa: E402
+import flows  # noqa: E402,F401  (the entry-point environment defaults, before Prefect and MLflow load)
 
 
 def _model_paths(cfg, tmp: Path) -> tuple[str, str, str]:
@@ -63,7 +62,6 @@ def _timing(call, sink: dict[str, list[float]], it: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    quiet_env()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--iterations", type=int, default=4)

@@ -13,6 +13,11 @@ CPU-bound throughput they imply on ``--workers`` idle cores.
 What it does not do: check results beyond counting statuses (the tests do that).
 
 Run: ``python bench/sandbox_bench.py [--trivial 2000] [--workers 2] [--data-dir DIR]``.
+
+``--ray`` (needs ``pip install -e '.[ray]'``) measures instead, on the same two workloads in one run, the
+process pool beside the Ray backend on one node (a local Ray runtime, one actor owning a pool of ``--workers``
+workers): programs/s of both and the per-program overhead Ray adds, ``ray_s / process_s - 1`` (goal <= 10 %
+on HumanEval+), best of ``--rounds`` alternating rounds so that a busy neighbour hurts both alike.
 """
 
 from __future__ import annotations
@@ -116,15 +121,59 @@ def report(name: str, jobs: list[tuple[str, list[str]]], workers: int, baseline_
     )
 
 
+def time_backend(ex, jobs: list[tuple[str, list[str]]]) -> tuple[float, collections.Counter]:
+    """Wall seconds of one ``run_many`` of all jobs on a warm executor, and the statuses."""
+    t0 = time.perf_counter()
+    results = ex.run_many(jobs)
+    return time.perf_counter() - t0, collections.Counter(o.status for r in results for o in r)
+
+
+def report_ray(workloads: dict[str, list[tuple[str, list[str]]]], workers: int, rounds: int) -> None:
+    """Process pool vs the Ray backend (one node, one actor of ``workers`` workers), same jobs, one run."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # a local runtime on 127.0.0.1 only
+    from sandbox.ray_executor import RayExecutor
+
+    limits = ExecLimits(call_timeout_s=5.0, program_timeout_s=60.0)
+    with (
+        ProcessExecutor(workers=workers, limits=limits) as pex,
+        RayExecutor(actors_per_node=1, workers_per_actor=workers, limits=limits) as rex,
+    ):
+        print(
+            f"\n== Ray backend vs process pool: {workers} workers each; Ray: {rex.isolation['nodes']} node(s)"
+        )
+        print(f"  {'workload':44s} {'process programs/s':>18s} {'ray programs/s':>15s} {'ray overhead':>13s}")
+        for name, jobs in workloads.items():
+            for ex in (pex, rex):
+                ex.run_many(jobs[: 4 * workers])  # warm-up
+            best = {"process": float("inf"), "ray": float("inf")}
+            statuses = {}
+            for _ in range(rounds):
+                for label, ex in (("process", pex), ("ray", rex)):
+                    secs, statuses[label] = time_backend(ex, jobs)
+                    best[label] = min(best[label], secs)
+            assert statuses["process"] == statuses["ray"], statuses  # the same outcomes on both
+            n = len(jobs)
+            print(
+                f"  {name:44s} {n / best['process']:18.1f} {n / best['ray']:15.1f}"
+                f" {100 * (best['ray'] / best['process'] - 1):12.1f} %"
+            )
+        print(f"  (best of {rounds} alternating rounds; statuses identical on both backends)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trivial", type=int, default=1000, help="number of trivial programs")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--baseline-sample", type=int, default=200, help="programs timed for the baseline")
     parser.add_argument("--data-dir", default=os.environ.get("CODEA1_DATA_DIR", ""))
+    parser.add_argument("--ray", action="store_true", help="process pool vs the Ray backend instead")
+    parser.add_argument("--rounds", type=int, default=3, help="--ray: alternating rounds, best kept")
     args = parser.parse_args()
     print(f"cores {os.cpu_count()}, load average {os.getloadavg()[0]:.2f} (shared machine: numbers vary)")
     trivial = [(f"def f(x):\n    return x + {i}\n", ["f(1)"]) for i in range(args.trivial)]
+    if args.ray:
+        main_ray(args, trivial)
+        return
     report("trivial programs (one call)", trivial, args.workers, args.baseline_sample)
     data_dir = (
         Path(args.data_dir) if args.data_dir else Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -134,6 +183,21 @@ def main() -> None:
         report("HumanEval+ canonical solutions, base inputs", he, args.workers, len(he))
     else:
         print(f"\n(HumanEval+ skipped: no data under {data_dir}; set --data-dir or CODEA1_DATA_DIR)")
+    print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+
+
+def main_ray(args: argparse.Namespace, trivial: list[tuple[str, list[str]]]) -> None:
+    """``--ray``: the two workloads on both backends (HumanEval+ only when its data is there)."""
+    workloads = {"trivial programs (one call)": trivial}
+    data_dir = (
+        Path(args.data_dir) if args.data_dir else Path(__file__).resolve().parents[2] / "shared" / "data"
+    )
+    if (data_dir / "humanevalplus").is_dir():
+        he = [(w.program, w.calls) for w in evalplus_workloads(data_dir, "humanevalplus", ("base_input",))]
+        workloads["HumanEval+ canonical solutions, base inputs"] = he
+    else:
+        print(f"(HumanEval+ skipped: no data under {data_dir}; set --data-dir or CODEA1_DATA_DIR)")
+    report_ray(workloads, args.workers, args.rounds)
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -127,6 +127,12 @@ class RolloutConfig:
     """vLLM: reuse KV cache across prompts sharing a prefix."""
     shared_engine: bool = True
     """vLLM: both roles as LoRA adapters on one engine (else one engine per role)."""
+    tensor_parallel_size: int = 1
+    """vLLM: GPUs each engine's weights are split over (``tensor_parallel_size`` engine argument)."""
+    data_parallel_size: int = 1
+    """vLLM: engine replicas (``data_parallel_size`` engine argument, passed only when > 1). Whether the
+    offline ``vllm.LLM`` accepts it is vLLM's call: recent releases refuse it in a single process and say so
+    at engine start (then launch one run per GPU group, or use ``tensor_parallel_size``)."""
 
 
 @dataclass(frozen=True)
@@ -219,8 +225,9 @@ class MistakeBookConfig:
 class SandboxConfig:
     """Execution of untrusted code (ALGORITHM.md D2-D4)."""
 
-    backend: Literal["process", "docker"] = "process"
-    """``process`` (fork-server pool, everywhere) or ``docker`` (needs an engine)."""
+    backend: Literal["process", "docker", "ray"] = "process"
+    """``process`` (fork-server pool, everywhere), ``docker`` (needs an engine) or ``ray`` (the process pool in
+    warm Ray actors on every node of a Ray cluster; ``pip install -e '.[ray]'``, ``sandbox/ray_executor.py``)."""
     workers: int = 2
     """Warm worker processes."""
     call_timeout_s: float = 2.0
@@ -245,6 +252,14 @@ class SandboxConfig:
     """When running as root, run children as an unprivileged uid."""
     docker_image: str = "python:3.11-slim"
     """Image of the Docker backend."""
+    ray_address: str = ""
+    """``backend: ray``: the cluster to join (``auto``, ``host:6379``, ``ray://host:10001``); empty = the
+    ``RAY_ADDRESS`` environment variable, else a local Ray runtime started (and stopped) by the run."""
+    ray_actors_per_node: int = 1
+    """``backend: ray``: sandbox actors per alive node; each owns a warm process pool."""
+    ray_workers_per_actor: int = 2
+    """``backend: ray``: fork-server workers per actor (``workers`` is the process backend's); size
+    actors x workers to each node's cores (the actors reserve no Ray CPUs)."""
 
 
 @dataclass(frozen=True)

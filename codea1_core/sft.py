@@ -25,6 +25,18 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+def _checkpointing_kwargs(config_cls: type) -> dict[str, bool]:
+    """TRL's default (checkpointing on) under the name the installed transformers wants.
+
+    transformers 5 renamed ``gradient_checkpointing`` to ``activation_checkpointing`` and warns on every run
+    that reaches it through the old name (TRL's ``SFTConfig`` default does); older releases know only the old one.
+    """
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(config_cls)}
+    return {"activation_checkpointing": True} if "activation_checkpointing" in names else {"gradient_checkpointing": True}
+
+
 def _to_prompt_completion(examples: list[dict], tokenizer: Any) -> list[dict]:
     """Validate examples and convert them to TRL prompt-completion rows (conversational or plain)."""
     from codea1_core.prompts import render_plain
@@ -119,6 +131,7 @@ def supervised_finetune(
             warmup_steps=0,
             dataloader_num_workers=0,
             dataset_num_proc=None,
+            **_checkpointing_kwargs(SFTConfig),
         )
         bars_were_off = datasets.is_progress_bar_enabled() is False
         datasets.disable_progress_bars()

@@ -10,7 +10,8 @@ a role samples from its base model, which equals the zero-initialised adapter (A
 Engines: with ``rollout.shared_engine`` (default) one engine serves both adapters over one base model
 (``max_loras=2``; the two roles must then start from the same base); otherwise one engine per role, each
 with half of ``rollout.gpu_memory_utilization`` in ``codea1`` mode. ``max_model_len`` and
-``enable_prefix_caching`` come from ``cfg.rollout``. The training step shares the GPU: lower
+``enable_prefix_caching`` come from ``cfg.rollout``, and so do ``tensor_parallel_size`` and
+``data_parallel_size`` (multi-GPU engines; the latter only when > 1). The training step shares the GPU: lower
 ``rollout.gpu_memory_utilization`` (e.g. 0.4) to leave room for the two policies' updates.
 
 Entry point for the pipeline: :func:`attach` (``tasks/rollout.py`` calls it when ``rollout.backend: vllm``).
@@ -122,7 +123,16 @@ class VllmRollout:
 
     def _engine_kwargs(self, model_path: str, n_engines: int) -> dict[str, Any]:
         r, m = self.cfg.rollout, self.cfg.model
+        if r.tensor_parallel_size < 1 or r.data_parallel_size < 1:
+            raise ValueError(
+                "rollout.tensor_parallel_size and rollout.data_parallel_size must be >= 1, got "
+                f"{r.tensor_parallel_size} and {r.data_parallel_size}"
+            )
+        parallel = {"tensor_parallel_size": r.tensor_parallel_size}
+        if r.data_parallel_size > 1:  # only then: vLLM versions differ in what they accept for it
+            parallel["data_parallel_size"] = r.data_parallel_size
         return {
+            **parallel,
             "model": model_path,
             "dtype": "bfloat16" if m.dtype == "auto" else m.dtype,
             "seed": self.cfg.seed,

@@ -22,7 +22,7 @@ from typing import Any
 
 from codea1_core.config import Config
 from codea1_core.types import Problem
-from flows.common import UserError, load_stage_config, quiet_env, run_user_errors
+from flows.common import UserError, load_stage_config, run_user_errors
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,6 @@ def format_report(report: AttackReport) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``codea1 attack FILE.py::function``; exit 2 with one line on user errors."""
-    quiet_env()
     parser = argparse.ArgumentParser(
         description="Let the Test LLM write adversarial tests for your function."
     )

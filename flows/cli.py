@@ -1,4 +1,4 @@
-"""The ``codea1`` command line: one subcommand per pipeline stage, plus solve / attack / serve / ui.
+"""The ``codea1`` command line: one subcommand per pipeline stage, plus solve / attack / serve / deploy / ui.
 
 Every stage subcommand takes ``--params FILE`` and ``key=value`` overrides, exactly like the DVC stages
 (``python -m flows.<stage>``) which it calls; user mistakes end in one line on stderr and exit code 2.
@@ -130,6 +130,12 @@ def attack(ctx: typer.Context) -> None:
 def serve(ctx: typer.Context) -> None:
     """Register Prefect deployments (train, evaluate) so runs can be started and scheduled from the UI."""
     _run_main("serve", list(ctx.args))
+
+
+@app.command(context_settings=PASSTHROUGH)
+def deploy(ctx: typer.Context) -> None:
+    """Create train/evaluate/pipeline deployments on a Prefect work pool (default: process pool)."""
+    _run_main("deploy", list(ctx.args))
 
 
 @app.command()

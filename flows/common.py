@@ -9,31 +9,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from codea1_core.config import Config, ConfigError, load_config
 
-QUIET_ENV = {
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-    "DO_NOT_TRACK": "1",
-    "GX_ANALYTICS_ENABLED": "false",
-    "TOKENIZERS_PARALLELISM": "false",
-    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
-}
-
 
 class UserError(Exception):
     """A mistake the user can fix (bad input, missing file): printed as one line, exit 2."""
-
-
-def quiet_env() -> None:
-    """Defaults that keep local runs offline and quiet (explicit user settings win)."""
-    for key, value in QUIET_ENV.items():
-        os.environ.setdefault(key, value)
 
 
 def parse_stage_args(argv: list[str] | None, description: str) -> tuple[str, list[str]]:
@@ -64,7 +48,6 @@ def run_user_errors(fn: Callable[[], Any]) -> int:
 
 def stage_main(run: Callable[[Config], Any], description: str, argv: list[str] | None = None) -> int:
     """``python -m flows.<stage>``: parse args, load params, call ``run(cfg)``; exit code."""
-    quiet_env()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     params, overrides = parse_stage_args(argv, description)
     return run_user_errors(lambda: run(load_stage_config(params, overrides)))

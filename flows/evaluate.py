@@ -39,7 +39,7 @@ from prefect import flow
 
 from codea1_core.config import Config
 from codea1_core.report import render_report
-from flows.common import UserError, load_stage_config, quiet_env, run_user_errors
+from flows.common import UserError, load_stage_config, run_user_errors
 
 log = logging.getLogger(__name__)
 
@@ -337,7 +337,6 @@ def compare(paths: list[str], out: str | Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m flows.evaluate`` / ``codea1 evaluate``; exit 2 with one line on user errors."""
-    quiet_env()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(description="Evaluate the Code LLM and the Test LLM on benchmarks.")
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")

@@ -65,7 +65,8 @@ from codea1_core.comparison import (
     rewards_chart,
     table_markdown,
 )
-from flows.common import UserError, quiet_env, run_user_errors
+from flows.common import UserError, run_user_errors
+from flows.prefect_server import shared_api
 
 QUICK_OVERRIDES = [
     "orchestration.max_steps=2",
@@ -370,7 +371,6 @@ def write_outputs(out: Path, results: Sequence[RunResult], wall_s: float) -> str
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m flows.lab_compare``; exit 0 when every experiment produced results, 1 otherwise."""
-    quiet_env()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3, help="seeds 1..N per mode (default 3)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma list from {list(MODES)}")
@@ -426,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"  interrupted? continue with: python -m flows.lab_compare --resume {tag} [same options]"
                 )
-            with open(out / "dvc.log", "a" if args.resume else "w") as log:
+            # one Prefect API for every experiment's stages (flows.prefect_server), not one per stage
+            with shared_api(), open(out / "dvc.log", "a" if args.resume else "w") as log:
                 todo = [e for e in experiments if e not in done]
                 if runner == "queue":
                     queue_and_run(repo, todo, args.jobs, out, log)

@@ -24,7 +24,7 @@ from typing import Any
 from prefect import flow
 
 from codea1_core.config import load_config
-from flows.common import quiet_env, run_user_errors
+from flows.common import run_user_errors
 from flows.train import train_flow
 
 TRAIN_DEPLOYMENT = "codea1-train"
@@ -61,7 +61,6 @@ def build_deployments(params: str, overrides: list[str], cron: str | None = None
 
 def main(argv: list[str] | None = None) -> int:
     """Parse args, build the deployments and serve them until interrupted."""
-    quiet_env()
     parser = argparse.ArgumentParser(description="Serve the train/evaluate deployments for the Prefect UI")
     parser.add_argument("--params", default="params.yaml", help="params file passed to every run")
     parser.add_argument("--cron", default=None, help='optional schedule for training, e.g. "0 3 * * *"')

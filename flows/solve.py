@@ -40,7 +40,7 @@ from codea1_core.evaluation import (
     select_candidate,
 )
 from codea1_core.types import Problem
-from flows.common import UserError, load_stage_config, quiet_env, run_user_errors
+from flows.common import UserError, load_stage_config, run_user_errors
 
 
 @dataclass(frozen=True)
@@ -260,7 +260,6 @@ def format_result(result: SolveResult) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``codea1 solve --problem FILE``; exit 2 with one line on user errors."""
-    quiet_env()
     parser = argparse.ArgumentParser(
         description="Test-time collaboration: pick a Code-LLM candidate with Test-LLM tests."
     )

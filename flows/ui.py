@@ -33,7 +33,7 @@ def start_uis(params: str, prefect_port: int, mlflow_port: int) -> int:
     )
     artifacts = cfg.tracking.artifact_location if cfg else "mlflow/artifacts"
     Path("mlflow").mkdir(exist_ok=True)
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
+    env = dict(os.environ)  # with flows.environment's defaults (applied when flows was imported)
     procs = [
         subprocess.Popen(
             [_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)], env=env

@@ -1,6 +1,7 @@
 """The only place untrusted code runs: isolated executors returning :class:`CallOutcome` per call.
 
-``ProcessExecutor`` (fork-server pool, Linux) and ``DockerExecutor`` (container per program) share one
+``ProcessExecutor`` (fork-server pool, Linux), ``DockerExecutor`` (container per program) and
+``RayExecutor`` (process pools in warm actors on a Ray cluster, ``pip install -e '.[ray]'``) share one
 interface; ``make_executor(cfg.sandbox)`` builds the configured one. Guarantees and limits are listed
 in ``sandbox/executor.py``.
 """
@@ -14,6 +15,7 @@ __all__ = [
     "DockerExecutor",
     "ExecLimits",
     "ProcessExecutor",
+    "RayExecutor",
     "SandboxUnavailable",
     "make_executor",
 ]
@@ -24,4 +26,8 @@ def __getattr__(name: str):
         from sandbox.docker_executor import DockerExecutor
 
         return DockerExecutor
+    if name == "RayExecutor":  # imported lazily: Ray is an optional extra
+        from sandbox.ray_executor import RayExecutor
+
+        return RayExecutor
     raise AttributeError(f"module 'sandbox' has no attribute {name!r}")

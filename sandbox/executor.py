@@ -395,6 +395,16 @@ def make_executor(sandbox_cfg: Any) -> Any:
         from sandbox.docker_executor import DockerExecutor
 
         return DockerExecutor(image=sandbox_cfg.docker_image, **common)
+    if sandbox_cfg.backend == "ray":
+        from sandbox.ray_executor import RayExecutor
+
+        common.pop("workers")
+        return RayExecutor(
+            address=sandbox_cfg.ray_address,
+            actors_per_node=sandbox_cfg.ray_actors_per_node,
+            workers_per_actor=sandbox_cfg.ray_workers_per_actor,
+            **common,
+        )
     if sandbox_cfg.backend != "process":
-        raise ValueError(f"sandbox.backend: expected process or docker, got {sandbox_cfg.backend!r}")
+        raise ValueError(f"sandbox.backend: expected process, docker or ray, got {sandbox_cfg.backend!r}")
     return ProcessExecutor(**common)

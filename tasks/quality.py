@@ -100,7 +100,6 @@ class GateResult:
 
 class _Gx:
     def __init__(self) -> None:
-        os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
         import great_expectations as gx
         from great_expectations.data_context.types.base import ProgressBarsConfig
 

@@ -1,6 +1,6 @@
 """Shared test set-up: quiet, local, offline services; one Prefect ephemeral API per session.
 
-Environment variables are set before any test module imports prefect/mlflow.
+Environment variables are set before any test module imports prefect/mlflow/GX.
 """
 
 from __future__ import annotations
@@ -8,18 +8,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+# Test-only settings; the product's own defaults come from flows.environment (imported next), as in every
+# entry point, so the tests run with exactly what users get.
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 import pytest  # noqa: E402
+
+import flows  # noqa: E402,F401  (applies flows.environment before any test module imports prefect/mlflow/GX)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -160,6 +160,25 @@ def test_one_engine_per_role_when_not_shared(fake_vllm, tiny_dir, tmp_path):
         VllmRollout(cfg(), {"code": tiny_dir, "test": other}, tmp_path / "b")
 
 
+def test_tensor_and_data_parallel_sizes_reach_the_engine(fake_vllm, tiny_dir, tmp_path):
+    """``rollout.tensor_parallel_size``/``data_parallel_size`` are passed to every engine (data parallel only
+    when > 1, so single-GPU engine arguments stay as before); sizes below 1 fail with the key's name."""
+    from codea1_core.vllm_engine import VllmRollout
+
+    VllmRollout(cfg(), {"code": tiny_dir}, tmp_path / "a")
+    assert FakeLLM.instances[-1].kwargs["tensor_parallel_size"] == 1
+    assert "data_parallel_size" not in FakeLLM.instances[-1].kwargs
+    other = str(build_tiny_model(tmp_path / "other", CORPUS, vocab_size=300, seed=1))
+    parallel = cfg(
+        **{"rollout.tensor_parallel_size": 2, "rollout.data_parallel_size": 4, "rollout.shared_engine": False}
+    )
+    VllmRollout(parallel, {"code": tiny_dir, "test": other}, tmp_path / "b")
+    for engine in FakeLLM.instances[-2:]:
+        assert (engine.kwargs["tensor_parallel_size"], engine.kwargs["data_parallel_size"]) == (2, 4)
+    with pytest.raises(ValueError, match="rollout.tensor_parallel_size"):
+        VllmRollout(cfg(**{"rollout.tensor_parallel_size": 0}), {"code": tiny_dir}, tmp_path / "c")
+
+
 def test_attach_routes_generate_through_vllm_and_syncs_after_step(fake_vllm, tiny_dir, tmp_path):
     from codea1_core.policy import TrainBatch
     from codea1_core.vllm_engine import attach

@@ -1,0 +1,135 @@
+"""One Prefect API for a whole pipeline run, instead of a temporary server per DVC stage.
+
+Without ``PREFECT_API_URL``, every ``python -m flows.<stage>`` process starts Prefect's ephemeral API
+itself (7-20 s on 2 cores, longer the first time: the database is created and migrated). ``make run`` runs
+five stages, so :func:`shared_api` starts one ``prefect server start`` (no UI, no background services — what
+the ephemeral mode runs) on a free loopback port, exports its URL to the child processes, and stops it when
+the block ends, also on Ctrl-C or SIGTERM. The server writes to the same database as the ephemeral API
+(``$PREFECT_HOME``), so every run still shows in the Prefect UI afterwards (``make ui``).
+
+What it does not: replace a server the user runs — with ``PREFECT_API_URL`` already set it uses that one and
+starts nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+STARTUP_TIMEOUT_S = 180.0
+"""A first start creates and migrates the database: far slower than later ones on a small machine."""
+STOP_TIMEOUT_S = 10.0
+
+
+class ServerStartError(RuntimeError):
+    """The Prefect server did not answer its health check in time (the message carries its log's tail)."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _healthy(api_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no server log)"
+
+
+def _die_with_parent() -> None:
+    """In the server's process (before exec): get SIGTERM when the pipeline process dies, even by SIGKILL.
+
+    Linux only (``prctl(PR_SET_PDEATHSIG)``); elsewhere the ``finally`` clause of :func:`shared_api` is all.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the server's process group (uvicorn and its children), SIGKILL what is left after a while."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@contextlib.contextmanager
+def shared_api(timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[str]:
+    """Yield a Prefect API URL valid for the block; start (and finally stop) a local server if none is set.
+
+    ``PREFECT_API_URL`` is set in ``os.environ`` for the block, so child processes started inside it
+    (``dvc repro`` and the stages it runs) all talk to the same API.
+    """
+    existing = os.environ.get("PREFECT_API_URL")
+    if existing:
+        yield existing
+        return
+    port = _free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    log = Path(tempfile.mkstemp(prefix="codea1-prefect-server-", suffix=".log")[1])
+    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--no-ui", "--no-services", "--analytics-off"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not _healthy(api_url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                why = (
+                    f"exited with code {proc.returncode}"
+                    if proc.poll() is not None
+                    else f"no answer in {timeout_s:.0f} s"
+                )
+                raise ServerStartError(f"the Prefect server {why}; its log ({log}):\n{_tail(log)}")
+            time.sleep(0.25)
+        os.environ["PREFECT_API_URL"] = api_url
+        yield api_url
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)
+        _stop(proc)
+    log.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt for the block, so ``finally`` clauses (server stop) run."""
+
+    def _raise(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
