@@ -10,9 +10,16 @@ isolation costs <= 20 % throughput. The load average is printed: on a shared mac
 are lower, so CPU seconds per program (workers + children + parent, from /proc) are printed too, with the
 CPU-bound throughput they imply on ``--workers`` idle cores.
 
+With ``--compare-ref REF`` (e.g. ``e7470d3``) it instead measures this checkout's executor against the
+one of git revision REF (extracted with ``git archive`` into a temporary directory) in ONE run: ABBA-
+interleaved rounds, each a fresh process running the same workloads with full isolation, and prints the
+median programs/s of each side and their ratio (the machine may be loaded by others: interleaving
+spreads that load over both sides).
+
 What it does not do: check results beyond counting statuses (the tests do that).
 
-Run: ``python bench/sandbox_bench.py [--trivial 2000] [--workers 2] [--data-dir DIR]``.
+Run: ``python bench/sandbox_bench.py [--trivial 2000] [--workers 2] [--data-dir DIR]``, or
+``python bench/sandbox_bench.py --compare-ref e7470d3 [--rounds 3]``.
 
 ``--ray`` (needs ``pip install -e '.[ray]'``) measures instead, on the same two workloads in one run, the
 process pool beside the Ray backend on one node (a local Ray runtime, one actor owning a pool of ``--workers``
@@ -24,10 +31,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -121,6 +131,78 @@ def report(name: str, jobs: list[tuple[str, list[str]]], workers: int, baseline_
     )
 
 
+MEASURE = """
+import json, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from sandbox import ExecLimits, ProcessExecutor
+from sandbox.workloads import evalplus_workloads
+trivial = [(f"def f(x):\\n    return x + {i}\\n", ["f(1)"]) for i in range(int(sys.argv[3]))]
+data = Path(sys.argv[4])
+suites = {"trivial": trivial}
+if (data / "humanevalplus").is_dir():
+    suites["humaneval+"] = [(w.program, w.calls) for w in evalplus_workloads(data, "humanevalplus", ("base_input",))]
+def tree_cpu(pid):
+    # CPU seconds of pid, its reaped children and (recursively) its live descendants
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        kids = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    except OSError:
+        return 0.0
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK") + sum(tree_cpu(int(k)) for k in kids)
+import os
+out = {"sandbox": sys.modules["sandbox"].__file__}
+with ProcessExecutor(workers=int(sys.argv[2]), limits=ExecLimits(call_timeout_s=5.0, program_timeout_s=60.0)) as ex:
+    pids = [w.proc.pid for w in ex._workers]
+    for name, jobs in suites.items():
+        ex.run_many(jobs[:8])  # warm-up
+        cpu0, t0 = sum(map(tree_cpu, pids)) + time.process_time(), time.perf_counter()
+        results = ex.run_many(jobs)
+        out[name] = len(jobs) / (time.perf_counter() - t0)
+        out[name + " cpu_ms"] = 1000 * (sum(map(tree_cpu, pids)) + time.process_time() - cpu0) / len(jobs)
+        out[name + " ok"] = sum(o.status == "ok" for r in results for o in r)
+print(json.dumps(out))
+"""
+
+
+def compare_ref(ref: str, rounds: int, workers: int, trivial: int, data_dir: Path) -> None:
+    """Programs/s of this checkout vs revision ``ref``, interleaved ABBA in one run; prints the ratio."""
+    here = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory(prefix="codea1-bench-ref-") as tmp:
+        archive = subprocess.run(["git", "-C", str(here), "archive", ref], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        trees = {"ref": tmp, "this": str(here)}
+        runs: dict[str, list[dict]] = {"ref": [], "this": []}
+        for r in range(rounds):
+            for side in ("ref", "this") if r % 2 == 0 else ("this", "ref"):
+                proc = subprocess.run(
+                    [sys.executable, "-c", MEASURE, trees[side], str(workers), str(trivial), str(data_dir)],
+                    capture_output=True,
+                    text=True,
+                    cwd=trees[side],
+                    check=False,
+                )
+                if proc.returncode != 0:
+                    raise SystemExit(f"bench run of {side} failed: {proc.stderr.strip()[-2000:]}")
+                runs[side].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                shown = {k: v for k, v in runs[side][-1].items() if k != "sandbox" and not k.endswith(" ok")}
+                print(f"  round {r + 1} {side:4s}: " + ", ".join(f"{k} {v:.2f}" for k, v in shown.items()))
+    print(
+        f"\n== this checkout vs {ref} (full isolation, {workers} workers, median of {rounds} interleaved rounds)"
+    )
+    for suite in [k for k in runs["this"][0] if k != "sandbox" and " " not in k]:
+        ref_ps = statistics.median(x[suite] for x in runs["ref"])
+        this_ps = statistics.median(x[suite] for x in runs["this"])
+        ref_ms = statistics.median(x[suite + " cpu_ms"] for x in runs["ref"])
+        this_ms = statistics.median(x[suite + " cpu_ms"] for x in runs["this"])
+        oks = {side: runs[side][0][suite + " ok"] for side in runs}
+        print(
+            f"  {suite:11s} wall: ref {ref_ps:7.1f}, this {this_ps:7.1f} programs/s, ratio {this_ps / ref_ps:.3f};"
+            f" CPU: ref {ref_ms:.2f}, this {this_ms:.2f} ms/program, throughput ratio {ref_ms / this_ms:.3f}"
+            f"  (ok calls: ref {oks['ref']}, this {oks['this']})"
+        )
+
+
 def time_backend(ex, jobs: list[tuple[str, list[str]]]) -> tuple[float, collections.Counter]:
     """Wall seconds of one ``run_many`` of all jobs on a warm executor, and the statuses."""
     t0 = time.perf_counter()
@@ -166,18 +248,25 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--baseline-sample", type=int, default=200, help="programs timed for the baseline")
     parser.add_argument("--data-dir", default=os.environ.get("CODEA1_DATA_DIR", ""))
+    parser.add_argument("--compare-ref", default="", help="git revision to compare this executor against")
     parser.add_argument("--ray", action="store_true", help="process pool vs the Ray backend instead")
-    parser.add_argument("--rounds", type=int, default=3, help="--ray: alternating rounds, best kept")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="--compare-ref: interleaved rounds; --ray: alternating rounds"
+    )
     args = parser.parse_args()
     print(f"cores {os.cpu_count()}, load average {os.getloadavg()[0]:.2f} (shared machine: numbers vary)")
+    data_dir = (
+        Path(args.data_dir) if args.data_dir else Path(__file__).resolve().parents[2] / "shared" / "data"
+    )
+    if args.compare_ref:
+        compare_ref(args.compare_ref, args.rounds, args.workers, args.trivial, data_dir)
+        print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+        return
     trivial = [(f"def f(x):\n    return x + {i}\n", ["f(1)"]) for i in range(args.trivial)]
     if args.ray:
         main_ray(args, trivial)
         return
     report("trivial programs (one call)", trivial, args.workers, args.baseline_sample)
-    data_dir = (
-        Path(args.data_dir) if args.data_dir else Path(__file__).resolve().parents[2] / "shared" / "data"
-    )
     if (data_dir / "humanevalplus").is_dir():
         he = [(w.program, w.calls) for w in evalplus_workloads(data_dir, "humanevalplus", ("base_input",))]
         report("HumanEval+ canonical solutions, base inputs", he, args.workers, len(he))

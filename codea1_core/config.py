@@ -21,8 +21,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 
 class ConfigError(ValueError):
     """A malformed configuration: the message names the file (if any) and the dotted key."""
@@ -93,6 +91,8 @@ class ModelConfig:
     """Use the tokenizer's chat template when it has one (plain-text prompts otherwise)."""
     gradient_checkpointing: bool = False
     """Trade compute for memory in the update."""
+    gpu_memory_gb: float = 0.0
+    """GPU memory (GB) the train-start memory plan checks against; 0 = the CUDA device's own (no check on CPU)."""
 
 
 @dataclass(frozen=True)
@@ -601,6 +601,8 @@ _NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
 
 def _dump_scalar(value: Any) -> str:
+    import yaml  # imported where used: the GPU bench builds configs from dicts on images without PyYAML
+
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
@@ -609,6 +611,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"override {text!r}: expected key=value (e.g. reward.alpha=0.25)")
     key, _, raw_value = text.partition("=")
+    import yaml
+
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r}: empty key")
@@ -637,6 +641,8 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping with errors that name the file."""
+    import yaml
+
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")

@@ -7,6 +7,9 @@ What:
   * :func:`topvar_select` — TOPVAR: the code(s) per problem whose test rewards spread most (§9).
   * :func:`token_logprobs` and :func:`policy_loss` — the per-token PPO-clip loss with clip-higher,
     dual clip and the k3 KL to the frozen initial policy, token-mean aggregated (§10).
+  * :func:`blocked_token_logprobs` — the same log-probs (and entropies) from final hidden states and the
+    LM head, one token block at a time, so full-vocabulary float32 logits never exist for a whole
+    micro-batch (at a 152k vocabulary and 32k tokens they would be ~20 GB kept for backward).
 
 What not: no models, optimizers or batching — :mod:`codea1_core.policy` builds mini/micro-batches, calls
 :func:`policy_loss` and steps the optimizer. Rewards come from :mod:`codea1_core.rewards`.
@@ -23,6 +26,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+import torch.utils.checkpoint
 
 LOG_RATIO_CLAMP = 20.0
 """|log ρ| and |δ| are clamped to 20 before ``exp`` (as verl does), so a stale token cannot overflow."""
@@ -152,6 +156,76 @@ def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         for row, row_ids in zip(logits, ids, strict=True)
     ]
     return torch.stack(rows)
+
+
+def _block_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    ids: torch.Tensor,
+    entropy_sink: list | None,
+) -> torch.Tensor:
+    """log π(ids) of one token block: logits exist only for these tokens, upcast to float32.
+
+    The block's entropy is appended to ``entropy_sink`` the first time only: activation checkpointing
+    calls this again in backward, and the recomputation need not repeat it.
+    """
+    logits = torch.nn.functional.linear(hidden, weight, bias).float()
+    logz = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - logz
+    if entropy_sink is not None and not entropy_sink:
+        with torch.no_grad():
+            logp = logits.detach() - logz.detach().unsqueeze(-1)
+            entropy_sink.append(-(logp.exp() * logp).sum(-1))
+    return picked
+
+
+def blocked_token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    ids: torch.Tensor,
+    block_tokens: int = 1024,
+    with_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log π(ids) and per-token entropy from final hidden states, ``block_tokens`` tokens at a time (float32).
+
+    Equal to :func:`token_logprobs` of ``linear(hidden, weight, bias)``, but under autograd each block is
+    recomputed in backward (activation checkpointing), so what is kept for backward is ``hidden`` itself,
+    not ``tokens x vocab`` float32 logits; the peak extra memory is one block's logits.
+
+    Args:
+        hidden: (N, H) final hidden states, one row per predicted token (any float dtype).
+        weight: (V, H) LM head weight; ``bias``: (V,) or None.
+        ids: (N,) the token each row predicts.
+        block_tokens: Rows per block (the memory/speed trade-off; ``memory_plan`` assumes the same).
+        with_entropy: Also return the entropies (a metric; the old/reference passes skip it).
+
+    Returns:
+        ``(logprobs, entropy)``, both (N,) float32 (``entropy`` None without ``with_entropy``; no gradient).
+    """
+    if hidden.shape[:-1] != ids.shape or hidden.dim() != 2:
+        raise ValueError(
+            f"blocked_token_logprobs: hidden {tuple(hidden.shape)} does not match ids {tuple(ids.shape)}"
+        )
+    if block_tokens < 1:
+        raise ValueError(f"blocked_token_logprobs: block_tokens must be >= 1, got {block_tokens}")
+    lps, ents = [], []
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    for start in range(0, hidden.shape[0], block_tokens):
+        h, t = hidden[start : start + block_tokens], ids[start : start + block_tokens]
+        sink: list | None = [] if with_entropy else None
+        if grad:
+            lp = torch.utils.checkpoint.checkpoint(
+                _block_logprobs, h, weight, bias, t, sink, use_reentrant=False
+            )
+        else:
+            lp = _block_logprobs(h, weight, bias, t, sink)
+        lps.append(lp)
+        ents.extend(sink or [])
+    empty = hidden.new_zeros(0, dtype=torch.float32)
+    entropy = (torch.cat(ents) if ents else empty) if with_entropy else None
+    return (torch.cat(lps) if lps else empty), entropy
 
 
 def _masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

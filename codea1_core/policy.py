@@ -2,7 +2,8 @@
 
 What it does: loads an HF causal LM + tokenizer, wraps it in a LoRA adapter (``model.finetune == "lora"``;
 the reference policy is the same model with the adapter disabled, ALGORITHM.md D8) or keeps a frozen
-reference copy (``full``); samples completions in left-padded batches (:meth:`Policy.generate`); runs one
+reference copy (``full``); samples completions in left-padded batches (:meth:`Policy.generate`: through
+:mod:`codea1_core.fast_generate` where that reproduces HF ``generate`` token for token, else ``generate``); runs one
 GRPO training step (:meth:`Policy.step`, ALGORITHM.md §3 steps 13-15 and §10) with its own AdamW optimizer
 and warm-up + cosine schedule; saves/loads resumable checkpoints and exports merged HF model directories.
 Two ``Policy`` objects (code and test) live in one process and never share parameters or optimizers.
@@ -17,6 +18,7 @@ Run: ``pytest tests/test_policy.py``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
@@ -31,6 +33,9 @@ from codea1_core import policy_io
 from codea1_core.config import Config, ConfigError
 
 log = logging.getLogger(__name__)
+
+LOGPROB_BLOCK_TOKENS = 1024
+"""Completion tokens per LM-head block in the update: a block's float32 logits are its only vocab-sized tensor."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,19 @@ def render_messages(tokenizer: Any, messages: list[dict], use_chat_template: boo
     return render_plain(messages)
 
 
+def master_dtypes(finetune: str, dtype: torch.dtype) -> tuple[torch.dtype, torch.dtype | None]:
+    """(parameter dtype, autocast dtype or None) of a policy with ``model.finetune`` and ``model.dtype``.
+
+    Full fine-tuning in a half dtype keeps float32 master weights (and so float32 AdamW state) and computes
+    under ``torch.autocast`` in the half dtype, as verl and TRL do: AdamW applied to bf16 weights rounds
+    almost every lr-1e-6 update away (bf16 keeps 8 significant bits). LoRA needs none of this: peft keeps
+    the adapters in float32 over a frozen half-precision base.
+    """
+    if finetune == "full" and dtype in (torch.bfloat16, torch.float16):
+        return torch.float32, dtype
+    return dtype, None
+
+
 def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
     """Linear warm-up over ``warmup_steps`` (step 0 already gets lr/warmup), then half-cosine to 0 (§11)."""
     if step < warmup_steps:
@@ -165,9 +183,10 @@ class Policy:
         self.cfg, self.role, self.model_path, self.total_steps = cfg, role, str(model_path), total_steps
         self.device = _resolve_device(cfg.model.device)
         self.dtype = _resolve_dtype(cfg.model.dtype, self.device)
+        self.param_dtype, self.autocast_dtype = master_dtypes(cfg.model.finetune, self.dtype)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-            model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
+            model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.param_dtype)
         except OSError as exc:
             raise OSError(f"model.{role}_path: cannot load model {self.model_path!r}: {exc}") from exc
         self.tokenizer.padding_side = "left"
@@ -175,15 +194,22 @@ class Policy:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         model.to(self.device)
         if cfg.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            # transformers 5 names it activation checkpointing (the old name warns); older releases know only the old
+            enable = (
+                getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            )
+            enable()
             model.enable_input_require_grads()
         self.ref_model = None
         if cfg.model.finetune == "lora":
             model = self._wrap_lora(model)
         else:
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+            # The frozen reference needs no master copy: it is kept in the compute dtype (half the memory).
+            self.ref_model = copy.deepcopy(model).to(self.dtype).eval().requires_grad_(False)
         self.model = model
         self.eos_ids = self._eos_ids()
+        self.fast_generate = True
+        """Sample through :mod:`codea1_core.fast_generate` where it reproduces ``generate`` (False: always HF)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         g = cfg.grpo
         self.optimizer = torch.optim.AdamW(
@@ -254,45 +280,17 @@ class Policy:
         return out
 
     def _generate_chunk(self, enc: Any, n: int, sp: SamplingParams, seed: int) -> list[list[Completion]]:
-        from transformers import (
-            LogitsProcessorList,
-            TemperatureLogitsWarper,
-            TopKLogitsWarper,
-            TopPLogitsWarper,
-        )
-
         ids = enc["input_ids"].repeat_interleave(n, 0).to(self.device)
         mask = enc["attention_mask"].repeat_interleave(n, 0).to(self.device)
-        recorder = _RawLogprobRecorder()
-        processors: list[Any] = [recorder]
-        sample = sp.temperature > 0
-        if sample and sp.temperature != 1.0:
-            processors.append(TemperatureLogitsWarper(sp.temperature))
-        if sample and sp.top_k > 0:
-            processors.append(TopKLogitsWarper(sp.top_k))
-        if sample and sp.top_p < 1.0:
-            processors.append(TopPLogitsWarper(sp.top_p))
+        warpers = self._warpers(sp)
+        fast = self.fast_generate and sp.max_new_tokens >= 1 and self._fast_unsupported() is None
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
-            seqs = self.model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                **(
-                    {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
-                    if sample
-                    else {"do_sample": False}
-                ),
-                repetition_penalty=1.0,
-                max_new_tokens=sp.max_new_tokens,
-                pad_token_id=self.tokenizer.pad_token_id,
-                eos_token_id=self.eos_ids,
-                logits_processor=LogitsProcessorList(processors),
-            )
-        new = seqs[:, ids.shape[1] :].cpu()
-        if new.shape[1]:
-            recorder.take(new[:, -1])
-        lps = torch.stack(recorder.logprobs, 1) if recorder.logprobs else torch.zeros(new.shape)
+            if fast:
+                new, lps = self._sample_fast(enc, n, sp, warpers)
+            else:
+                new, lps = self._sample_hf(ids, mask, sp, warpers)
         rows = []
         for r in range(new.shape[0]):
             toks = new[r].tolist()
@@ -304,11 +302,87 @@ class Policy:
             rows.append(Completion(text, prompt, toks, lps[r, : len(toks)].tolist(), reason))
         return [rows[i : i + n] for i in range(0, len(rows), n)]
 
-    # ---------------------------------------------------------------------------------------- update
-    def _forward(self, samples: list[tuple[list[int], list[int]]], *, reference: bool = False) -> tuple:
-        """Per-token log-probs (and logits) of each completion: prompts left-padded, completions right-padded."""
-        from codea1_core.grpo import token_logprobs
+    @staticmethod
+    def _warpers(sp: SamplingParams) -> list[Any]:
+        """The sampling warpers, in ``generate``'s order (after the raw log-prob recorder)."""
+        from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+        warpers: list[Any] = []
+        sample = sp.temperature > 0
+        if sample and sp.temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(sp.temperature))
+        if sample and sp.top_k > 0:
+            warpers.append(TopKLogitsWarper(sp.top_k))
+        if sample and sp.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(sp.top_p))
+        return warpers
+
+    def _fast_unsupported(self) -> str | None:
+        """Why :mod:`codea1_core.fast_generate` cannot stand in for ``generate`` here (None: it can); logged once."""
+        from codea1_core import fast_generate
+
+        reason = fast_generate.unsupported_reason(self.model)
+        if reason is not None and not getattr(self, "_fast_reason_logged", False):
+            log.info("policy %s: HF generate (fast path not applicable: %s)", self.role, reason)
+            self._fast_reason_logged = True
+        return reason
+
+    def _sample_fast(self, enc: Any, n: int, sp: SamplingParams, warpers: list[Any]) -> tuple:
+        """New tokens and raw log-probs from :func:`codea1_core.fast_generate.sample` (same as ``generate``)."""
+        from codea1_core import fast_generate
+
+        out = fast_generate.sample(
+            self.model,
+            enc["input_ids"].to(self.device),
+            enc["attention_mask"].to(self.device),
+            n=n,
+            max_new_tokens=sp.max_new_tokens,
+            eos_ids=self.eos_ids,
+            pad_id=self.tokenizer.pad_token_id,
+            do_sample=sp.temperature > 0,
+            warpers=warpers,
+        )
+        return out.tokens, out.logprobs
+
+    def _sample_hf(
+        self, ids: torch.Tensor, mask: torch.Tensor, sp: SamplingParams, warpers: list[Any]
+    ) -> tuple:
+        """New tokens and raw log-probs from HF ``generate`` (the reference path; any model)."""
+        from transformers import LogitsProcessorList
+
+        recorder = _RawLogprobRecorder()
+        sample = sp.temperature > 0
+        seqs = self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            **(
+                {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+                if sample
+                else {"do_sample": False}
+            ),
+            repetition_penalty=1.0,
+            max_new_tokens=sp.max_new_tokens,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=self.eos_ids,
+            logits_processor=LogitsProcessorList([recorder, *warpers]),
+        )
+        new = seqs[:, ids.shape[1] :].cpu()
+        if new.shape[1]:
+            recorder.take(new[:, -1])
+        lps = torch.stack(recorder.logprobs, 1) if recorder.logprobs else torch.zeros(new.shape)
+        return new, lps
+
+    # ---------------------------------------------------------------------------------------- update
+    def _forward(
+        self, samples: list[tuple[list[int], list[int]]], *, reference: bool = False, entropy: bool = True
+    ) -> tuple:
+        """Per-token log-probs, completion mask and per-token entropy of each completion (all (B, T) float32).
+
+        Prompts are left-padded, completions right-padded. The LM head runs on the completion tokens only,
+        one block of :data:`LOGPROB_BLOCK_TOKENS` at a time (``grpo.blocked_token_logprobs``), so no
+        full-vocabulary logits exist for the micro-batch; padding positions get log-prob and entropy 0.
+        ``entropy=False`` (the old/reference passes) skips the entropy and returns zeros for it.
+        """
         p_max = max(len(p) for p, _ in samples)
         c_max = max(len(c) for _, c in samples)
         pad = self.tokenizer.pad_token_id
@@ -320,15 +394,21 @@ class Policy:
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         ids, attn, pos = ids.to(self.device), attn.to(self.device), pos.to(self.device)
         model = self.ref_model if reference and self.ref_model is not None else self.model
-        kwargs = {"input_ids": ids, "attention_mask": attn, "position_ids": pos, "logits_to_keep": c_max + 1}
-        if reference and self.ref_model is None:
-            with self.model.disable_adapter():
-                logits = model(**kwargs).logits[:, :-1]
-        else:
-            logits = model(**kwargs).logits[:, :-1]
-        targets = ids[:, p_max:]
-        cmask = attn[:, p_max:].float()
-        return token_logprobs(logits, targets), cmask, logits  # half precision upcast row by row
+        kwargs = {"input_ids": ids, "attention_mask": attn, "position_ids": pos}
+        targets, cmask = ids[:, p_max:], attn[:, p_max:].bool()
+        with self._autocast():
+            if reference and self.ref_model is None:
+                with self.model.disable_adapter():
+                    lp, ent = _completion_logprobs(model, kwargs, targets, cmask, p_max, entropy)
+            else:
+                lp, ent = _completion_logprobs(model, kwargs, targets, cmask, p_max, entropy)
+        return lp, cmask.float(), ent
+
+    def _autocast(self) -> Any:
+        """bf16/fp16 compute over float32 master weights (full fine-tuning), else a no-op context."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
     def _micro_batches(self, idx: list[int], batch: TrainBatch) -> list[list[int]]:
         """Greedy split of sample indices so that padded tokens per micro-batch stay under the budget."""
@@ -349,7 +429,9 @@ class Policy:
         out = {}
         for mb in self._micro_batches(idx, batch):
             lp, _, _ = self._forward(
-                [(batch.prompt_ids[i], batch.completion_ids[i]) for i in mb], reference=reference
+                [(batch.prompt_ids[i], batch.completion_ids[i]) for i in mb],
+                reference=reference,
+                entropy=False,
             )
             for row, i in enumerate(mb):
                 out[i] = lp[row, : len(batch.completion_ids[i])].cpu()
@@ -432,7 +514,7 @@ class Policy:
         mb_tokens = sum(len(batch.completion_ids[i]) for i in mb_idx)
         self.optimizer.zero_grad(set_to_none=True)
         for micro in self._micro_batches(mb_idx, batch):
-            lp, cmask, logits = self._forward([(batch.prompt_ids[i], batch.completion_ids[i]) for i in micro])
+            lp, cmask, ent = self._forward([(batch.prompt_ids[i], batch.completion_ids[i]) for i in micro])
             old_t = _pad_rows([old[i] for i in micro]).to(lp.device)
             ref_t = _pad_rows([ref[i] for i in micro]).to(lp.device)
             adv = torch.tensor([float(batch.advantages[i]) for i in micro], device=lp.device)
@@ -442,10 +524,7 @@ class Policy:
                 num_tokens_total=mb_tokens,
             )  # fmt: skip
             loss.backward()
-            with torch.no_grad():  # entropy row by row: a float32 copy of all logits can be GBs at 152k vocab
-                for row, row_mask in zip(logits, cmask, strict=True):
-                    logp = torch.log_softmax(row.float(), -1)
-                    sums["entropy"] += float((-(logp.exp() * logp).sum(-1) * row_mask).sum())
+            sums["entropy"] += float((ent * cmask).sum())
             w = parts["tokens"]
             sums["loss"] += float(loss.detach()) * mb_tokens
             sums["pg_loss"] += parts["pg_loss"] * w
@@ -473,6 +552,50 @@ class Policy:
     def export(self, path: str | Path) -> Path:
         """A standalone HF model directory (LoRA merged into a copy) + tokenizer, written atomically."""
         return policy_io.export_policy(self, Path(path))
+
+
+def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
+    """(decoder, LM head) of an HF causal LM (through a peft wrapper), or None when logits are post-processed.
+
+    Models that scale or soft-cap their logits (``logit_scale``, ``final_logit_softcapping``) or do not
+    expose the two parts fall back to the model's own forward.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    if any(getattr(config, k, None) for k in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
+        return None
+    try:
+        decoder, head = base.get_decoder(), base.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    if decoder is None or not isinstance(head, torch.nn.Linear):
+        return None
+    return decoder, head
+
+
+def _completion_logprobs(
+    model: Any, kwargs: dict, targets: torch.Tensor, cmask: torch.Tensor, p_max: int, entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) log-probs and entropies of ``targets`` where ``cmask``; hidden row p_max-1+t predicts token t."""
+    from codea1_core.grpo import blocked_token_logprobs
+
+    parts = _decoder_and_head(model)
+    zeros = torch.zeros(targets.shape, dtype=torch.float32, device=targets.device)
+    if parts is None:  # fallback: the model's own (post-processed) logits, materialised for these rows
+        logits = model(**kwargs, logits_to_keep=targets.shape[1] + 1).logits[:, :-1][cmask].float()
+        logp = torch.log_softmax(logits, -1)
+        lp_sel = logp.gather(-1, targets[cmask].unsqueeze(-1)).squeeze(-1)
+        ent_sel = -(logp.detach().exp() * logp.detach()).sum(-1)
+    else:
+        decoder, head = parts
+        hidden = decoder(**kwargs, use_cache=False).last_hidden_state[
+            :, p_max - 1 : p_max - 1 + targets.shape[1]
+        ]
+        lp_sel, ent_sel = blocked_token_logprobs(
+            hidden[cmask], head.weight, head.bias, targets[cmask], LOGPROB_BLOCK_TOKENS, with_entropy=entropy
+        )
+    ent = zeros.masked_scatter(cmask, ent_sel) if entropy and ent_sel is not None else zeros
+    return zeros.masked_scatter(cmask, lp_sel), ent
 
 
 def _pad_rows(rows: list[torch.Tensor]) -> torch.Tensor:

@@ -62,7 +62,7 @@ def load_policy(pol: Any, path: Path) -> None:
     else:
         from transformers import AutoModelForCausalLM
 
-        saved = AutoModelForCausalLM.from_pretrained(str(path / "model"), dtype=pol.dtype)
+        saved = AutoModelForCausalLM.from_pretrained(str(path / "model"), dtype=pol.param_dtype)
         pol.model.load_state_dict(saved.state_dict())
     pol.optimizer.load_state_dict(state["optimizer"])
     pol.scheduler.load_state_dict(state["scheduler"])

@@ -34,7 +34,11 @@ def _checkpointing_kwargs(config_cls: type) -> dict[str, bool]:
     import dataclasses
 
     names = {f.name for f in dataclasses.fields(config_cls)}
-    return {"activation_checkpointing": True} if "activation_checkpointing" in names else {"gradient_checkpointing": True}
+    return (
+        {"activation_checkpointing": True}
+        if "activation_checkpointing" in names
+        else {"gradient_checkpointing": True}
+    )
 
 
 def _to_prompt_completion(examples: list[dict], tokenizer: Any) -> list[dict]:

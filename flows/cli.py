@@ -127,6 +127,15 @@ def attack(ctx: typer.Context) -> None:
 
 
 @app.command(context_settings=PASSTHROUGH)
+def plan(ctx: typer.Context) -> None:
+    """Estimate the peak GPU memory of a training config and say whether it fits 80 GB and 141 GB GPUs.
+
+    Usage: codea1 plan --params FILE [--gpu-gb N] [key=value ...]
+    """
+    _run_main("plan", list(ctx.args))
+
+
+@app.command(context_settings=PASSTHROUGH)
 def serve(ctx: typer.Context) -> None:
     """Register Prefect deployments (train, evaluate) so runs can be started and scheduled from the UI."""
     _run_main("serve", list(ctx.args))

@@ -82,12 +82,21 @@ def resolve_model_path(cfg: Config, role: str, override: str | None = None) -> s
 
 
 def load_policy(cfg: Config, role: str, override: str | None = None) -> Any:
-    """The policy to evaluate; a model that cannot be loaded is a UserError naming the path."""
-    from codea1_core.policy import Policy
+    """The policy to evaluate (also for ``solve``/``attack``); a model that cannot be loaded is a UserError.
+
+    Generation follows ``rollout.backend`` through the same switch as training (``tasks.rollout.load_policy``):
+    vLLM serves the policy's adapter with the evaluation's sampling settings, HF ``generate`` otherwise.
+    The evaluated code and test models are usually different exports, so on vLLM each role gets its own
+    engine (half of ``rollout.gpu_memory_utilization`` each), its adapter versions under ``eval.out_dir``.
+    """
+    from tasks.rollout import load_policy as load_with_backend
 
     path = resolve_model_path(cfg, role, override)
+    if cfg.rollout.backend == "vllm":
+        cfg = cfg.replace(**{"rollout.shared_engine": False})
+    adapters = Path(cfg.eval.out_dir) / "vllm_adapters"
     try:
-        return Policy(path, cfg, role)
+        return load_with_backend(path, cfg, role, total_steps=1, adapter_dir=str(adapters))
     except OSError as exc:
         raise UserError(f"{exc} (train or warm-start first, or pass --{role}-model)") from None
 

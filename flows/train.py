@@ -388,9 +388,12 @@ def preflight(cfg: Config) -> None:
 
 
 def run(cfg: Config) -> dict[str, Any]:
-    """DVC/CLI entry point (``flows.common.stage_main``): lock, preflight, the flow; user errors in one line."""
+    """DVC/CLI entry point (``flows.common.stage_main``): lock, preflight, the flow; user errors in one line
+    (a config that cannot fit its GPU stops first, ``flows.plan``)."""
+    from flows.plan import check_training_fits
     from tasks.tracking import TrackingUnavailable
 
+    check_training_fits(cfg)
     quiet_user_error_tracebacks()
     try:
         with ckpt.WorkspaceLock(cfg.orchestration.checkpoint_dir):

