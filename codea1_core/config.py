@@ -543,7 +543,7 @@ _BETA = _bound(0, 1, hi_open=True)
 RANGES: dict[str, tuple[str, Callable[[float], bool]]] = {
     "data.reference_call_timeout_s": _POS, "data.train_batch_size": _COUNT, "data.epochs": _COUNT,
     "data.max_problems_per_source": _COUNT0, "data.max_prompt_tokens": _COUNT0,
-    "model.lora_rank": _COUNT, "model.lora_alpha": _POS, "model.lora_dropout": _BETA,
+    "model.lora_rank": _COUNT, "model.lora_alpha": _POS, "model.lora_dropout": _BETA, "model.gpu_memory_gb": _COUNT0,
     "rollout.n_code": _COUNT, "rollout.n_tests": _COUNT, "rollout.temperature": _POS,
     "rollout.top_p": _OPEN_UNIT, "rollout.top_k": _COUNT0, "rollout.max_new_tokens_code": _COUNT,
     "rollout.max_new_tokens_test": _COUNT, "rollout.max_prompt_tokens_test": _COUNT0,
