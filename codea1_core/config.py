@@ -12,8 +12,11 @@ This module is pure: it reads YAML and builds dataclasses, nothing else.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -57,7 +60,7 @@ class DataConfig:
     seed: int = 1
     """Seed of the shuffled problem sampler (official: 1)."""
     max_prompt_tokens: int = 4096
-    """Code prompts longer than this are filtered out of the training set."""
+    """Code prompts longer than this are filtered out of the training set (0 = no limit)."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,10 @@ class TestsConfig:
     """Longest accepted call source."""
     max_answer_chars: int = 4000
     """Longest accepted predicted-answer source."""
+    literal_answers: bool = True
+    """Ours (not official): a predicted answer must be plain data, else it counts invalid
+    (``expected_not_literal``) in both parse modes and in the gate; ``false`` = official (any expression,
+    so ``assert f(2) == f(2)`` is a valid test). See ``codea1_core/parsing.py``."""
     max_rejected_frac: float = 0.98
     """The quality gate raises (with its report path) when more than this share of rows is rejected."""
 
@@ -407,8 +414,10 @@ class Config:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None, *, source: str = "") -> Config:
-        """Build a validated config; unknown keys and wrong types raise :class:`ConfigError`."""
-        return _build(cls, raw or {}, path="", source=source)
+        """Build a validated config; unknown keys, wrong types and out-of-range values raise :class:`ConfigError`."""
+        cfg = _build(cls, raw or {}, path="", source=source)
+        check_ranges(cfg, source)
+        return cfg
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (round-trips through :meth:`from_dict`)."""
@@ -458,6 +467,8 @@ def _check(tp: Any, value: Any, path: str, source: str) -> Any:
         return _build(tp, value, path=path, source=source)
     if origin is Literal:
         allowed = typing.get_args(tp)
+        if value is None and "null" in allowed:  # YAML reads an unquoted `null` as None: same meaning
+            return "null"
         if value not in allowed:
             raise _fail(source, path, f"expected one of {list(allowed)}, got {_describe(value)}")
         return value
@@ -518,8 +529,84 @@ def _build(cls: type, raw: dict[str, Any], *, path: str, source: str) -> Any:
 
 
 # --------------------------------------------------------------------------------------------------
+# Value ranges: checked at load so a bad value fails in one line before any work starts
+# --------------------------------------------------------------------------------------------------
+
+
+def _bound(lo: float, hi: float = math.inf, lo_open: bool = False, hi_open: bool = False) -> tuple[str, Any]:
+    """A (description, predicate) pair for ``lo <= v <= hi`` (``<`` on an open side)."""
+    left = f"> {lo:g}" if lo_open else f">= {lo:g}"
+    text = left if hi == math.inf else f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+
+    def ok(v: float) -> bool:
+        return (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi) and not math.isnan(v)
+
+    return f"must be {text}", ok
+
+
+_COUNT, _COUNT0 = _bound(1), _bound(0)  # counts >= 1; counts where 0 means "off" / "all"
+_POS = _bound(0, lo_open=True)  # timeouts, learning rates, temperatures
+_UNIT = _bound(0, 1)  # probabilities, shares, alpha
+_OPEN_UNIT = _bound(0, 1, lo_open=True)  # top_p, memory utilisation
+_BETA = _bound(0, 1, hi_open=True)
+RANGES: dict[str, tuple[str, Callable[[float], bool]]] = {
+    "data.reference_call_timeout_s": _POS, "data.train_batch_size": _COUNT, "data.epochs": _COUNT,
+    "data.max_problems_per_source": _COUNT0, "data.max_prompt_tokens": _COUNT0,
+    "model.lora_rank": _COUNT, "model.lora_alpha": _POS, "model.lora_dropout": _BETA, "model.gpu_memory_gb": _COUNT0,
+    "rollout.n_code": _COUNT, "rollout.n_tests": _COUNT, "rollout.temperature": _POS,
+    "rollout.top_p": _OPEN_UNIT, "rollout.top_k": _COUNT0, "rollout.max_new_tokens_code": _COUNT,
+    "rollout.max_new_tokens_test": _COUNT, "rollout.max_prompt_tokens_test": _COUNT0,
+    "rollout.batch_size": _COUNT, "rollout.gpu_memory_utilization": _OPEN_UNIT, "rollout.max_model_len": _COUNT,
+    "rollout.tensor_parallel_size": _COUNT, "rollout.data_parallel_size": _COUNT,
+    "grpo.clip_low": _COUNT0, "grpo.clip_high": _COUNT0, "grpo.dual_clip_c": _bound(1, lo_open=True),
+    "grpo.kl_coef": _COUNT0, "grpo.kl_clamp": _POS, "grpo.adv_eps": _POS, "grpo.lr": _POS,
+    "grpo.weight_decay": _COUNT0, "grpo.adam_beta1": _BETA, "grpo.adam_beta2": _BETA, "grpo.grad_clip": _POS,
+    "grpo.warmup_steps": _COUNT0, "grpo.mini_batches": _COUNT, "grpo.micro_batch_tokens": _COUNT,
+    "grpo.update_n": _COUNT,
+    "reward.alpha": _UNIT, "reward.k": _COUNT,
+    "tests.max_call_chars": _COUNT, "tests.max_answer_chars": _COUNT, "tests.max_rejected_frac": _UNIT,
+    "mistake_book.top_k": _COUNT, "mistake_book.max_per_problem": _COUNT0,
+    "sandbox.workers": _COUNT, "sandbox.call_timeout_s": _POS, "sandbox.program_cap_s": _POS,
+    "sandbox.memory_mb": _COUNT, "sandbox.max_output_bytes": _COUNT, "sandbox.float_rel_tol": _COUNT0,
+    "sandbox.float_abs_tol": _COUNT0, "sandbox.infra_retries": _COUNT0, "sandbox.max_infra_failure_frac": _UNIT,
+    "sandbox.ray_actors_per_node": _COUNT, "sandbox.ray_workers_per_actor": _COUNT,
+    "eval.n_samples": _COUNT, "eval.temperature": _COUNT0, "eval.top_p": _OPEN_UNIT, "eval.max_new_tokens": _COUNT,
+    "eval.k_list[]": _COUNT, "eval.every": _COUNT0, "eval.tests_per_suite": _COUNT, "eval.max_mutants": _COUNT0,
+    "eval.max_problems": _COUNT0, "eval.solve_candidates": _COUNT,
+    "tracking.log_samples": _COUNT0,
+    "orchestration.max_steps": _COUNT0, "orchestration.keep_checkpoints": _COUNT,
+    "orchestration.task_retries": _COUNT0, "orchestration.task_timeout_s": _COUNT0,
+    "lab.train_per_family": _COUNT, "lab.heldout_per_family": _COUNT0, "lab.hidden_size": _COUNT,
+    "lab.num_layers": _COUNT, "lab.num_heads": _COUNT, "lab.intermediate_size": _COUNT, "lab.vocab_size": _COUNT,
+    "lab.max_position_embeddings": _COUNT, "lab.warmstart_epochs": _COUNT0, "lab.warmstart_lr": _POS,
+    "lab.buggy_fraction": _UNIT, "lab.warmstart_code_examples_per_problem": _COUNT0,
+    "lab.warmstart_test_examples_per_problem": _COUNT0, "lab.warmstart_batch_size": _COUNT,
+}  # fmt: skip
+"""Allowed range per dotted key (``key[]``: every list item). 0 means "off"/"all" where a key's docs say so;
+``eval.temperature`` 0 is greedy decoding; ``orchestration.task_timeout_s`` 0 is no timeout."""
+NON_EMPTY = ("data.train_sources", "eval.k_list")
+"""Lists that must have at least one item."""
+
+
+def check_ranges(cfg: Config, source: str = "") -> None:
+    """Raise :class:`ConfigError` naming the first dotted key whose value is out of its range."""
+    flat = cfg.flat()
+    for key in NON_EMPTY:
+        if not flat[key]:
+            raise _fail(source, key, "must not be empty")
+    for key, (text, ok) in RANGES.items():
+        name = key.removesuffix("[]")
+        items = list(enumerate(flat[name])) if key.endswith("[]") else [(None, flat[name])]
+        for i, value in items:
+            if not ok(value):
+                raise _fail(source, name if i is None else f"{name}[{i}]", f"{text}, got {value!r}")
+
+
+# --------------------------------------------------------------------------------------------------
 # Loading and overrides
 # --------------------------------------------------------------------------------------------------
+
+_NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
 
 def _dump_scalar(value: Any) -> str:
@@ -555,6 +642,8 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
             if not isinstance(node.get(part), dict):
                 raise ConfigError(f"override {'.'.join(parts)}: unknown section {'.'.join(parts[: i + 1])}")
             node = node[part]
+        if isinstance(node.get(parts[-1]), float) and isinstance(value, str) and _NUMBER.fullmatch(value):
+            value = float(value)  # `grpo.lr=1e-6`: PyYAML reads an exponent without a dot as a string
         node[parts[-1]] = value
     return Config.from_dict(raw, source="override")
 
@@ -577,8 +666,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
-    if data is None:
-        return {}
+    if data is None or data == {}:
+        raise ConfigError(f"{path}: empty (no sections): a params file must set at least one key")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data

@@ -26,7 +26,8 @@ The assert parsing and prompt building live in ``codea1_core.source_text``, the 
 ``Pending`` marker in ``codea1_core.dataset_types``, the prepared parquet files in ``codea1_core.prepared``.
 
 What it does not: execute code (no sandbox import), fill expected values, download anything except
-through ``datasets`` for a KodCode hub id. How to run: ``load_source("mbppplus", "test", cfg,
+through ``datasets`` for a KodCode hub id. Files the data folder's ``README.md`` lists with a sha256 are checked
+against it (:func:`check_sum`). How to run: ``load_source("mbppplus", "test", cfg,
 data_dir)``; tests in ``tests/test_datasets.py``.
 """
 
@@ -35,7 +36,9 @@ from __future__ import annotations
 import ast
 import dataclasses
 import gzip
+import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -105,12 +108,46 @@ def _field(row: dict[str, Any], key: str, where: str, types: type | tuple = str)
     return row[key]
 
 
+_SUM_LINE = re.compile(r"^\s*[-*]\s*(\S+)\s+([0-9a-f]{64})\s*$", re.MULTILINE)
+
+
+def published_sums(data_dir: Path) -> dict[str, str]:
+    """``{file name: sha256}`` listed in the data folder's ``README.md`` (``- NAME HEX`` lines); {} if none."""
+    readme = data_dir / "README.md"
+    try:
+        text = readme.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    return {name: digest for name, digest in _SUM_LINE.findall(text)}
+
+
+def check_sum(path: Path, data_dir: Path) -> None:
+    """Raise :class:`DatasetError` when ``path`` differs from the sha256 its folder's README publishes.
+
+    Why: a truncated or edited benchmark file still parses and silently changes every evaluation number.
+    Files the README does not list are not checked.
+    """
+    want = published_sums(data_dir).get(path.name)
+    if want is None:
+        return
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != want:
+        raise DatasetError(
+            f"{path}: sha256 {digest.hexdigest()[:12]}... differs from {want[:12]}... published in "
+            f"{data_dir / 'README.md'} (corrupted or modified file)"
+        )
+
+
 def _find(data_dir: Path | None, folder: str, pattern: str) -> Path:
     if data_dir is None:
         raise SourceUnavailable("no data folder (set data.data_dir or CODEA1_DATA_DIR)")
     found = sorted((data_dir / folder).glob(pattern))
     if not found:
         raise SourceUnavailable(f"no {folder}/{pattern} under {data_dir}")
+    check_sum(found[-1], data_dir)
     return found[-1]
 
 

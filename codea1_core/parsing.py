@@ -17,6 +17,14 @@ Modes (``tests.parse_mode``):
   re-emitted with ``==`` (operator discarded, quirk 4); only bare-name call arguments are substituted;
   other forms are silently dropped, except in case B (no ``python`` block), where they count invalid.
 
+Expected values must be plain data (``tests.literal_answers``, ours, default on, in both modes): an answer
+that is not a literal of the value codec (``codea1_core.types.literal_value``: numbers, strings, bytes,
+containers, ``float('nan')``, ``set()``...) or that names the entry point counts invalid with reason
+``expected_not_literal``. Why: the predicted answer is evaluated next to the reference (§6.2), so
+``assert f(2) == f(2)``, ``y = f(2)`` ... ``== y`` or ``== sorted(f(2))`` always "predict" correctly — a
+tautology that earns full validity and that RL finds. The official parser accepts any expression here;
+``literal_answers: false`` restores that (and its numbers).
+
 How to run: ``tests/test_parsing.py`` (includes hypothesis property tests).
 """
 
@@ -30,7 +38,7 @@ import textwrap
 import warnings
 from typing import Literal
 
-from codea1_core.types import ParsedSuite, ParsedTest
+from codea1_core.types import ParsedSuite, ParsedTest, literal_value
 
 ParseMode = Literal["strict", "official"]
 
@@ -273,6 +281,18 @@ def _classify_official(test: ast.expr) -> tuple[ast.expr, ast.expr] | str:
     return "not_call_comparison"
 
 
+def is_plain_literal(answer: str, entry_point: str) -> bool:
+    """True when ``answer`` is plain data (no call, no name of the function under test)."""
+    try:
+        tree = ast.parse(answer, mode="eval")
+        if any(isinstance(n, ast.Name) and n.id == entry_point for n in ast.walk(tree)):
+            return False
+        literal_value(answer)
+    except (*_PARSE_ERRORS, TypeError):
+        return False
+    return True
+
+
 def _unparse(node: ast.expr) -> str | None:
     try:
         return ast.unparse(ast.fix_missing_locations(node))
@@ -310,8 +330,10 @@ def _expanded_size(node: ast.AST, sizes: dict[str, int]) -> int:
 class _Collector:
     """Accumulates accepted tests and counted rejections of one response."""
 
-    def __init__(self, entry_point: str, mode: ParseMode, max_call_chars: int, max_answer_chars: int):
-        self.entry_point, self.mode = entry_point, mode
+    def __init__(
+        self, entry_point: str, mode: ParseMode, max_call_chars: int, max_answer_chars: int, literal: bool
+    ):
+        self.entry_point, self.mode, self.literal = entry_point, mode, literal
         self.max_call, self.max_answer = max_call_chars, max_answer_chars
         self.tests: list[ParsedTest] = []
         self.reasons: list[str] = []
@@ -357,6 +379,8 @@ class _Collector:
             self.reasons.append("call_too_long")
         elif self.max_answer and len(answer) > self.max_answer:
             self.reasons.append("answer_too_long")
+        elif self.literal and not is_plain_literal(answer, self.entry_point):
+            self.reasons.append("expected_not_literal")  # counted in every mode (module docstring)
         else:
             self.tests.append(ParsedTest(call=call, answer=answer))
 
@@ -397,6 +421,7 @@ def extract_tests(
     *,
     max_call_chars: int = 0,
     max_answer_chars: int = 0,
+    literal_answers: bool = True,
 ) -> ParsedSuite:
     """Parse a Test-LLM response into normalized (call, answer) pairs (§5.2, D5).
 
@@ -406,13 +431,14 @@ def extract_tests(
         mode: ``"strict"`` (D5, default) or ``"official"`` (§5.2 behaviour).
         max_call_chars: longer call sources count invalid (``call_too_long``); 0 = no limit.
         max_answer_chars: longer answer sources count invalid (``answer_too_long``); 0 = no limit.
+        literal_answers: answers that are not plain data count invalid (``expected_not_literal``).
 
     Returns:
         The accepted tests in document order, the invalid count with one reason code each, and np.
     """
     if mode not in ("strict", "official"):
         raise ValueError(f"tests.parse_mode must be 'strict' or 'official', got {mode!r}")
-    collector = _Collector(entry_point, mode, max_call_chars, max_answer_chars)
+    collector = _Collector(entry_point, mode, max_call_chars, max_answer_chars, literal_answers)
     python_blocks = [content for tag, content in _blocks(text) if tag in _PYTHON_TAGS]
     if python_blocks:  # case A: blocks share one environment, as if joined with newlines
         for block in python_blocks:

@@ -13,14 +13,27 @@ Outputs (``orchestration.checkpoint_dir``, default ``outputs/train``): ``checkpo
 ``mistake_book.json``, ``outcomes/it_N.parquet``, ``history.csv`` (plots), ``metrics.json``, ``final/{code,test}``
 (exported HF dirs for the evaluate stage).
 
+Faults (issue 21): one run per workspace (``train.lock``); before the flow starts, checkpoints are verified
+(fallback to the newest intact one) and the MLflow store is probed, so these fail in one line. ``finish()`` is
+idempotent and rewrites every non-persistent DVC out from the last checkpoint (DVC deletes them before a
+re-run: a resumed run with nothing left to do must still complete the stage), and registers one model version
+per completed run. SIGTERM stops the run after the current task (the last checkpoint stands; exit 143).
+
 Run: ``python -m flows.train [--params params.yaml] [key=value ...]`` or ``codea1 train``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
+import os
+import signal
+import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +41,7 @@ from typing import Any
 from prefect import flow
 
 from codea1_core import loop
-from codea1_core.config import Config, load_config
+from codea1_core.config import Config, ConfigError, load_config
 from flows.common import UserError, stage_main
 from tasks import checkpoint as ckpt
 from tasks.execute import execute, execute_golden
@@ -64,6 +77,8 @@ class TrainRun:
     history: list[dict[str, Any]]
     out_dir: Path
     executor: Any = None
+    stop: threading.Event | None = None
+    """Set by SIGTERM: :func:`iteration` stops before its next task."""
 
     @property
     def code_pol(self) -> Any:
@@ -135,22 +150,57 @@ def train_flow(
     return train(flow_config(params, overrides, config, mode))
 
 
+class Stopped(Exception):
+    """SIGTERM arrived: the run stops before its next task (the last checkpoint stands)."""
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[threading.Event]:
+    """While inside: SIGTERM sets the returned event (a second SIGTERM exits at once with 143).
+
+    Why: Prefect's own SIGTERM bridge tears the run down from wherever it is (minutes, with tracebacks);
+    stopping between tasks keeps the workspace resumable. Only the main thread can install a handler.
+    """
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise SystemExit(143)
+        stop.set()
+        log.warning("train: SIGTERM received: stopping after the current task (send it again to stop now)")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def train(cfg: Config) -> dict[str, Any]:
-    """The training loop of §3 (runs inside :func:`train_flow`)."""
+    """The training loop of §3 (runs inside :func:`train_flow`); ``{"stopped": True, ...}`` after SIGTERM."""
     from sandbox import make_executor
 
-    run = setup(cfg, make_tracker)
-    try:
-        with make_executor(cfg.sandbox) as run.executor:
-            if run.start == 0 and cfg.eval.every > 0 and run.val_set:  # validate before training (§3 step 16)
-                val = evaluate(run.code_pol, run.val_set, cfg, run.executor, 0)
-                log_iteration(run.tracker, 0, {"iteration": 0, **val})
-            for it in range(run.start + 1, run.total + 1):
-                iteration(run, it)
-            summary = finish(run)
-    except BaseException:
-        run.tracker.end("FAILED")  # a re-run resumes the same MLflow run
-        raise
+    with ckpt.WorkspaceLock(cfg.orchestration.checkpoint_dir), stop_on_sigterm() as stop:
+        run = setup(cfg, make_tracker)
+        run.stop = stop
+        try:
+            with make_executor(cfg.sandbox) as run.executor:
+                if run.start == 0 and cfg.eval.every > 0 and run.val_set:  # validate first (§3 step 16)
+                    val = evaluate(run.code_pol, run.val_set, cfg, run.executor, 0)
+                    log_iteration(run.tracker, 0, {"iteration": 0, **val})
+                for it in range(run.start + 1, run.total + 1):
+                    iteration(run, it)
+                summary = finish(run)
+        except Stopped:
+            run.tracker.end("KILLED")
+            done = int(run.history[-1]["iteration"]) if run.history else 0
+            return {"stopped": True, "iteration": done}
+        except BaseException:
+            run.tracker.end("FAILED")  # a re-run resumes the same MLflow run
+            raise
     run.tracker.end("FINISHED")
     return summary
 
@@ -171,6 +221,11 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     total = loop.total_steps(
         len(train_set), cfg.data.train_batch_size, cfg.data.epochs, cfg.orchestration.max_steps
     )
+    if total < 1:
+        raise UserError(
+            f"no training step: {len(train_set)} problems, data.train_batch_size={cfg.data.train_batch_size}, "
+            f"data.epochs={cfg.data.epochs}, orchestration.max_steps={cfg.orchestration.max_steps}"
+        )
     fingerprint = loop.config_fingerprint(cfg.flat())
     state = ckpt.resume_or_start(out_dir, cfg.orchestration.resume, fingerprint)
     tracker = tracker_factory(cfg, run_id=state["run_id"], run_name=run_name(cfg))
@@ -206,6 +261,8 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
     golden, selfplay = cfg.mode == "golden", cfg.mode == "selfplay"
 
     def timed(name: str, task: Any, *args: Any, **kwargs: Any) -> Any:
+        if run.stop is not None and run.stop.is_set():
+            raise Stopped(name)
         t0 = time.perf_counter()
         out = call(task, *args, **kwargs)
         times[f"time/{name}_s"] = time.perf_counter() - t0
@@ -331,34 +388,120 @@ def load_problems(cfg: Config) -> tuple[list[Any], list[Any]]:
     )
 
 
+def fault_point(name: str) -> None:
+    """Test hook: SIGKILL this process at ``name`` when ``$CODEA1_KILL_AT`` says so (tests/test_wedge.py)."""
+    if os.environ.get("CODEA1_KILL_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def finish(run: TrainRun) -> dict[str, Any]:
-    """Export the final policies for evaluation and register them (once per completed run)."""
-    final = run.out_dir / "final"
-    done = final / "DONE.json"
+    """Write every output of the stage from the last checkpoint, export and register the final policies.
+
+    Idempotent, and safe to kill at any point: DVC deletes the stage's non-persistent outs before re-running
+    it, so a resumed run with no iteration left rewrites them here; registration reuses the version of this
+    MLflow run and iteration when one exists (one model version per completed run).
+    """
+    from codea1_core.mistake_book import MistakeBook
     from codea1_core.report import training_chart
 
+    final = run.out_dir / "final"
+    done = final / "DONE.json"
     summary = dict(run.history[-1]) if run.history else {"iteration": 0}
-    if done.is_file() and json.loads(done.read_text()).get("iteration") == run.total:
+    ckpt.write_history(run.out_dir, run.history, summary)
+    book = run.book if run.book is not None else MistakeBook(enabled=False)
+    ckpt.write_json_atomic(run.out_dir / "mistake_book.json", book.to_dict())
+    fault_point("finish:history")
+    if _done_matches(done, run) and all((final / role).is_dir() for role in run.policies):
         return summary
     png = training_chart(run.history)
     if png is not None:  # reward curves + Mistake Book dynamics, also in the MLflow run
-        (final.parent / "plots").mkdir(parents=True, exist_ok=True)
-        (final.parent / "plots" / "training.png").write_bytes(png)
+        ckpt.write_bytes_atomic(final.parent / "plots" / "training.png", png)
         run.tracker.log_file(final.parent / "plots" / "training.png", "plots")
     versions = {}
     for role, pol in run.policies.items():
         pol.export(final / role)
+        fault_point(f"finish:export_{role}")
         versions[role] = run.tracker.register(role, final / role, run.total)
+        fault_point(f"finish:register_{role}")
     ckpt.write_json_atomic(done, {"iteration": run.total, "versions": versions, "run_id": run.tracker.run_id})
+    fault_point("finish:done")
     return summary
 
 
+def _done_matches(done: Path, run: TrainRun) -> bool:
+    try:
+        info = json.loads(done.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return info.get("iteration") == run.total and info.get("run_id") == run.tracker.run_id
+
+
+_DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM}
+
+
+def preflight(cfg: Config) -> None:
+    """What would fail later, checked before the flow starts: checkpoints (verified, with fallback) and the
+    MLflow store (probed, <= 10 s). Raises the tasks' errors; :func:`run` turns them into one line."""
+    from tasks.tracking import probe_store
+
+    out_dir = Path(cfg.orchestration.checkpoint_dir)
+    n_train = len(
+        load_problems(cfg)[0]
+    )  # cheap (parquet or in-memory lab); setup() checks again after filtering
+    if loop.total_steps(n_train, cfg.data.train_batch_size, cfg.data.epochs, cfg.orchestration.max_steps) < 1:
+        raise UserError(
+            f"no training step: {n_train} problems < data.train_batch_size={cfg.data.train_batch_size}"
+        )
+    same = ckpt.stored_fingerprint(out_dir) == loop.config_fingerprint(cfg.flat())
+    if cfg.orchestration.resume == "auto" and same:
+        ckpt.select_checkpoint(out_dir)
+    if cfg.tracking.backend == "mlflow":
+        probe_store(cfg)
+
+
 def run(cfg: Config) -> dict[str, Any]:
-    """DVC/CLI entry point (``flows.common.stage_main``); a config that cannot fit its GPU stops here, in one line."""
+    """DVC/CLI entry point (``flows.common.stage_main``): lock, preflight, the flow; user errors in one line
+    (a config that cannot fit its GPU stops first, ``flows.plan``)."""
     from flows.plan import check_training_fits
+    from tasks.tracking import TrackingUnavailable
 
     check_training_fits(cfg)
-    return train_flow(config=cfg.to_dict())
+    quiet_user_error_tracebacks()
+    try:
+        with ckpt.WorkspaceLock(cfg.orchestration.checkpoint_dir):
+            preflight(cfg)
+            summary = train_flow(config=cfg.to_dict())
+    except (ckpt.WorkspaceLockedError, ckpt.CheckpointError, TrackingUnavailable) as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:
+        if exc.errno not in _DISK_ERRNOS:
+            raise
+        raise UserError(f"{exc.filename or cfg.orchestration.checkpoint_dir}: {exc.strerror}") from None
+    if summary.get("stopped"):
+        print(f"train: stopped by SIGTERM after iteration {summary['iteration']} (checkpointed): run it again "
+              "to resume", file=sys.stderr)  # fmt: skip
+        raise SystemExit(143)
+    return summary
+
+
+class _UserErrorFilter(logging.Filter):
+    """Drop the traceback Prefect attaches when a flow or task fails with a user error (one line is enough)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, UserError | ConfigError) or (
+            isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS
+        ):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_user_error_tracebacks() -> None:
+    """Install :class:`_UserErrorFilter` on Prefect's run loggers (once)."""
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _UserErrorFilter) for f in logger.filters):
+            logger.addFilter(_UserErrorFilter())
 
 
 if __name__ == "__main__":

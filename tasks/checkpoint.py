@@ -6,6 +6,11 @@ What it does: after every iteration writes ``<checkpoint_dir>/checkpoints/it_NNN
 (torch RNG). The directory is built under a temporary name and renamed with ``os.replace``; then the ``LATEST``
 pointer file is replaced atomically. A kill at any moment leaves either the previous or the new iteration
 complete, never a half-written one. Older iterations beyond ``keep_checkpoints`` are deleted afterwards.
+The last file written into a checkpoint is ``MANIFEST.json`` (size and sha256 of every other file, atomic);
+on resume :func:`select_checkpoint` verifies it and falls back to the newest intact checkpoint with one warning
+line naming what was wrong (truncated weights, zeroed bytes, empty ``rng.pt``...); when none is intact it
+raises :class:`CheckpointError` naming the file. :class:`WorkspaceLock` keeps one training run per workspace
+(``<checkpoint_dir>/train.lock``: pid, host, start time; a lock whose process is gone is stale and taken over).
 What it does not: decide when to checkpoint (the train flow does) or log to MLflow.
 
 Run: used by ``flows/train.py``; tested by ``tests/test_checkpoint.py``.
@@ -13,10 +18,14 @@ Run: used by ``flows/train.py``; tested by ``tests/test_checkpoint.py``.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import random
 import shutil
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +33,18 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 STATE_SCHEMA = "codea1.train_state/1"
+MANIFEST = "MANIFEST.json"
+MANIFEST_SCHEMA = "codea1.checkpoint_manifest/1"
+LOCK_NAME = "train.lock"
+log = logging.getLogger("codea1.checkpoint")
+
+
+class CheckpointError(RuntimeError):
+    """No intact checkpoint to resume from; the message names the corrupt file and what to do."""
+
+
+class WorkspaceLockedError(RuntimeError):
+    """Another training run holds the workspace; the message names its pid and start time."""
 
 
 def ckpt_root(checkpoint_dir: str | Path) -> Path:
@@ -52,6 +73,15 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """Write bytes via a temp file and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def save_checkpoint(
     checkpoint_dir: str | Path,
     iteration: int,
@@ -76,6 +106,7 @@ def save_checkpoint(
     torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
     full_state = dict(state, schema=STATE_SCHEMA, iteration=iteration, python_rng=_py_rng_state())
     write_json_atomic(tmp / "state.json", full_state)
+    write_manifest(tmp)  # last: a checkpoint without a matching manifest is never trusted
     if final.exists():  # a re-run of an iteration that completed but whose LATEST write was lost
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -98,16 +129,96 @@ def _prune(root: Path, keep: int, current: str) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
-    """The last complete iteration's folder (from ``LATEST``), or None when there is none."""
-    root = ckpt_root(checkpoint_dir)
-    pointer = root / "LATEST"
-    if not pointer.is_file():
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """``MANIFEST.json``: size and sha256 of every file below ``folder`` (written atomically, last)."""
+    files = {
+        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+    write_json_atomic(folder / MANIFEST, {"schema": MANIFEST_SCHEMA, "files": files})
+
+
+_VERIFIED: dict[str, int] = {}  # folder -> manifest mtime_ns: verified once per process (hashing is I/O)
+
+
+def verify_checkpoint(folder: Path) -> str | None:
+    """Why ``folder`` is not an intact checkpoint (naming the file), or None when every file matches."""
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return f"{manifest}: missing (an interrupted write or a checkpoint from before manifests)"
+    if _VERIFIED.get(str(folder)) == manifest.stat().st_mtime_ns:
         return None
-    path = root / pointer.read_text(encoding="utf-8").strip()
-    if not (path / "state.json").is_file():
-        raise RuntimeError(f"{pointer}: points to {path.name}, which has no state.json (corrupt checkpoint)")
-    return path
+    try:
+        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+        sizes = {rel: int(meta["size"]) for rel, meta in files.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"{manifest}: unreadable ({type(exc).__name__})"
+    for rel, size in sizes.items():  # sizes first: a truncated file is found without hashing
+        path = folder / rel
+        if not path.is_file():
+            return f"{path}: missing"
+        if path.stat().st_size != size:
+            return f"{path}: {path.stat().st_size} bytes, the manifest says {size} (truncated or overwritten)"
+    for rel, meta in files.items():
+        if _sha256(folder / rel) != meta["sha256"]:
+            return f"{folder / rel}: sha256 differs from the manifest (corrupted bytes)"
+    _VERIFIED[str(folder)] = manifest.stat().st_mtime_ns
+    return None
+
+
+def _candidates(root: Path) -> tuple[list[Path], list[str]]:
+    """Checkpoints to try, newest first: ``LATEST``'s target, then older ones; problems with the pointer."""
+    pointer = root / "LATEST"
+    dirs = sorted((p for p in root.glob("it_*") if p.is_dir()), reverse=True)
+    if not pointer.is_file():
+        return dirs, []
+    name = pointer.read_text(encoding="utf-8", errors="replace").strip()
+    target = root / name
+    if not (name.startswith("it_") and target.is_dir()):
+        return dirs, [f"{pointer}: points to {name!r}, which does not exist"]
+    return [target] + [d for d in dirs if d.name < name], []
+
+
+def select_checkpoint(checkpoint_dir: str | Path) -> Path | None:
+    """The newest intact checkpoint (verified against its manifest), or None when there is none at all.
+
+    A corrupt newer one is deleted after one warning line naming what was wrong, and ``LATEST`` is moved to
+    the checkpoint resumed from. Raises :class:`CheckpointError` when checkpoints exist but none is intact.
+    """
+    root = ckpt_root(checkpoint_dir)
+    candidates, problems = _candidates(root)
+    bad: list[Path] = []
+    for folder in candidates:
+        reason = verify_checkpoint(folder)
+        if reason is None:
+            if problems:
+                log.warning("checkpoint: %s; resuming from %s instead", "; ".join(problems), folder.name)
+                for old in bad:
+                    shutil.rmtree(old, ignore_errors=True)
+                write_text_atomic(root / "LATEST", folder.name)
+            return folder
+        problems.append(f"{folder.name} is corrupt: {reason}")
+        bad.append(folder)
+    if problems:
+        raise CheckpointError(
+            f"no intact checkpoint in {root}: {problems[0]}; delete {root} "
+            "(or set orchestration.resume=never) to start over"
+        )
+    return None
+
+
+def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
+    """The newest intact iteration's folder (:func:`select_checkpoint`), or None when there is none."""
+    return select_checkpoint(checkpoint_dir)
 
 
 def load_state(path: str | Path, restore_rng: bool = True) -> dict[str, Any]:
@@ -179,6 +290,16 @@ def resume_or_start(checkpoint_dir: str | Path, resume: str, fingerprint: str) -
     }
 
 
+def stored_fingerprint(checkpoint_dir: str | Path) -> str | None:
+    """The config fingerprint recorded by :func:`save_run_info` (None when absent or unreadable)."""
+    try:
+        return json.loads((ckpt_root(checkpoint_dir) / "run.json").read_text(encoding="utf-8")).get(
+            "fingerprint"
+        )
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def save_run_info(checkpoint_dir: str | Path, fingerprint: str, run_id: str | None) -> None:
     """Record the config fingerprint and MLflow run id before the first iteration (atomic)."""
     write_json_atomic(ckpt_root(checkpoint_dir) / "run.json", {"fingerprint": fingerprint, "run_id": run_id})
@@ -203,3 +324,92 @@ def write_history(checkpoint_dir: str | Path, history: list[dict[str, Any]], sum
     lines = "".join(json.dumps(row, sort_keys=True, default=str) + "\n" for row in history)
     write_text_atomic(Path(checkpoint_dir) / "metrics.jsonl", lines)
     write_json_atomic(Path(checkpoint_dir) / "metrics.json", summary)
+
+
+# --------------------------------------------------------------------------------------------------
+# One training run per workspace
+# --------------------------------------------------------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _proc_start(pid: int) -> str:
+    """The kernel's start time of ``pid`` (``/proc/<pid>/stat`` field 22), '' where unavailable: tells a
+    live holder from an unrelated process that reused its pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+class WorkspaceLock:
+    """``<checkpoint_dir>/train.lock`` holding the holder's pid, host, start time; a context manager.
+
+    Taken with ``O_CREAT | O_EXCL`` (atomic); a lock whose pid is gone (or reused by another process) on this
+    host is stale: it is replaced with one warning line. A live holder raises :class:`WorkspaceLockedError`.
+    """
+
+    def __init__(self, checkpoint_dir: str | Path):
+        self.path = Path(checkpoint_dir) / LOCK_NAME
+        self.held = False
+
+    def _holder(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}
+
+    def _stale(self, holder: dict[str, Any]) -> bool:
+        if holder.get("host") not in (None, socket.gethostname()):
+            return False  # another machine's run on a shared disk: never stolen
+        pid = int(holder.get("pid") or 0)
+        return pid <= 0 or not _alive(pid) or _proc_start(pid) != holder.get("proc_start", _proc_start(pid))
+
+    def acquire(self) -> WorkspaceLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "proc_start": _proc_start(os.getpid()),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._holder()
+                if holder is None:
+                    continue  # released meanwhile
+                if holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+                    return self  # this process holds it already (the CLI entry, then the flow): not released here
+                if not self._stale(holder):
+                    raise WorkspaceLockedError(
+                        f"{self.path}: another training run holds this workspace (pid {holder.get('pid')} on "
+                        f"{holder.get('host')}, started {holder.get('started')}); wait for it or stop it"
+                    ) from None
+                log.warning("%s: stale lock of pid %s (started %s) removed", self.path, holder.get("pid"),
+                            holder.get("started"))  # fmt: skip
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(me, fh)
+            self.held = True
+            return self
+        raise WorkspaceLockedError(f"{self.path}: could not take the lock (it keeps changing)")
+
+    def release(self) -> None:
+        if self.held and (self._holder() or {}).get("pid") == os.getpid():
+            self.path.unlink(missing_ok=True)
+        self.held = False
+
+    def __enter__(self) -> WorkspaceLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -217,7 +217,9 @@ def score_suites(
     rel, abs_ = cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol
     suites, generated = [], []
     for problem, text in zip(problems, texts, strict=True):
-        parsed = extract_tests(text, problem.entry_point, cfg.tests.parse_mode)
+        parsed = extract_tests(
+            text, problem.entry_point, cfg.tests.parse_mode, literal_answers=cfg.tests.literal_answers
+        )
         suites.append(list(parsed.tests[:k]))
         generated.append(min(k, len(parsed.tests) + parsed.invalid))
     ref_idx = [i for i, s in enumerate(suites) if s]

@@ -15,10 +15,12 @@ What it does:
     ``dunder``         a ``__name__`` or ``.__attr__``      ``forbidden_name`` eval/exec/open/import...
     ``walrus``         ``:=`` (would bind names in the namespace the next calls run in)
     ``answer_syntax`` / ``answer_dunder`` / ``answer_forbidden_name`` / ``answer_walrus``
+    ``expected_not_literal`` the answer is not plain data or names the entry point (``tests.literal_answers``)
     ``duplicate``      the same call source earlier in the same suite (calls come ``ast.unparse``-normalized)
 
     Lambdas and comprehensions are accepted (higher-order functions take callables). Statements
-    (``import``, ``x = 1``, ``del``...) cannot parse as an expression: ``call_syntax``. These checks
+    (``import``, ``x = 1``, ``del``...) cannot parse as an expression: ``call_syntax``. Sources are NFKC-normalised
+    before every check, as Python does for identifiers (``ｅｖａｌ`` is ``eval``). These checks
     are data quality, **not** security: untrusted code is contained by the sandbox only.
     Rejected share > ``tests.max_rejected_frac`` raises :class:`DataQualityError` with the report path.
 
@@ -36,6 +38,7 @@ import os
 import re
 import tempfile
 import threading
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -48,7 +51,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from codea1_core.config import TestsConfig
-from codea1_core.types import Problem
+from codea1_core.types import Problem, literal_value
 
 DEFAULT_REPORT_DIR = Path("outputs/quality")
 FORBIDDEN_NAMES = frozenset(
@@ -251,6 +254,7 @@ def _check_call(call: str, entry_point: str, any_function: bool = False) -> str:
     ``any_function`` (``tests.parse_mode: official``, §5.2): any call is a test, as the official parser keeps
     ``assert len(f(x)) == 2``; the strict mode (D5) requires a call of the entry point.
     """
+    call, entry_point = unicodedata.normalize("NFKC", call), unicodedata.normalize("NFKC", entry_point)
     try:
         tree = ast.parse(call, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -263,21 +267,42 @@ def _check_call(call: str, entry_point: str, any_function: bool = False) -> str:
     return _names_check(call, tree, "")
 
 
-def _check_answer(answer: str) -> str:
+def _is_plain_literal(answer: str, tree: ast.Expression, entry_point: str) -> bool:
+    """Plain data (``codea1_core.types.literal_value``) naming no entry point: as ``parsing.is_plain_literal``
+    (not imported: the prepare stage would then depend on the parser)."""
+    if any(isinstance(n, ast.Name) and n.id == entry_point for n in ast.walk(tree)):
+        return False
+    try:
+        literal_value(answer)
+    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError, OverflowError):
+        return False
+    return True
+
+
+def _check_answer(answer: str, entry_point: str, literal: bool = True) -> str:
+    """Reason code of one predicted answer; ``literal``: it must be plain data (``tests.literal_answers``)."""
     if _SIMPLE_LITERAL.fullmatch(answer):  # fast path: a number, bool, None, plain string or flat int list
         return _OK
+    answer = unicodedata.normalize("NFKC", answer)
     try:
         tree = ast.parse(answer, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return "answer_syntax"
-    return _names_check(answer, tree, "answer_")
+    names = _names_check(answer, tree, "answer_")
+    if (
+        names == _OK
+        and literal
+        and not _is_plain_literal(answer, tree, unicodedata.normalize("NFKC", entry_point))
+    ):
+        return "expected_not_literal"
+    return names
 
 
 def _test_frame(rows: pd.DataFrame | list[dict[str, Any]], cfg: TestsConfig) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=list(_KEY_COLUMNS)).reset_index(drop=True)
     frame = frame.astype(object).where(frame.notna(), None)
     call_memo: dict[tuple[str, str], str] = {}
-    answer_memo: dict[str, str] = {}
+    answer_memo: dict[tuple[str, str], str] = {}
     call_check, answer_check = [], []
     for call, ep, answer in zip(frame["call"], frame["entry_point"], frame["answer"], strict=True):
         if not isinstance(call, str) or not isinstance(ep, str) or len(call) > cfg.max_call_chars:
@@ -290,9 +315,10 @@ def _test_frame(rows: pd.DataFrame | list[dict[str, Any]], cfg: TestsConfig) -> 
         if not isinstance(answer, str) or len(answer) > cfg.max_answer_chars:
             answer_check.append(_NOT_CHECKED)
         else:
-            if answer not in answer_memo:
-                answer_memo[answer] = _check_answer(answer.strip())
-            answer_check.append(answer_memo[answer])
+            akey = (answer, ep if isinstance(ep, str) else "")
+            if akey not in answer_memo:
+                answer_memo[akey] = _check_answer(answer.strip(), akey[1], cfg.literal_answers)
+            answer_check.append(answer_memo[akey])
     frame["call_check"], frame["answer_check"] = call_check, answer_check
     # Calls arrive normalized by codea1_core.parsing (ast.unparse), so equal source = same call.
     keys = pd.DataFrame(

@@ -128,7 +128,12 @@ def gate_tests(
 
     suites = [
         [
-            [extract_tests(c.text, p.entry_point, cfg.tests.parse_mode) for c in per_code]
+            [
+                extract_tests(
+                    c.text, p.entry_point, cfg.tests.parse_mode, literal_answers=cfg.tests.literal_answers
+                )
+                for c in per_code
+            ]
             for per_code in per_problem
         ]
         for p, per_problem in zip(problems, completions, strict=True)

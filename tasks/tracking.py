@@ -286,9 +286,56 @@ def register_version(client: Any, name: str, run_id: str, artifact_dir: str, ste
     except MlflowException as exc:
         if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
             raise
+    existing = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+    for version in existing:  # a retried finish() (killed after registering): one version per completed run
+        if (version.tags or {}).get("iteration") == str(step):
+            return str(version.version)
     source = f"runs:/{run_id}/{artifact_dir}"
     version = client.create_model_version(name, source, run_id=run_id, tags={"iteration": str(step)})
     return str(version.version)
+
+
+class TrackingUnavailable(RuntimeError):
+    """The MLflow store cannot be used; the message is one line naming the URI or file."""
+
+
+def probe_store(cfg: Config, timeout_s: float = 5.0) -> None:
+    """Fail fast (within ~``timeout_s``) when the MLflow store is unreachable, locked or read-only.
+
+    Why: MLflow's own client retries an unreachable server for minutes and a locked sqlite file for ~100 s,
+    printing a traceback per retry; this check runs before any work so the user gets one line instead.
+    """
+    import sqlite3
+    import urllib.error
+    import urllib.request
+
+    uri = tracking_uri(cfg)
+    if uri.startswith(("http://", "https://")):
+        try:
+            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s).close()
+        except urllib.error.HTTPError:
+            return  # it answered (an older server without /health): reachable
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", None) or exc
+            raise TrackingUnavailable(
+                f"MLflow store {uri} unreachable ({reason}): start it, fix MLFLOW_TRACKING_URI / "
+                "tracking.tracking_uri, or set tracking.backend=null"
+            ) from None
+    elif uri.startswith("sqlite:///"):
+        path = Path(uri.removeprefix("sqlite:///"))
+        if not path.exists():
+            if not os.access(path.parent, os.W_OK):
+                raise TrackingUnavailable(f"MLflow store {path}: folder {path.parent} is not writable")
+            return
+        try:
+            con = sqlite3.connect(str(path), timeout=timeout_s)
+            try:
+                con.execute("BEGIN IMMEDIATE")  # needs the write lock, as every MLflow write does
+                con.execute("ROLLBACK")
+            finally:
+                con.close()
+        except sqlite3.Error as exc:
+            raise TrackingUnavailable(f"MLflow store {path}: {exc}") from None
 
 
 def make_tracker(cfg: Config, run_id: str | None = None, run_name: str | None = None) -> Tracker:

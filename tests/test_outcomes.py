@@ -297,7 +297,7 @@ def test_quirk_11_worked_case_has_no_misalignment():
         "assert f(5) == 6\nassert f(1) == 5\n```"
     )
     for mode in ("strict", "official"):
-        parsed = extract_tests(text, "f", mode=mode)
+        parsed = extract_tests(text, "f", mode=mode, literal_answers=False)  # the official answer rule
         out = run_plan(plan_problem(PROBLEM, [BUGGY], [[parsed]])).suites[0][0]
         assert (out.valid, out.invalid) == (4, 2)
         assert out.reasons == ("wrong_answer", "duplicate")

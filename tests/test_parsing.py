@@ -55,7 +55,9 @@ def calls_answers(suite):
 
 def test_strict_accepts_call_on_either_side_and_normalizes():
     suite = extract_tests(
-        block("assert f( 1,2 )==3", "assert [1,  2] == f([2, 1])", "assert f(x=1) == f(2)"), "f"
+        block("assert f( 1,2 )==3", "assert [1,  2] == f([2, 1])", "assert f(x=1) == f(2)"),
+        "f",
+        literal_answers=False,  # the official reading of a call answer; the default rejects it (below)
     )
     assert calls_answers(suite) == [("f(1, 2)", "3"), ("f([2, 1])", "[1, 2]"), ("f(x=1)", "f(2)")]
     assert suite.invalid == 0 and suite.reasons == ()
@@ -74,6 +76,7 @@ def test_strict_substitutes_assignments_on_both_sides_in_order():
             "assert f([data for data in range(2)]) == 1",  # comprehension variable is not substituted
         ),
         "f",
+        literal_answers=False,
     )
     assert calls_answers(suite) == [
         ("f([3, 1])", "sorted([3, 1])"),
@@ -167,10 +170,13 @@ def test_official_rewrites_operators_and_drops_silently():
         "assert not f(0)",
         "assert isinstance(f(1), int)",
     )
-    suite = extract_tests(text, "f", mode="official")
+    suite = extract_tests(text, "f", mode="official", literal_answers=False)
     # call args that are bare names are substituted; the right-hand side is not; operators become ==
     assert calls_answers(suite) == [("f(3)", "expected"), ("f(1)", "2"), ("g(3)", "7")]
     assert suite.invalid == 0
+    ours = extract_tests(text, "f", mode="official")  # tests.literal_answers (default): a name is no value
+    assert calls_answers(ours) == [("f(1)", "2"), ("g(3)", "7")]
+    assert ours.reasons == ("expected_not_literal",)
 
 
 def test_case_b_counts_bad_lines_in_both_modes():

@@ -237,7 +237,7 @@ def test_codea1_flow_end_to_end(prefect_harness: None, tiny_model: Path, tmp_pat
     out = tmp_path / "train"
     assert (out / "checkpoints" / "LATEST").read_text() == "it_000002"
     assert sorted(p.name for p in (out / "checkpoints" / "it_000002").iterdir()) == [
-        "code", "mistake_book.json", "rng.pt", "state.json", "test"]  # fmt: skip
+        "MANIFEST.json", "code", "mistake_book.json", "rng.pt", "state.json", "test"]  # fmt: skip
     assert (out / "final" / "code" / "config.json").is_file() and (
         out / "outcomes" / "it_000002.parquet"
     ).is_file()
