@@ -144,14 +144,15 @@ def test_one_prefect_api_serves_every_stage_and_stops_after(tmp_path: Path) -> N
     assert not _health(result["url"]), "the server must be stopped when the block ends"
 
 
-def test_sigterm_stops_the_pipeline_and_its_prefect_server(tmp_path: Path) -> None:
+def _start_holding_the_api(tmp_path: Path, body: str) -> tuple[subprocess.Popen, str]:
+    """A process that holds ``shared_api()`` (running ``body`` inside it) and prints its URL first."""
     code = (
         "import time, flows\n"
         "from flows.prefect_server import shared_api, sigterm_as_interrupt\n"
         "try:\n"
         "    with sigterm_as_interrupt(), shared_api() as url:\n"
         "        print(url, flush=True)\n"
-        "        time.sleep(600)\n"
+        f"        {body}\n"
         "except KeyboardInterrupt:\n"
         "    print('stopped', flush=True)\n"
     )
@@ -159,9 +160,16 @@ def test_sigterm_stops_the_pipeline_and_its_prefect_server(tmp_path: Path) -> No
         [sys.executable, "-c", code], cwd=tmp_path, env=_pristine_env(tmp_path),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    url = proc.stdout.readline().strip()
+    if not url.startswith("http://127.0.0.1:"):
+        proc.kill()
+        raise AssertionError(proc.stderr.read()[-2000:])
+    return proc, url
+
+
+def test_sigterm_stops_the_pipeline_and_its_prefect_server(tmp_path: Path) -> None:
+    proc, url = _start_holding_the_api(tmp_path, "time.sleep(600)")
     try:
-        url = proc.stdout.readline().strip()
-        assert url.startswith("http://127.0.0.1:"), proc.stderr.read()[-2000:]
         assert _health(url)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -169,6 +177,21 @@ def test_sigterm_stops_the_pipeline_and_its_prefect_server(tmp_path: Path) -> No
         assert proc.stdout.read().strip() == "stopped"
         assert time.monotonic() - t0 < 15
         assert not _health(url), "the Prefect server outlived the pipeline"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_killed_pipeline_takes_its_prefect_server_with_it(tmp_path: Path) -> None:
+    """SIGKILL leaves no ``finally`` to run: the server must still not outlive the pipeline (no orphans)."""
+    proc, url = _start_holding_the_api(tmp_path, "time.sleep(600)")
+    try:
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while _health(url) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _health(url), "the Prefect server outlived a killed pipeline"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -185,30 +208,3 @@ def test_make_run_goes_through_the_pipeline_runner() -> None:
     assert recipe.returncode == 0, recipe.stderr
     assert "-m flows.pipeline" in recipe.stdout
     assert "dvc repro" not in recipe.stdout.replace("flows.pipeline", "")
-
-
-def test_a_killed_pipeline_takes_its_prefect_server_with_it(tmp_path: Path) -> None:
-    """SIGKILL leaves no ``finally`` to run: the server must still not outlive the pipeline (no orphans)."""
-    code = (
-        "import time, flows\n"
-        "from flows.prefect_server import shared_api\n"
-        "with shared_api() as url:\n"
-        "    print(url, flush=True)\n"
-        "    time.sleep(600)\n"
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], cwd=tmp_path, env=_pristine_env(tmp_path),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        url = proc.stdout.readline().strip()
-        assert url.startswith("http://127.0.0.1:"), proc.stderr.read()[-2000:]
-        proc.kill()
-        proc.wait(timeout=10)
-        deadline = time.monotonic() + 30
-        while _health(url) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not _health(url), "the Prefect server outlived a killed pipeline"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
