@@ -46,7 +46,17 @@ _NOISE: tuple[tuple[str, type[Warning], str], ...] = (
 
 # Loggers whose INFO lines are bookkeeping, not news: GX's "Created temporary directory ... for ephemeral docs
 # site" on every gate, MLflow's "Creating initial MLflow database tables" on a fresh store. Warnings still show.
-_QUIET_LOGGERS = ("great_expectations", "mlflow.store.db.utils", "alembic.runtime.migration")
+# GX sets its module loggers' own levels at import, so a filter (which survives setLevel) does the work.
+_QUIET_LOGGERS = (
+    "great_expectations",
+    "great_expectations.data_context.types.base",
+    "mlflow.store.db.utils",
+    "alembic.runtime.migration",
+)
+
+
+def _warnings_and_above(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING
 
 
 def apply() -> None:
@@ -56,4 +66,7 @@ def apply() -> None:
     for message, category, module in _NOISE:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
     for name in _QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.WARNING)
+        if _warnings_and_above not in logger.filters:
+            logger.addFilter(_warnings_and_above)
