@@ -15,6 +15,9 @@ from typing import Any
 
 from codea1_core.config import Config, ConfigError, load_config
 
+PROJECT_LOGGERS = ("codea1", "codea1_core", "tasks", "flows", "sandbox")
+"""Logger names of this project (``codea1.<part>`` and module loggers); their INFO lines reach the console."""
+
 
 class UserError(Exception):
     """A mistake the user can fix (bad input, missing file): printed as one line, exit 2."""
@@ -49,5 +52,9 @@ def run_user_errors(fn: Callable[[], Any]) -> int:
 def stage_main(run: Callable[[Config], Any], description: str, argv: list[str] | None = None) -> int:
     """``python -m flows.<stage>``: parse args, load params, call ``run(cfg)``; exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Prefect has usually configured the root logger already (level WARNING, its console handler), which makes
+    # basicConfig a no-op: our own INFO lines (warm-start epochs, checkpoint notes) need their loggers' level set.
+    for name in PROJECT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO)
     params, overrides = parse_stage_args(argv, description)
     return run_user_errors(lambda: run(load_stage_config(params, overrides)))
