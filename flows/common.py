@@ -9,14 +9,24 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from codea1_core.config import Config, ConfigError, load_config
 
 PROJECT_LOGGERS = ("codea1", "codea1_core", "tasks", "flows", "sandbox")
 """Logger names of this project (``codea1.<part>`` and module loggers); their INFO lines reach the console."""
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment with this interpreter's ``bin/`` first on ``PATH``, for child processes
+    (``dvc`` and the stages it runs call ``python``: it must be this environment's)."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
 
 
 class UserError(Exception):

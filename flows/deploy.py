@@ -41,8 +41,7 @@ from typing import Any
 from prefect import flow
 
 from codea1_core.config import load_config
-from flows.common import UserError, run_user_errors
-from flows.pipeline import _child_env
+from flows.common import UserError, child_env, run_user_errors
 from flows.serve import EVALUATE_DEPLOYMENT, TRAIN_DEPLOYMENT
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -71,7 +70,7 @@ def pipeline_flow(overrides: list[str] | None = None) -> dict[str, Any]:
     """Run the DVC pipeline in the working directory (the deployment's source); fail with DVC's last lines."""
     cmd = pipeline_command(list(overrides or []))
     print("running:", " ".join(cmd[2:]))
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=_child_env())
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=child_env())
     print(proc.stdout[-4000:])
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[2:])} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")

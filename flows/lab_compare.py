@@ -71,7 +71,7 @@ from codea1_core.comparison import (
     rewards_chart,
     table_markdown,
 )
-from flows.common import UserError, run_user_errors
+from flows.common import UserError, child_env, run_user_errors
 from flows.prefect_server import shared_api
 
 QUICK_OVERRIDES = [
@@ -119,14 +119,8 @@ def validate(params: Path, experiments: Sequence[Experiment]) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python` = this venv
-    return env
-
-
 def _cmd(args: list[str], repo: Path, log: io.TextIOBase | None = None) -> str:
-    proc = subprocess.run(args, cwd=repo, env=_env(), capture_output=True, text=True, check=False)
+    proc = subprocess.run(args, cwd=repo, env=child_env(), capture_output=True, text=True, check=False)
     if log is not None:
         log.write(f"$ {' '.join(args)}\n{proc.stdout}{proc.stderr}\n")
         log.flush()
@@ -166,7 +160,11 @@ def queue_and_run(repo: Path, experiments: Sequence[Experiment], jobs: int, out:
         if params.read_bytes() != before:  # DVC restores it; never leave the user's params changed
             params.write_bytes(before)
     proc = subprocess.run(
-        ["dvc", "exp", "run", "--run-all", "--jobs", str(jobs)], cwd=repo, env=_env(), stdout=log, stderr=log
+        ["dvc", "exp", "run", "--run-all", "--jobs", str(jobs)],
+        cwd=repo,
+        env=child_env(),
+        stdout=log,
+        stderr=log,
     )
     log.write(f"# dvc exp run --run-all: exit {proc.returncode}\n")
 
@@ -255,7 +253,7 @@ def run_in_workspace(repo: Path, experiments: Sequence[Experiment], runs: Path, 
             log.write(f"$ {' '.join(args)}\n")
             log.flush()  # the experiment's output streams into the same file (tail -f it)
             proc = subprocess.run(
-                args, cwd=repo, env=_env(), stdout=log, stderr=subprocess.STDOUT, check=False
+                args, cwd=repo, env=child_env(), stdout=log, stderr=subprocess.STDOUT, check=False
             )
             if proc.returncode != 0:
                 log.write(f"# {exp.name} failed: exit {proc.returncode}\n")

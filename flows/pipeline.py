@@ -14,23 +14,17 @@ How to run: ``make run`` or ``python -m flows.pipeline [dvc repro arguments, e.g
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from flows import summary
+from flows.common import child_env
 from flows.prefect_server import ServerStartError, shared_api, sigterm_as_interrupt
 
 CHILD_STOP_TIMEOUT_S = 60.0
 """After SIGTERM a stage finishes its current task and checkpoints; then it is killed."""
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    return env
 
 
 def _dvc() -> str:
@@ -40,7 +34,7 @@ def _dvc() -> str:
 
 def run_child(cmd: list[str]) -> int:
     """Run ``cmd`` to completion; on interrupt, pass SIGTERM on, wait a while, then kill, and re-raise."""
-    proc = subprocess.Popen(cmd, env=_child_env())
+    proc = subprocess.Popen(cmd, env=child_env())
     try:
         return proc.wait()
     except KeyboardInterrupt:

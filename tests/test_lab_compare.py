@@ -156,7 +156,9 @@ def test_ci95_is_the_student_t_interval_of_the_mean():
     assert cmp.ci95(values) == pytest.approx(expected, rel=1e-3)
     assert cmp.ci95([3.0]) is None and cmp.ci95([]) is None
     assert cmp.ci95([1.0, 2.0] * 20) == pytest.approx(1.96 * statistics.stdev([1.0, 2.0] * 20) / 40**0.5)
-    scipy_stats = pytest.importorskip("scipy.stats")
+    scipy_stats = pytest.importorskip(
+        "scipy.stats", reason="scipy (a transitive dependency here) checks the t table"
+    )
     for n in (2, 3, 5, 10, 31):
         assert cmp._T975[n - 2] == pytest.approx(scipy_stats.t.ppf(0.975, n - 1), abs=1e-3), n
 
@@ -289,7 +291,7 @@ def _fake_dvc_repo(tmp_path, monkeypatch):
     (repo / "params.yaml").write_text("seed: 1\n")
     (repo / "data" / "prepared" / "mine").write_text("user data")
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    monkeypatch.setattr(lc, "_env", lambda: env)
+    monkeypatch.setattr(lc, "child_env", lambda: env)
     return repo
 
 
