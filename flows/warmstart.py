@@ -91,7 +91,7 @@ def _param_count(model_dir: Path) -> int:
 
 def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
     """Build the tiny base model and fine-tune each role; returns the metrics written to ``metrics.json``."""
-    from codea1_core.data.lab import tokenizer_corpus, warmstart_examples
+    from codea1_core.data.lab import tokenizer_corpus, warmstart_code_problems, warmstart_examples
     from codea1_core.models.sft import supervised_finetune
     from codea1_core.models.tiny_model import build_tiny_model
 
@@ -118,7 +118,8 @@ def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
                                    "param_count": _param_count(base), "mode": cfg.mode}  # fmt: skip
         for role, rel in dirs.items():
             t_role = time.perf_counter()
-            examples = warmstart_examples(problems, role, lab, cfg.seed, k=k)
+            role_problems = warmstart_code_problems(lab, problems) if role == "code" else problems
+            examples = warmstart_examples(role_problems, role, lab, cfg.seed, k=k)
             if cfg.mode == "selfplay":  # one model plays both roles with black-box test prompts (D10)
                 examples += warmstart_examples(problems, "test", lab, cfg.seed, k=k, blackbox=True)
             stats = supervised_finetune(
