@@ -2,8 +2,9 @@
 
 What it does: trains a BPE tokenizer and a random-init tiny Qwen2 model on the lab's text
 (``codea1_core.data.lab.tokenizer_corpus``), then fine-tunes it (TRL SFT) into the Code LLM (correct and
-buggy solutions, ``lab.buggy_fraction``) and the Test LLM (imperfect white-box test suites), so RL has
-room to improve both. ``selfplay`` mode trains one model on code and black-box test conversations;
+buggy solutions, ``lab.buggy_fraction``, on the training problems plus fresh parameter sets up to
+``lab.warmstart_code_problems_per_family``, so it learns to copy constants rather than memorize them) and
+the Test LLM (imperfect white-box test suites on the training problems), so RL has room to improve both. ``selfplay`` mode trains one model on code and black-box test conversations;
 ``golden`` mode trains only the Code LLM. Everything is written to a temporary folder and moved into
 ``outputs/warmstart/`` (``base``, the role folders named by ``model.code_path`` / ``model.test_path``,
 ``metrics.json``) in one rename.
