@@ -14,7 +14,7 @@ What it does (ALGORITHM.md §13), read top to bottom:
      under ``<eval.out_dir>/baseline_cache/`` by content hash) as ``warmstart/<key>``, and add
      ``delta/<key>`` = trained - warm start for every rate (``eval.baseline: false`` turns it off);
   5. write ``<eval.out_dir>/metrics.json`` (DVC metrics, flat keys such as ``code/humanevalplus/plus/pass@1``)
-     and ``report.html`` (plots embedded; training curves from ``<checkpoint_dir>/metrics.jsonl`` when
+     and ``report.html`` (plots embedded; training curves from ``<checkpoint_dir>/history.csv`` when
      present); log the same numbers to MLflow through ``tasks.tracking`` (``@`` becomes ``_at_`` there,
      as MLflow metric names cannot hold ``@``).
 
@@ -39,7 +39,7 @@ from prefect import flow
 
 from codea1_core.config import Config
 from codea1_core.evaluation.report import render_report
-from flows.common import UserError, load_stage_config, run_user_errors
+from flows.common import UserError, flow_config, flow_run_name, load_stage_config, run_user_errors
 from flows.summary import HEADLINE_FILE, headline
 
 log = logging.getLogger(__name__)
@@ -103,20 +103,11 @@ def load_policy(cfg: Config, role: str, override: str | None = None) -> Any:
 
 
 def load_history(cfg: Config) -> list[dict[str, Any]]:
-    """Training metrics history (one JSON object per iteration) from ``<checkpoint_dir>/metrics.jsonl``."""
-    path = Path(cfg.orchestration.checkpoint_dir) / "metrics.jsonl"
-    rows: list[dict[str, Any]] = []
-    if not path.is_file():
-        return rows
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        try:
-            row = json.loads(line) if line.strip() else None
-        except json.JSONDecodeError:
-            log.warning("%s:%d: skipping a malformed history line", path, line_no)
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    """Training history (one row per iteration) from ``<checkpoint_dir>/history.csv``, the train stage's file."""
+    from codea1_core.evaluation.comparison import parse_history
+
+    path = Path(cfg.orchestration.checkpoint_dir) / "history.csv"
+    return parse_history(path.read_text(encoding="utf-8")) if path.is_file() else []
 
 
 def read_metrics(path: str | Path) -> dict[str, Any]:
@@ -262,8 +253,23 @@ def with_baseline(metrics: dict[str, float], base: dict[str, float]) -> dict[str
     return out
 
 
-@flow(name="evaluate", validate_parameters=False)
+@flow(name="evaluate", flow_run_name=flow_run_name)
 def evaluate_flow(
+    params: str = "params.yaml",
+    overrides: list[str] | None = None,
+    code_model: str = "",
+    test_model: str = "",
+    run_dir: str = "",
+) -> dict[str, float]:
+    """Prefect entry point (DVC stage, CLI, the ``evaluate/codea1-evaluate`` deployment): :func:`evaluate` with a
+    params file + overrides; ``code_model``/``test_model`` as ``--code-model``/``--test-model``. With ``run_dir``
+    that training run's models are evaluated into ``<run_dir>/eval``; ``run_dir="auto"`` evaluates the
+    workspace's models into a new run folder."""
+    cfg = flow_config(params, overrides, run_dir, keep_train_dir=True)
+    return evaluate(cfg, code_model or None, test_model or None)
+
+
+def _evaluate(
     cfg: Config,
     code_model: str | None = None,
     test_model: str | None = None,
@@ -324,7 +330,7 @@ def evaluate_flow(
     return metrics
 
 
-def run(
+def evaluate(
     cfg: Config,
     code_model: str | None = None,
     test_model: str | None = None,
@@ -333,11 +339,10 @@ def run(
     executor: Any = None,
     baseline_policies: tuple[Any, Any] | None = None,
 ) -> dict[str, float]:
-    """Run the evaluate flow; returns the flat metrics written to ``metrics.json``."""
+    """The evaluation of :func:`evaluate_flow` on a loaded config (policies/executor may be injected, as tests
+    do); returns the flat metrics written to ``metrics.json``."""
     try:
-        return evaluate_flow(
-            cfg, code_model, test_model, code_policy, test_policy, executor, baseline_policies
-        )
+        return _evaluate(cfg, code_model, test_model, code_policy, test_policy, executor, baseline_policies)
     except FileNotFoundError as exc:
         raise UserError(str(exc)) from None
 
@@ -378,8 +383,10 @@ def main(argv: list[str] | None = None) -> int:
             out = args.out or "outputs/eval/compare.html"
             print(f"wrote {compare(args.compare, out)}")
             return
-        cfg = load_stage_config(args.params, list(args.overrides))
-        metrics = run(cfg, args.code_model, args.test_model)
+        cfg = load_stage_config(args.params, list(args.overrides))  # a bad file: one line, before Prefect
+        metrics = evaluate_flow(
+            args.params, list(args.overrides), args.code_model or "", args.test_model or ""
+        )
         for key, value in metrics.items():
             print(f"{key}: {value}")
         print(f"wrote {Path(cfg.eval.out_dir) / 'metrics.json'} and {Path(cfg.eval.out_dir) / 'report.html'}")

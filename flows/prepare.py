@@ -45,11 +45,11 @@ from codea1_core.data.datasets import load_source
 from codea1_core.data.prepared import load_prepared, reference_exprs, resolve, save_prepared
 from codea1_core.types import CallOutcome, Problem
 from codea1_core.values import decode, encode
-from flows.common import UserError, stage_main
+from flows.common import UserError, flow_config, flow_run_name, stage_main
 
 log = logging.getLogger(__name__)
 
-__all__ = ["load_prepared", "main", "prepare_flow", "run", "save_prepared"]
+__all__ = ["load_prepared", "main", "prepare", "prepare_flow", "run", "save_prepared"]
 
 CACHE_VERSION = 1
 BATCH_PROGRAMS = 64
@@ -256,8 +256,13 @@ def _summary(report: dict[str, Any]) -> None:
           f"report: {report['report_path']}")  # fmt: skip
 
 
-@flow(name="prepare", validate_parameters=False)
-def prepare_flow(cfg: Config) -> dict[str, Any]:
+@flow(name="prepare", flow_run_name=flow_run_name)
+def prepare_flow(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
+    """Prefect entry point (DVC stage and CLI): :func:`prepare` with a params file + ``key=value`` overrides."""
+    return prepare(flow_config(params, overrides))
+
+
+def prepare(cfg: Config) -> dict[str, Any]:
     """Load, verify, gate and write the prepared sets; returns the report (also ``report.json``)."""
     from tasks.quality import validate_problems
 
@@ -293,12 +298,12 @@ def prepare_flow(cfg: Config) -> dict[str, Any]:
     return report
 
 
-def run(cfg: Config) -> dict[str, Any]:
+def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
     """Run the prepare flow; data mistakes become one-line :class:`UserError`."""
     from tasks.quality import DataQualityError
 
     try:
-        return prepare_flow(cfg)
+        return prepare_flow(params=params, overrides=list(overrides or []))
     except (DatasetError, DataQualityError) as exc:
         raise UserError(f"prepare: {exc}") from None
 

@@ -28,7 +28,7 @@ from prefect import flow
 
 from codea1_core.config import Config, load_config
 from codea1_core.types import Problem
-from flows.common import stage_main
+from flows.common import flow_config, flow_run_name, stage_main
 
 log = logging.getLogger("codea1.warmstart")
 
@@ -137,13 +137,10 @@ def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
     return metrics
 
 
-@flow(name="warmstart")  # no log_prints: datasets prints dis() output into a captured stdout
-def warmstart_flow(
-    params: str = "params.yaml", overrides: list[str] | None = None, config: dict | None = None
-) -> dict[str, Any]:
-    """Prefect entry point: a params file + ``key=value`` overrides, or a full config dict."""
-    cfg = Config.from_dict(config, source="config") if config else load_config(params, overrides or [])
-    return warm_start(cfg)
+@flow(name="warmstart", flow_run_name=flow_run_name)  # no log_prints: datasets prints dis() into stdout
+def warmstart_flow(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
+    """Prefect entry point (DVC stage and CLI): a params file + ``key=value`` overrides."""
+    return warm_start(flow_config(params, overrides))
 
 
 def summary_line(metrics: dict[str, Any]) -> str:
@@ -155,13 +152,14 @@ def summary_line(metrics: dict[str, Any]) -> str:
             f"{metrics['time/total_s']:.0f} s -> {WARMSTART_DIR}/")  # fmt: skip
 
 
-def run(cfg: Config) -> dict[str, Any]:
+def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
     """DVC/CLI entry point (``flows.common.stage_main``): run the flow, print a summary."""
     from codea1_core.data.lab import check_lab_config
 
+    cfg = load_config(params, list(overrides or []))
     if role_dirs(cfg):
         check_lab_config(cfg.lab)  # a bad lab.* value: one line before any Prefect run starts
-    metrics = warmstart_flow(config=cfg.to_dict())
+    metrics = warmstart_flow(params=params, overrides=list(overrides or []))
     print(summary_line(metrics))
     return metrics
 

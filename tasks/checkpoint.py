@@ -305,9 +305,19 @@ def save_run_info(checkpoint_dir: str | Path, fingerprint: str, run_id: str | No
     write_json_atomic(ckpt_root(checkpoint_dir) / "run.json", {"fingerprint": fingerprint, "run_id": run_id})
 
 
-def write_history(checkpoint_dir: str | Path, history: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-    """``history.csv`` (``dvc plots``), ``metrics.jsonl`` (one JSON object per iteration, read by the evaluate
-    stage's report) and ``metrics.json`` (the latest values, DVC metrics); each written atomically."""
+HISTORY_FILE = "history.csv"
+"""The training history users see: one row per iteration (``dvc plots``, the evaluate report, lab-compare)."""
+LAST_ROW_FILE = "metrics.json"
+
+
+def write_history(checkpoint_dir: str | Path, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Derive the history's files from the checkpointed history (the one record written per iteration, in
+    ``state.json``): ``history.csv`` (read back by ``codea1_core.evaluation.comparison.parse_history``) and
+    ``metrics.json`` (the last row; ``{"iteration": 0}`` before the first), each atomically; returns the last row.
+
+    Why not per iteration: the checkpoint already holds the history atomically with the weights it belongs to
+    (resume reads it there); rewriting two more copies every iteration only cost time.
+    """
     import csv
     import io
 
@@ -320,10 +330,10 @@ def write_history(checkpoint_dir: str | Path, history: list[dict[str, Any]], sum
     writer.writeheader()
     for row in history:
         writer.writerow(row)
-    write_text_atomic(Path(checkpoint_dir) / "history.csv", buf.getvalue())
-    lines = "".join(json.dumps(row, sort_keys=True, default=str) + "\n" for row in history)
-    write_text_atomic(Path(checkpoint_dir) / "metrics.jsonl", lines)
-    write_json_atomic(Path(checkpoint_dir) / "metrics.json", summary)
+    write_text_atomic(Path(checkpoint_dir) / HISTORY_FILE, buf.getvalue())
+    last = dict(history[-1]) if history else {"iteration": 0}
+    write_json_atomic(Path(checkpoint_dir) / LAST_ROW_FILE, last)
+    return last
 
 
 # --------------------------------------------------------------------------------------------------
