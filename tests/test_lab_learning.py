@@ -66,9 +66,12 @@ def _cfg(tmp_path: Path, **eval_kw) -> Config:
 
 
 def test_evaluate_reports_warmstart_and_delta(tmp_path, prefect_harness):
+    from prefect import flow
+
     from codea1_core.data.prepared import save_prepared
     from flows.evaluate import evaluate
 
+    evaluate = flow(name="evaluate-injected", validate_parameters=False)(evaluate)  # a run, as the stage has
     ps = [problem("a")]
     save_prepared(ps, tmp_path / "prepared" / "eval_toy.parquet")
     oracle = TextPolicy(lambda text: fenced(ps[0].reference_solution))

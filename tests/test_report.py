@@ -74,6 +74,8 @@ def test_compare_writes_report_and_rejects_bad_files(tmp_path):
 
 
 def test_evaluate_flow_writes_metrics_and_report(tmp_path, prefect_harness, monkeypatch):
+    from prefect import flow
+
     from codea1_core.data.prepared import save_prepared
     from flows.evaluate import evaluate
     from tasks.checkpoint import write_history
@@ -104,7 +106,8 @@ def test_evaluate_flow_writes_metrics_and_report(tmp_path, prefect_harness, monk
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     oracle = TextPolicy(lambda text: fenced(ps[0].reference_solution))
     golden = TextPolicy(lambda text: fenced("assert add(1, 2) == 3\nassert add(-1, 1) == 0"))
-    metrics = evaluate(cfg, code_policy=oracle, test_policy=golden, executor=FakeExecutor())
+    in_flow = flow(name="evaluate-injected", validate_parameters=False)(evaluate)  # the artifact needs a run
+    metrics = in_flow(cfg, code_policy=oracle, test_policy=golden, executor=FakeExecutor())
     assert metrics["code/toy/plus/pass@1"] == 100.0 and metrics["test/toy/pass@5"] == 100.0
     assert metrics["solve/toy/pass@1"] == 100.0
     on_disk = json.loads((tmp_path / "eval" / "metrics.json").read_text())

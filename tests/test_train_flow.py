@@ -224,6 +224,13 @@ def _task_run_names(flow_run_id: object) -> set[str]:
     return {r.name for r in runs}
 
 
+def _flow_run_name(flow_run_id: object) -> str:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id).name
+
+
 def _mlflow(cfg: Config):
     from mlflow.tracking import MlflowClient
 
@@ -239,6 +246,7 @@ def test_codea1_flow_end_to_end(prefect_harness: None, tiny_model: Path, tmp_pat
     params = write_params(cfg, tmp_path / "params.yaml")
     state = train_flow(params, return_state=True)
     assert state.is_completed(), state
+    assert _flow_run_name(state.state_details.flow_run_id) == "train-codea1-seed1-alpha0.5"
     names = _task_run_names(state.state_details.flow_run_id)
     for it in (1, 2):
         for task in ("rollout_code", "rollout_tests", "gate_tests", "execute", "score", "merge_mistake_book",
