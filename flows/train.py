@@ -188,7 +188,6 @@ def train(cfg: Config) -> dict[str, Any]:
 
 def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     """Problems, resume state, tracker, policies (restored from the last checkpoint) and the Mistake Book."""
-    from codea1_core.method.mistake_book import MistakeBook
     from codea1_core.method.parsing import silence_parse_warnings
 
     silence_parse_warnings()  # SyntaxWarnings about generated text stay off the console
@@ -199,14 +198,7 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     if dropped:
         log.warning("train: %d problems dropped, code prompt > data.max_prompt_tokens=%d tokens (first: %s)",
                     len(dropped), cfg.data.max_prompt_tokens, ", ".join(dropped[:5]))  # fmt: skip
-    total = loop.total_steps(
-        len(train_set), cfg.data.train_batch_size, cfg.data.epochs, cfg.orchestration.max_steps
-    )
-    if total < 1:
-        raise UserError(
-            f"no training step: {len(train_set)} problems, data.train_batch_size={cfg.data.train_batch_size}, "
-            f"data.epochs={cfg.data.epochs}, orchestration.max_steps={cfg.orchestration.max_steps}"
-        )
+    total = training_steps(cfg, len(train_set))
     fingerprint = loop.config_fingerprint(cfg.flat())
     state = ckpt.resume_or_start(out_dir, cfg.orchestration.resume, fingerprint)
     tracker = tracker_factory(cfg, run_id=state["run_id"], run_name=run_name(cfg))
@@ -217,14 +209,7 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     policies = {"code": load_policy(cfg.model.code_path, cfg, "code", total)}
     if cfg.mode == "codea1":  # selfplay: one model plays both roles; golden: no Test LLM
         policies["test"] = load_policy(cfg.model.test_path, cfg, "test", total)
-    book = None
-    if cfg.mistake_book.enabled and cfg.mode != "golden":
-        mb = cfg.mistake_book
-        book = MistakeBook.from_config(mb)
-        if state["book"]:
-            book = MistakeBook.from_dict(
-                state["book"], mb.top_k, mb.tie_break, mb.max_per_problem, mb.enabled
-            )
+    book = loop.starting_book(cfg, state["book"])
     if state["path"] is not None:
         for role, pol in policies.items():
             pol.load(state["path"] / role)
@@ -350,6 +335,19 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def training_steps(cfg: Config, n_problems: int) -> int:
+    """The run's number of steps (``loop.total_steps``); a config with none is a one-line UserError."""
+    total = loop.total_steps(
+        n_problems, cfg.data.train_batch_size, cfg.data.epochs, cfg.orchestration.max_steps
+    )
+    if total < 1:
+        raise UserError(
+            f"no training step: {n_problems} problems, data.train_batch_size={cfg.data.train_batch_size}, "
+            f"data.epochs={cfg.data.epochs}, orchestration.max_steps={cfg.orchestration.max_steps}"
+        )
+    return total
+
+
 def load_problems(cfg: Config) -> tuple[list[Any], list[Any]]:
     """Prepared train/val problems (``data/prepared``); lab-only configs fall back to generating them."""
     prepared = Path(cfg.data.prepared_dir)
@@ -424,13 +422,7 @@ def preflight(cfg: Config) -> None:
     from tasks.tracking import probe_store
 
     out_dir = Path(cfg.orchestration.checkpoint_dir)
-    n_train = len(
-        load_problems(cfg)[0]
-    )  # cheap (parquet or in-memory lab); setup() checks again after filtering
-    if loop.total_steps(n_train, cfg.data.train_batch_size, cfg.data.epochs, cfg.orchestration.max_steps) < 1:
-        raise UserError(
-            f"no training step: {n_train} problems < data.train_batch_size={cfg.data.train_batch_size}"
-        )
+    training_steps(cfg, len(load_problems(cfg)[0]))  # cheap (parquet or lab); setup() checks after filtering
     same = ckpt.stored_fingerprint(out_dir) == loop.config_fingerprint(cfg.flat())
     if cfg.orchestration.resume == "auto" and same:
         ckpt.select_checkpoint(out_dir)
