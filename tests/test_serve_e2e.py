@@ -116,7 +116,11 @@ def test_pipeline_deployment_trains_evaluates_and_registers_in_its_run_folder(tm
     from flows.deploy import pipeline_flow
 
     model = build_tiny(tmp_path / "model")
-    cfg = tiny_config(tmp_path, model, **{"orchestration.max_steps": 1, "mode": "golden"})
+    cfg = tiny_config(
+        tmp_path,
+        model,
+        **{"orchestration.max_steps": 1, "mode": "golden", "eval.out_dir": str(tmp_path / "eval")},
+    )  # the params file's eval folder in tmp_path: the relative default (outputs/eval) exists in a checkout
     save_prepared(lab_problems(cfg.lab, "test")[:3], Path(cfg.data.prepared_dir) / "eval_lab_heldout.parquet")
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(cfg.to_dict()))
