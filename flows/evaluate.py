@@ -347,6 +347,11 @@ def evaluate(
         raise UserError(str(exc)) from None
 
 
+def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, float]:
+    """``codea1 evaluate`` (``flows.common.stage_main``): :func:`evaluate_flow` with the stage's arguments."""
+    return evaluate_flow(params, list(overrides or []))
+
+
 def compare(paths: list[str], out: str | Path) -> Path:
     """Comparison report of several metrics files (one column per file) written to ``out``."""
     if len(paths) < 2:

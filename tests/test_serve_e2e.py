@@ -74,6 +74,17 @@ def test_every_flow_takes_params_and_overrides() -> None:
         assert fl.should_validate_parameters, fl.name
 
 
+def test_every_stage_entry_takes_params_and_overrides() -> None:
+    """``codea1 <stage>`` and ``python -m flows.<stage>`` call ``<module>.run`` through ``stage_main`` with the
+    params file and overrides, which ``run`` passes on to its flow (``codea1 evaluate`` needs one too)."""
+    import importlib
+    import inspect
+
+    for stage in ("prepare", "warmstart", "train", "evaluate", "register"):
+        run = importlib.import_module(f"flows.{stage}").run
+        assert list(inspect.signature(run).parameters) == ["params", "overrides"], stage
+
+
 def test_bad_cron_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Regression (issue 18): `serve --cron bad` printed a 69-line traceback."""
     params = tmp_path / "p.yaml"
