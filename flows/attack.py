@@ -93,6 +93,7 @@ def attack(problem: Problem, test_policy: Any, cfg: Config, executor: Any, suite
     from codea1_core.method.prompts import test_messages
     from codea1_core.values import values_equal
     from tasks.evaluate import eval_sampling
+    from tasks.execute import run_jobs
 
     prompt = test_messages(problem, problem.reference_solution, cfg.reward.k)
     texts = [c.text for c in test_policy.generate([prompt], suites, eval_sampling(cfg, 1))[0]]
@@ -105,14 +106,13 @@ def attack(problem: Problem, test_policy: Any, cfg: Config, executor: Any, suite
         for t in parsed.tests:
             tests.setdefault((t.call, t.answer), t)
     tests = list(tests.values())
-    outcomes = executor.run_many([(problem.reference_solution, reference_exprs(tests))])[0] if tests else []
+    jobs = [(problem.reference_solution, reference_exprs(tests))] if tests else []
+    # any infra failure aborts (limit 0): a report missing some tests would look like a clean function
+    ran = run_jobs(executor, jobs, 0.0, f"attack on {problem.entry_point}", limit_key="attack's limit")
+    outcomes = ran[0] if ran else []
     agreed, wrong, errors, invalid = [], [], [], []
     for i, t in enumerate(tests):
         got, ans = outcomes[2 * i], outcomes[2 * i + 1]
-        if got.status == "infra_error" or ans.status == "infra_error":
-            raise RuntimeError(
-                f"sandbox infrastructure error while running {t.call}: {got.error or ans.error}"
-            )
         n = support[(t.call, t.answer)]
         if not got.ok:
             errors.append(Finding(t.call, t.answer, f"{got.status}: {got.error}".rstrip(": "), n))

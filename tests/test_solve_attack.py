@@ -15,8 +15,9 @@ from codea1_core.config import Config
 from flows.attack import attack, format_report, load_target
 from flows.attack import main as attack_main
 from flows.common import UserError
-from flows.solve import format_result, load_problem_file, select_many, solve, solve_benchmark
+from flows.solve import format_result, load_problem_file, solve
 from flows.solve import main as solve_main
+from tasks.solve import select_many, solve_benchmark
 
 CFG = Config.from_dict({"eval": {"solve_candidates": 3}, "tracking": {"backend": "null"}})
 GOOD = "def add(a, b):\n    return a + b"
