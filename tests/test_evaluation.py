@@ -409,6 +409,36 @@ def test_check_infra_raises_over_threshold(tmp_path):
         check_infra([[OK(1), INFRA], [INFRA, OK(1)]], frac, "x")
 
 
+class FlakyExecutor(FakeExecutor):
+    """``infra_error`` on every call of the first ``bad_rounds`` ``run_many`` calls (a broken worker pool)."""
+
+    def __init__(self, bad_rounds: int) -> None:
+        super().__init__()
+        self.bad_rounds, self.rounds = bad_rounds, 0
+
+    def run_many(self, jobs):
+        self.rounds += 1
+        if self.rounds <= self.bad_rounds:
+            return [[INFRA for _ in exprs] for _, exprs in jobs]
+        return super().run_many(jobs)
+
+
+def test_evaluation_runs_through_the_training_guard_retry_then_abort(tmp_path):
+    """Regression (issue 15): evaluation had its own infra guard (``tasks/evaluate.check_infra``, raising
+    ``SandboxInfraError``) without training's batch retry, so one worker-pool hiccup aborted a benchmark
+    that training would have recovered from. Both now go through ``tasks.execute.run_jobs``."""
+    from tasks.evaluate import score_codes
+    from tasks.execute import InfraFailure
+
+    cfg = small_cfg(tmp_path)
+    codes = [["def add(a, b):\n    return a + b"]]
+    ex = FlakyExecutor(bad_rounds=1)
+    m = score_codes([problem()], codes, cfg, ex, "toy")
+    assert ex.rounds == 2 and m["code/toy/pass@1"] == 100.0 and m["code/toy/infra_errors"] == 0
+    with pytest.raises(InfraFailure, match=r"code/toy: 2/2 calls .* e\.g\. \['t/1'\] \(> sandbox\.max_infra"):
+        score_codes([problem()], codes, cfg, FlakyExecutor(bad_rounds=2), "toy")
+
+
 # --------------------------------------------------------------------------------------------------
 # Benchmark adapters (fixtures in the public release formats)
 # --------------------------------------------------------------------------------------------------
