@@ -188,6 +188,7 @@ def train(cfg: Config) -> dict[str, Any]:
 
 def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     """Problems, resume state, tracker, policies (restored from the last checkpoint) and the Mistake Book."""
+    from codea1_core.method.mistake_book import starting_book
     from codea1_core.method.parsing import silence_parse_warnings
 
     silence_parse_warnings()  # SyntaxWarnings about generated text stay off the console
@@ -209,7 +210,7 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     policies = {"code": load_policy(cfg.model.code_path, cfg, "code", total)}
     if cfg.mode == "codea1":  # selfplay: one model plays both roles; golden: no Test LLM
         policies["test"] = load_policy(cfg.model.test_path, cfg, "test", total)
-    book = loop.starting_book(cfg, state["book"])
+    book = starting_book(cfg, state["book"])
     if state["path"] is not None:
         for role, pol in policies.items():
             pol.load(state["path"] / role)

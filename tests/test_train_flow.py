@@ -42,16 +42,16 @@ def test_iteration_seed_and_fingerprint() -> None:
 
 def test_starting_book_per_mode_and_resume() -> None:
     """§8: no book in golden mode or when disabled; the checkpoint's on resume; else an empty one."""
-    from codea1_core.method.mistake_book import MistakeBook
+    from codea1_core.method.mistake_book import MistakeBook, starting_book
     from codea1_core.types import TestCase
 
     cfg = Config()
-    assert loop.starting_book(cfg.replace(mode="golden"), None) is None
-    assert loop.starting_book(cfg.replace(**{"mistake_book.enabled": False}), None) is None
-    fresh = loop.starting_book(cfg, None)
+    assert starting_book(cfg.replace(mode="golden"), None) is None
+    assert starting_book(cfg.replace(**{"mistake_book.enabled": False}), None) is None
+    fresh = starting_book(cfg, None)
     assert isinstance(fresh, MistakeBook) and fresh.size() == 0
     fresh.update("p", [TestCase("f(1)", 2)], [], 1)
-    again = loop.starting_book(cfg, fresh.to_dict())
+    again = starting_book(cfg, fresh.to_dict())
     assert again.to_dict() == fresh.to_dict() and again.size() == 1
 
 

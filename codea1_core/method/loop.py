@@ -39,19 +39,6 @@ def total_steps(n_problems: int, batch_size: int, epochs: int, max_steps: int = 
     return min(steps, max_steps) if max_steps > 0 else steps
 
 
-def starting_book(cfg: Any, saved: dict[str, Any] | None) -> Any:
-    """The Mistake Book a training run starts with (§8): None in ``golden`` mode or with
-    ``mistake_book.enabled: false``; the checkpoint's book (``saved``) on resume; else an empty one."""
-    from codea1_core.method.mistake_book import MistakeBook
-
-    mb = cfg.mistake_book
-    if not mb.enabled or cfg.mode == "golden":
-        return None
-    if saved:
-        return MistakeBook.from_dict(saved, mb.top_k, mb.tie_break, mb.max_per_problem, mb.enabled)
-    return MistakeBook.from_config(mb)
-
-
 def batch_indices(n_problems: int, batch_size: int, seed: int, step: int) -> list[int]:
     """Problem indices of training step ``step`` (0-based): a fresh seeded shuffle per epoch (§3 step 1).
 
