@@ -91,11 +91,12 @@ def attack(problem: Problem, test_policy: Any, cfg: Config, executor: Any, suite
     from codea1_core.evaluation.verdicts import reference_exprs
     from codea1_core.method.parsing import extract_tests
     from codea1_core.method.prompts import test_messages
+    from codea1_core.models.sampling import sampling_params
     from codea1_core.values import values_equal
-    from tasks.evaluate import eval_sampling
 
     prompt = test_messages(problem, problem.reference_solution, cfg.reward.k)
-    texts = [c.text for c in test_policy.generate([prompt], suites, eval_sampling(cfg, 1))[0]]
+    sampling = sampling_params(cfg, "eval", "test", cfg.seed + 1)
+    texts = [c.text for c in test_policy.generate([prompt], suites, sampling)[0]]
     tests, support, unparsed = {}, {}, 0
     for text in texts:
         parsed = extract_tests(text, problem.entry_point, cfg.tests.parse_mode)
@@ -192,20 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def go() -> None:
-        from flows.evaluate import load_policy
+        from flows.evaluate import evaluated_policy
         from sandbox import make_executor
 
         problem = load_target(args.target, args.spec)
         cfg = load_stage_config(args.params, list(args.overrides))
-        policy = load_policy(cfg, "test", args.test_model)
-        executor = make_executor(cfg.sandbox)
-        try:
+        policy = evaluated_policy(cfg, "test", args.test_model)
+        with make_executor(cfg.sandbox) as executor:
             report = attack(problem, policy, cfg, executor, args.suites)
-            note = toy_model_note(cfg, problem.entry_point, args.test_model)
-            print(format_report(replace(report, note=note)))
-        finally:
-            if hasattr(executor, "close"):
-                executor.close()
+        note = toy_model_note(cfg, problem.entry_point, args.test_model)
+        print(format_report(replace(report, note=note)))
 
     return run_user_errors(go)
 

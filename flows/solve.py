@@ -145,14 +145,13 @@ def select_many(
     """Write white-box tests for every distinct candidate, run them all in one batch, pick per problem."""
     from codea1_core.method.parsing import extract_tests
     from codea1_core.method.prompts import test_messages
-    from tasks.evaluate import eval_sampling
+    from codea1_core.models.sampling import sampling_params
 
     uniq = [list(dict.fromkeys(c for c in cands)) for cands in candidates]
     flat = [(p, c) for p, cands in zip(problems, uniq, strict=True) for c in cands]
     prompts = [test_messages(p, c, cfg.reward.k) for p, c in flat]
-    texts = (
-        [row[0].text for row in test_policy.generate(prompts, 1, eval_sampling(cfg, 1))] if prompts else []
-    )
+    sampling = sampling_params(cfg, "eval", "test", cfg.seed + 1)
+    texts = [row[0].text for row in test_policy.generate(prompts, 1, sampling)] if prompts else []
     jobs, plan, pos = [], [], 0
     for problem, cands in zip(problems, uniq, strict=True):
         pairs: dict[tuple[str, str], None] = {}
@@ -294,19 +293,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def go() -> None:
-        from flows.evaluate import load_policy
+        from flows.evaluate import evaluated_policy
         from sandbox import make_executor
 
         problem = load_problem_file(args.problem, args.entry_point)
         cfg = load_stage_config(args.params, list(args.overrides))
-        code = load_policy(cfg, "code", args.code_model)
-        test = load_policy(cfg, "test", args.test_model)
-        executor = make_executor(cfg.sandbox)
-        try:
+        code = evaluated_policy(cfg, "code", args.code_model)
+        test = evaluated_policy(cfg, "test", args.test_model)
+        with make_executor(cfg.sandbox) as executor:
             print(format_result(solve(problem, code, test, cfg, executor, args.n)))
-        finally:
-            if hasattr(executor, "close"):
-                executor.close()
 
     return run_user_errors(go)
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,8 @@ from codea1_core.evaluation.verdicts import (
     reference_exprs,
     verdicts_for,
 )
+from codea1_core.files import write_text_atomic
+from codea1_core.models.sampling import sampling_params
 from codea1_core.types import CallOutcome, Problem
 
 MUTANT_CACHE_VERSION = "1"
@@ -54,19 +55,6 @@ MUTANT_CACHE_VERSION = "1"
 
 class SandboxInfraError(RuntimeError):
     """Too many calls failed for infrastructure reasons to report a number (ALGORITHM.md D4)."""
-
-
-def eval_sampling(cfg: Config, seed_offset: int = 0) -> Any:
-    """Evaluation sampling settings (``eval.temperature``, ``eval.top_p``, ``eval.max_new_tokens``)."""
-    from codea1_core.models.policy import SamplingParams
-
-    return SamplingParams(
-        temperature=cfg.eval.temperature,
-        top_p=cfg.eval.top_p,
-        top_k=0,
-        max_new_tokens=cfg.eval.max_new_tokens,
-        seed=cfg.seed + seed_offset,
-    )
 
 
 def check_infra(results: Sequence[Sequence[CallOutcome]], cfg: Config, what: str) -> int:
@@ -95,7 +83,8 @@ def generate_codes(
 
     if not problems:
         return []
-    outs = policy.generate([code_messages(p) for p in problems], n, sampling or eval_sampling(cfg))
+    sampling = sampling or sampling_params(cfg, "eval", "code", cfg.seed)
+    outs = policy.generate([code_messages(p) for p in problems], n, sampling)
     return [[extract_code(c.text) for c in row] for row in outs]
 
 
@@ -166,10 +155,7 @@ def cached_mutants(source: str, max_mutants: int, seed: int, cache_dir: str | Pa
         mutants = [m.source for m in generate_mutants(source, max_mutants=max_mutants, seed=seed)]
     except ValueError:  # reference does not parse: no mutants, the problem drops out of mut@k
         mutants = []
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"mutants": mutants}), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps({"mutants": mutants}))
     return mutants
 
 
@@ -180,7 +166,7 @@ def generate_suites(problems: Sequence[Problem], policy: Any, cfg: Config) -> li
     if not problems:
         return []
     prompts = [test_messages(p, p.reference_solution, cfg.reward.k) for p in problems]
-    outs = policy.generate(prompts, 1, eval_sampling(cfg, seed_offset=1))
+    outs = policy.generate(prompts, 1, sampling_params(cfg, "eval", "test", cfg.seed + 1))
     return [row[0].text for row in outs]
 
 
