@@ -65,7 +65,8 @@ def test_training_rollouts_use_the_builder_with_the_iteration_seed() -> None:
 
 def test_evaluation_generations_use_the_builder() -> None:
     """Codes at ``seed``, tests at ``seed + 1`` (the seeds evaluation always used)."""
-    from tasks.evaluate import generate_codes, generate_suites
+    from tasks.evaluate import generate_codes
+    from tasks.evaluate_tests import generate_suites
 
     pol = _Recorder()
     generate_codes([_problem()], pol, CFG, 2)
