@@ -75,6 +75,7 @@ class DecodeStep:
         base: A ``Qwen2ForCausalLM`` (LoRA layers may be injected) for which :func:`unsupported_reason` is None.
         cache: Object with ``update(key, value, layer_idx) -> (keys, values)`` and ``length`` (tokens stored).
         mask: The boolean ``[rows, 1, 1, total_len]`` key mask (None: nothing padded), sliced per step.
+            It is turned into the float mask each attention kernel uses once, here.
     """
 
     def __init__(self, base: Any, cache: Any, mask: torch.Tensor | None) -> None:
@@ -90,10 +91,12 @@ class DecodeStep:
                                                                mq.eager_attention_forward)  # fmt: skip
         self.eager = config._attn_implementation == "eager"
         self.mask = mask
-        if self.eager and mask is not None:  # HF's eager mask: the boolean one as 0 / dtype-min floats
+        if mask is not None:
+            # eager: HF's mask, the boolean one as 0 / dtype-min floats; SDPA: the 0 / -inf floats SDPA itself
+            # converts a boolean mask to on every call, made once (the kernel sees the same values)
             dtype = next(base.parameters()).dtype
             zero = torch.zeros((), dtype=dtype, device=mask.device)
-            self.mask = torch.where(mask, zero, torch.finfo(dtype).min)
+            self.mask = torch.where(mask, zero, torch.finfo(dtype).min if self.eager else float("-inf"))
         self.layers = [self._layer(layer) for layer in model.layers]
         self.final_norm = (model.norm.weight, model.norm.variance_epsilon)
         self.lm_head = _linear(base.lm_head)

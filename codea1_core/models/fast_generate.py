@@ -252,7 +252,7 @@ def sample(
     eos = torch.tensor(list(eos_ids), device=device)
     tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device)
-    unfinished = torch.ones(rows, dtype=torch.long, device=device)
+    unfinished = torch.ones(rows, dtype=torch.bool, device=device)
     step = decode_step.DecodeStep(base, cache, mask)
     noise = _NoiseStream(tuple(logits.shape), logits.dtype) if do_sample and _spare_core(device) else None
     steps = 0
@@ -262,7 +262,9 @@ def sample(
             scores = logits
             for warp in warpers:
                 scores = warp(tokens[:, :t], scores)
-            nxt = _draw(scores, noise, do_sample) * unfinished + pad_id * (1 - unfinished)
+            nxt = torch.where(
+                unfinished, _draw(scores, noise, do_sample), pad_id
+            )  # generate's pad of done rows
             tokens[:, t] = nxt
             logprobs[:, t] = step_logprobs.gather(1, nxt[:, None]).squeeze(1)
             steps = t + 1
