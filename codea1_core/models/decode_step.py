@@ -90,13 +90,12 @@ class DecodeStep:
         self.attention = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation,
                                                                mq.eager_attention_forward)  # fmt: skip
         self.eager = config._attn_implementation == "eager"
-        self.mask = mask
+        self.mask, self.dtype = mask, next(base.parameters()).dtype
         if mask is not None:
             # eager: HF's mask, the boolean one as 0 / dtype-min floats; SDPA: the 0 / -inf floats SDPA itself
             # converts a boolean mask to on every call, made once (the kernel sees the same values)
-            dtype = next(base.parameters()).dtype
-            zero = torch.zeros((), dtype=dtype, device=mask.device)
-            self.mask = torch.where(mask, zero, torch.finfo(dtype).min if self.eager else float("-inf"))
+            zero = torch.zeros((), dtype=self.dtype, device=mask.device)
+            self.mask = torch.where(mask, zero, torch.finfo(self.dtype).min if self.eager else float("-inf"))
         self.layers = [self._layer(layer) for layer in model.layers]
         self.final_norm = (model.norm.weight, model.norm.variance_epsilon)
         self.lm_head = _linear(base.lm_head)
@@ -122,7 +121,7 @@ class DecodeStep:
         if self.mask is not None:
             return self.mask[:, :, :, :kv_len]
         if self.eager:
-            return torch.zeros((rows, 1, 1, kv_len), device=device)
+            return torch.zeros((rows, 1, 1, kv_len), dtype=self.dtype, device=device)
         return None
 
     def __call__(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
