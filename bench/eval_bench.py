@@ -2,7 +2,7 @@
 
 What it measures, in one run and with the same number of parallel workers on both sides:
   * ours: the base + plus inputs of every problem as one ``run_many`` through the process sandbox
-    (``codea1_core.evaluation`` verdicts, EvalPlus semantics), after the expected values were filled
+    (``codea1_core.evaluation.verdicts`` verdicts, EvalPlus semantics), after the expected values were filled
     from the reference (the prepare stage's job, not timed);
   * evalplus 0.3.x: ``evalplus.evaluate.evaluate("humaneval", samples=...)`` on the same solutions, with
     its data read from the offline copy (``HUMANEVAL_OVERRIDE_PATH``) and its ground-truth cache warmed
@@ -42,9 +42,9 @@ KNOWN_EVALPLUS_BUGS = {
 def ours(data_dir: Path, workers: int):
     """(wall seconds, {task_id: (base, plus)}, {task_id: dropped inputs}) of our evaluator."""
     from codea1_core.config import Config
-    from codea1_core.datasets import load_source
-    from codea1_core.evaluation import build_code_jobs, verdicts_for
-    from codea1_core.prepared import reference_exprs, resolve
+    from codea1_core.data.datasets import load_source
+    from codea1_core.data.prepared import reference_exprs, resolve
+    from codea1_core.evaluation.verdicts import build_code_jobs, verdicts_for
     from sandbox import make_executor
 
     # a generous per-call limit: on a loaded machine a 2 s limit can drop a heavy input while filling

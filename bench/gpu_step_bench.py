@@ -6,7 +6,7 @@ parsing and planning, two-phase sandbox execution, rewards, the Mistake Book upd
 with LoRA; then one full fine-tuning step (bf16 compute over float32 master weights). Per phase it prints
 seconds, tokens/s (generated tokens for rollouts, trained tokens for updates) and peak memory (GPU:
 ``torch.cuda.max_memory_allocated``; CPU: the kernel's peak RSS above the process start), and beside the
-update peaks the prediction of :mod:`codea1_core.memory_plan` (without its fixed CUDA-runtime allowance, as
+update peaks the prediction of :mod:`codea1_core.models.memory_plan` (without its fixed CUDA-runtime allowance, as
 ``max_memory_allocated`` excludes the CUDA context).
 
 The model: the architecture of ``configs/qwen2.5-coder-1.5b.config.json`` (nothing downloaded), random
@@ -101,8 +101,8 @@ def bench_config(args: argparse.Namespace, finetune: str, device: str) -> Config
 
 def build_model(work: Path, shrink: bool, lab_cfg: Any) -> tuple[Path, dict]:
     """Tiny tokenizer + a random-init model with the Qwen2.5-Coder-1.5B architecture (or the shrunken one)."""
-    from codea1_core.lab import tokenizer_corpus
-    from codea1_core.tiny_model import build_tiny_model, random_init_like
+    from codea1_core.data.lab import tokenizer_corpus
+    from codea1_core.models.tiny_model import build_tiny_model, random_init_like
 
     tiny = build_tiny_model(work / "tokenizer", tokenizer_corpus(lab_cfg), hidden_size=32, num_layers=1,
                             num_heads=2, intermediate_size=32)  # fmt: skip
@@ -123,12 +123,12 @@ def build_model(work: Path, shrink: bool, lab_cfg: Any) -> tuple[Path, dict]:
 
 def rollout_and_score(state: dict, it: int) -> tuple[Any, Any]:
     """Code rollouts .. Mistake Book (ALGORITHM.md §3 steps 2-10); returns (code GroupBatch, test GroupBatch)."""
-    from codea1_core import loop
-    from codea1_core.outcomes import plan_problem
-    from codea1_core.parsing import extract_code, extract_tests
-    from codea1_core.policy import SamplingParams
-    from codea1_core.prompts import code_messages, test_messages
-    from codea1_core.rewards import score_problem
+    from codea1_core.method import loop
+    from codea1_core.method.outcomes import plan_problem
+    from codea1_core.method.parsing import extract_code, extract_tests
+    from codea1_core.method.prompts import code_messages, test_messages
+    from codea1_core.method.rewards import score_problem
+    from codea1_core.models.policy import SamplingParams
 
     cfg, problems, phase = state["cfg"], state["problems"], state["phase"]
     r = cfg.rollout
@@ -184,7 +184,7 @@ def execute(executor: Any, plans: list[Any], cfg: Config) -> list[Any]:
 
 def train_step(state: dict, name: str, policy: Any, batch: Any) -> dict[str, float]:
     """One GRPO update of ``policy`` on a GroupBatch (what ``tasks/update.py`` does), as a timed phase."""
-    from codea1_core.policy import TrainBatch
+    from codea1_core.models.policy import TrainBatch
 
     with state["phase"](name) as rec:
         flags = batch.in_zero_variance_group or None
@@ -198,7 +198,7 @@ def train_step(state: dict, name: str, policy: Any, batch: Any) -> dict[str, flo
 
 def max_micro_tokens(policy: Any, batch: Any) -> int:
     """Padded tokens of the largest micro-batch the policy formed (what the memory plan's activations scale with)."""
-    from codea1_core.policy import TrainBatch
+    from codea1_core.models.policy import TrainBatch
 
     tb = TrainBatch(batch.prompt_ids, batch.completion_ids, batch.advantages)
     idx = [i for i, c in enumerate(tb.completion_ids) if c]
@@ -212,7 +212,7 @@ def max_micro_tokens(policy: Any, batch: Any) -> int:
 
 def predicted_gib(cfg: Config, raw: dict, tokens: int, single_policy: bool, on_gpu: bool) -> float:
     """The memory plan's peak for this run's largest micro-batch, without the fixed CUDA-runtime allowance."""
-    from codea1_core.memory_plan import ModelShape, estimate
+    from codea1_core.models.memory_plan import ModelShape, estimate
 
     d = cfg.to_dict()
     d["grpo"]["micro_batch_tokens"] = max(1, tokens)
@@ -240,9 +240,9 @@ def run(args: argparse.Namespace) -> dict:
     """The whole benchmark; returns the measurements (also printed)."""
     import contextlib
 
-    from codea1_core.lab import lab_problems
-    from codea1_core.mistake_book import MistakeBook
-    from codea1_core.policy import Policy
+    from codea1_core.data.lab import lab_problems
+    from codea1_core.method.mistake_book import MistakeBook
+    from codea1_core.models.policy import Policy
     from sandbox import make_executor
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -38,8 +38,8 @@ def _model_paths(cfg, tmp: Path) -> tuple[str, str, str]:
         and Path(cfg.model.test_path, "config.json").is_file()
     ):
         return cfg.model.code_path, cfg.model.test_path, "warm-started lab models"
-    from codea1_core.lab import tokenizer_corpus
-    from codea1_core.tiny_model import build_tiny_model
+    from codea1_core.data.lab import tokenizer_corpus
+    from codea1_core.models.tiny_model import build_tiny_model
 
     lab = cfg.lab
     path = build_tiny_model(tmp / "model", tokenizer_corpus(lab, k=cfg.reward.k), hidden_size=lab.hidden_size,

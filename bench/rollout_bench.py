@@ -2,13 +2,13 @@
 
 What it does: builds the lab's model (the ``lab`` section's shape and tokenizer corpus, random init; or the
 warm-started ``outputs/warmstart/{code,test}`` when present, where completions stop at EOS like in training)
-and samples, through the real :class:`codea1_core.policy.Policy`, the two rollouts of one training step:
+and samples, through the real :class:`codea1_core.models.policy.Policy`, the two rollouts of one training step:
 
 * code rollout: ``data.train_batch_size`` lab problems x ``rollout.n_code`` samples, ``max_new_tokens_code``;
 * test rollout: B x M white-box test prompts x ``rollout.n_tests`` samples, ``max_new_tokens_test``.
 
 Each shape runs on the old path (``Policy.fast_generate = False``: HF ``generate``) and the new one
-(:mod:`codea1_core.fast_generate`) in A/B/B/A order with the same seeds, checks that both sampled exactly the
+(:mod:`codea1_core.models.fast_generate`) in A/B/B/A order with the same seeds, checks that both sampled exactly the
 same completions, and prints tokens/s, the ratio, and the load average before and after (the machine may be
 shared: read the ratio, measured in the same run, rather than the absolute numbers).
 
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from codea1_core.config import Config, load_config  # noqa: E402
-from codea1_core.policy import Policy, SamplingParams  # noqa: E402
+from codea1_core.models.policy import Policy, SamplingParams  # noqa: E402
 
 
 def _lab_model(cfg: Config, work: Path, role: str) -> str:
@@ -44,8 +44,8 @@ def _lab_model(cfg: Config, work: Path, role: str) -> str:
         return str(warm)
     target = work / "lab"
     if not (target / "config.json").is_file():
-        from codea1_core.lab import tokenizer_corpus
-        from codea1_core.tiny_model import build_tiny_model
+        from codea1_core.data.lab import tokenizer_corpus
+        from codea1_core.models.tiny_model import build_tiny_model
 
         lab = cfg.lab
         build_tiny_model(target, tokenizer_corpus(lab), hidden_size=lab.hidden_size, num_layers=lab.num_layers,
@@ -56,8 +56,8 @@ def _lab_model(cfg: Config, work: Path, role: str) -> str:
 
 def _step_prompts(cfg: Config) -> tuple[list, list]:
     """One training step's prompts: B code prompts and B x M white-box test prompts (lab problems)."""
-    from codea1_core.lab import buggy_variants, lab_problems
-    from codea1_core.prompts import code_messages, test_messages
+    from codea1_core.data.lab import buggy_variants, lab_problems
+    from codea1_core.method.prompts import code_messages, test_messages
 
     problems = lab_problems(cfg.lab, "train")[: cfg.data.train_batch_size]
     code_prompts = [code_messages(p) for p in problems]
@@ -143,7 +143,7 @@ def main() -> None:
 
 def _large(work: Path, tokenizer_dir: str, layers: int, repeats: int) -> None:
     """The 1.5B model's width/heads/vocab with ``layers`` layers, bfloat16, 4 prompts x 2 x 16 tokens."""
-    from codea1_core.tiny_model import QWEN25_CODER_1P5B_CONFIG, random_init_like
+    from codea1_core.models.tiny_model import QWEN25_CODER_1P5B_CONFIG, random_init_like
 
     shape = {**QWEN25_CODER_1P5B_CONFIG, "num_hidden_layers": layers}
     model_dir = random_init_like(shape, work / "large", tokenizer_dir=tokenizer_dir, dtype="bfloat16")

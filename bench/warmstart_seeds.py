@@ -31,8 +31,8 @@ HEADLINE = "code/lab_heldout_seen/base/pass@1"
 def measure(seed: int, overrides: list[str], tmp: Path) -> dict[str, float]:
     """Warm-start the Code LLM for ``seed`` and evaluate it on the held-out lab problems."""
     from codea1_core.config import load_config
-    from codea1_core.lab import lab_problems
-    from codea1_core.policy import Policy
+    from codea1_core.data.lab import lab_problems
+    from codea1_core.models.policy import Policy
     from flows.warmstart import warm_start
     from sandbox import make_executor
     from tasks.evaluate import evaluate_code, lab_subsets

@@ -202,7 +202,7 @@ class TestsConfig:
     literal_answers: bool = True
     """Ours (not official): a predicted answer must be plain data, else it counts invalid
     (``expected_not_literal``) in both parse modes and in the gate; ``false`` = official (any expression,
-    so ``assert f(2) == f(2)`` is a valid test). See ``codea1_core/parsing.py``."""
+    so ``assert f(2) == f(2)`` is a valid test). See ``codea1_core/method/parsing.py``."""
     max_rejected_frac: float = 0.98
     """The quality gate raises (with its report path) when more than this share of rows is rejected."""
 

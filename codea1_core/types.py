@@ -86,7 +86,7 @@ class Problem:
 
 
 # --------------------------------------------------------------------------------------------------
-# Parsed test responses (ALGORITHM.md §5.2, D5) — produced by ``codea1_core.parsing``
+# Parsed test responses (ALGORITHM.md §5.2, D5) — produced by ``codea1_core.method.parsing``
 # --------------------------------------------------------------------------------------------------
 
 
@@ -119,7 +119,7 @@ class ParsedSuite:
 
 
 # --------------------------------------------------------------------------------------------------
-# Execution outcomes (ALGORITHM.md §6, D1-D4) — assembled by ``codea1_core.outcomes``
+# Execution outcomes (ALGORITHM.md §6, D1-D4) — assembled by ``codea1_core.method.outcomes``
 # --------------------------------------------------------------------------------------------------
 
 

@@ -88,9 +88,9 @@ def load_target(target: str, spec: str | None = None) -> Problem:
 
 def attack(problem: Problem, test_policy: Any, cfg: Config, executor: Any, suites: int = 1) -> AttackReport:
     """Generate ``suites`` test suites against the function and classify every distinct test."""
-    from codea1_core.evaluation import reference_exprs
-    from codea1_core.parsing import extract_tests
-    from codea1_core.prompts import test_messages
+    from codea1_core.evaluation.verdicts import reference_exprs
+    from codea1_core.method.parsing import extract_tests
+    from codea1_core.method.prompts import test_messages
     from codea1_core.values import values_equal
     from tasks.evaluate import eval_sampling
 
@@ -138,7 +138,7 @@ def toy_model_note(cfg: Config, entry_point: str, test_model: str | None) -> str
     The default Test LLM (no ``--test-model``, ``data.train_sources: [lab]``) is the ~0.5M-parameter lab toy: it
     only ever saw the lab families, so on anything else its tests are close to noise.
     """
-    from codea1_core.lab import training_family_names
+    from codea1_core.data.lab import training_family_names
 
     if test_model is not None or not set(cfg.data.train_sources) <= {"lab"}:
         return ""
@@ -177,7 +177,7 @@ def format_report(report: AttackReport) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``codea1 attack FILE.py::function``; exit 2 with one line on user errors."""
-    from codea1_core.parsing import silence_parse_warnings
+    from codea1_core.method.parsing import silence_parse_warnings
 
     silence_parse_warnings()
     parser = argparse.ArgumentParser(

@@ -38,7 +38,7 @@ from typing import Any
 from prefect import flow
 
 from codea1_core.config import Config
-from codea1_core.report import render_report
+from codea1_core.evaluation.report import render_report
 from flows.common import UserError, load_stage_config, run_user_errors
 from flows.summary import HEADLINE_FILE, headline
 
@@ -277,7 +277,7 @@ def evaluate_flow(
     The starting models (the warm start) are evaluated too, with the same settings and seeds, as
     ``warmstart/...`` keys with ``delta/...`` = trained - warm start (``eval.baseline``, §19).
     """
-    from codea1_core.parsing import silence_parse_warnings
+    from codea1_core.method.parsing import silence_parse_warnings
 
     silence_parse_warnings()  # warnings about generated text stay off the console
     out_dir = Path(cfg.eval.out_dir)

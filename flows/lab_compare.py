@@ -1,6 +1,6 @@
 """``make lab-compare``: the paper's comparison in small, as DVC experiments (ALGORITHM.md §14, §15, D10).
 
-What it does: one DVC experiment per (mode, seed) — the arms of ``codea1_core.comparison.MODES``: ``golden_sparse``
+What it does: one DVC experiment per (mode, seed) — the arms of ``codea1_core.evaluation.comparison.MODES``: ``golden_sparse``
 (golden tests as scarce as real data's), ``golden_boundary`` (exhaustive boundary tests: the oracle ceiling),
 ``selfplay``, ``codea1``, ``codea1`` without the Mistake Book (``codea1_nomb``) and at α = 0 / 1 (``codea1_a0``,
 ``codea1_a1``); every arm but the ceiling trains with ``lab.golden_tests=sparse``; seeds 1..N set ``seed`` and
@@ -35,7 +35,7 @@ Prepare and warmstart are shared through DVC (unchanged stage / run cache) only 
 both read ``seed`` and ``lab.golden_tests`` and warmstart also reads ``mode``, so they run once per seed (and
 coverage, and mode).
 
-The numbers (aggregates, table, plots, HTML) are computed by ``codea1_core/comparison.py``; this flow plans,
+The numbers (aggregates, table, plots, HTML) are computed by ``codea1_core/evaluation/comparison.py``; this flow plans,
 runs, collects and writes.
 What it does not: change the pipeline, or pick a winner (read the table with its std and number of seeds).
 
@@ -59,7 +59,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from codea1_core.comparison import (
+from codea1_core.evaluation.comparison import (
     MODES,
     Experiment,
     RunResult,

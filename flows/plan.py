@@ -2,7 +2,7 @@
 
 What it does: finds the policies' architecture (``config.json`` of ``model.code_path`` when it is a local
 folder; the copy in ``configs/`` for the hub ids we ship, e.g. ``Qwen/Qwen2.5-Coder-1.5B-Instruct``; else
-transformers' ``AutoConfig`` from the local HF cache), runs :mod:`codea1_core.memory_plan` and prints
+transformers' ``AutoConfig`` from the local HF cache), runs :mod:`codea1_core.models.memory_plan` and prints
 the parts, the total and one verdict line per GPU. :func:`check_training_fits` is the train-start check:
 on CUDA (or with ``model.gpu_memory_gb`` set) a config that cannot fit stops with one line naming the
 key to change; on CPU with the default ``gpu_memory_gb: 0`` it does nothing.
@@ -19,7 +19,7 @@ import logging
 from pathlib import Path
 
 from codea1_core.config import Config
-from codea1_core.memory_plan import GPU_SIZES_GB, ModelShape, estimate, verdict
+from codea1_core.models.memory_plan import GPU_SIZES_GB, ModelShape, estimate, verdict
 from flows.common import UserError, load_stage_config, run_user_errors
 
 log = logging.getLogger("codea1.plan")

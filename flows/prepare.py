@@ -2,7 +2,7 @@
 
 What it does, top to bottom:
   1. Load ``data.train_sources`` (-> ``train``), ``data.val_sources`` (-> ``val``) and every
-     ``data.eval_benchmarks`` entry (-> ``eval_<name>``) with ``codea1_core.datasets``; a source whose
+     ``data.eval_benchmarks`` entry (-> ``eval_<name>``) with ``codea1_core.data.datasets``; a source whose
      files are absent (no data folder, no network for a hub id) is skipped and reported, never guessed.
      ``data.max_problems_per_source`` caps each source after a seeded shuffle (original order kept).
   2. Run every reference solution on its golden calls (and on the dataset's own asserts) in the
@@ -40,9 +40,9 @@ from typing import Any
 from prefect import flow
 
 from codea1_core.config import Config, resolve_data_dir
-from codea1_core.dataset_types import DatasetError, SourceUnavailable
-from codea1_core.datasets import load_source
-from codea1_core.prepared import load_prepared, reference_exprs, resolve, save_prepared
+from codea1_core.data.dataset_types import DatasetError, SourceUnavailable
+from codea1_core.data.datasets import load_source
+from codea1_core.data.prepared import load_prepared, reference_exprs, resolve, save_prepared
 from codea1_core.types import CallOutcome, Problem
 from codea1_core.values import decode, encode
 from flows.common import UserError, stage_main

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from codea1_core.config import Config
-from codea1_core.evaluation import (
+from codea1_core.evaluation.verdicts import (
     CandidateScore,
     benchmark_calls,
     judge_sample,
@@ -143,8 +143,8 @@ def select_many(
     executor: Any,
 ) -> list[SolveResult]:
     """Write white-box tests for every distinct candidate, run them all in one batch, pick per problem."""
-    from codea1_core.parsing import extract_tests
-    from codea1_core.prompts import test_messages
+    from codea1_core.method.parsing import extract_tests
+    from codea1_core.method.prompts import test_messages
     from tasks.evaluate import eval_sampling
 
     uniq = [list(dict.fromkeys(c for c in cands)) for cands in candidates]
@@ -275,7 +275,7 @@ def format_result(result: SolveResult) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``codea1 solve --problem FILE``; exit 2 with one line on user errors."""
-    from codea1_core.parsing import silence_parse_warnings
+    from codea1_core.method.parsing import silence_parse_warnings
 
     silence_parse_warnings()
     parser = argparse.ArgumentParser(

@@ -40,8 +40,8 @@ from typing import Any
 
 from prefect import flow
 
-from codea1_core import loop
 from codea1_core.config import Config, ConfigError, load_config
+from codea1_core.method import loop
 from flows.common import UserError, stage_main
 from tasks import checkpoint as ckpt
 from tasks.execute import execute, execute_golden
@@ -207,8 +207,8 @@ def train(cfg: Config) -> dict[str, Any]:
 
 def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     """Problems, resume state, tracker, policies (restored from the last checkpoint) and the Mistake Book."""
-    from codea1_core.mistake_book import MistakeBook
-    from codea1_core.parsing import silence_parse_warnings
+    from codea1_core.method.mistake_book import MistakeBook
+    from codea1_core.method.parsing import silence_parse_warnings
 
     silence_parse_warnings()  # SyntaxWarnings about generated text stay off the console
     quiet_progress_bars()  # "Loading weights" / "Writing model shards" on every checkpoint: not in the log
@@ -255,7 +255,7 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
 
 def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
     """One training step, ALGORITHM.md §3 steps 1-16, each piece a task run named ``<task>[it=N]``."""
-    from codea1_core.outcomes import plan_golden, plan_problem
+    from codea1_core.method.outcomes import plan_golden, plan_problem
 
     cfg, ex, times = run.cfg, run.executor, {}
     golden, selfplay = cfg.mode == "golden", cfg.mode == "selfplay"
@@ -374,12 +374,12 @@ def load_problems(cfg: Config) -> tuple[list[Any], list[Any]]:
     """Prepared train/val problems (``data/prepared``); lab-only configs fall back to generating them."""
     prepared = Path(cfg.data.prepared_dir)
     if (prepared / "train.parquet").is_file():
-        from codea1_core.prepared import load_prepared
+        from codea1_core.data.prepared import load_prepared
 
         val = load_prepared(prepared / "val.parquet") if (prepared / "val.parquet").is_file() else []
         return load_prepared(prepared / "train.parquet"), val
     if set(cfg.data.train_sources) <= {"lab"}:
-        from codea1_core.lab import lab_problems
+        from codea1_core.data.lab import lab_problems
 
         log.warning("%s/train.parquet absent: generating the lab problems in memory", prepared)
         return lab_problems(cfg.lab, "train"), lab_problems(cfg.lab, "val")
@@ -401,8 +401,8 @@ def finish(run: TrainRun) -> dict[str, Any]:
     it, so a resumed run with no iteration left rewrites them here; registration reuses the version of this
     MLflow run and iteration when one exists (one model version per completed run).
     """
-    from codea1_core.mistake_book import MistakeBook
-    from codea1_core.report import training_chart
+    from codea1_core.evaluation.report import training_chart
+    from codea1_core.method.mistake_book import MistakeBook
 
     final = run.out_dir / "final"
     done = final / "DONE.json"

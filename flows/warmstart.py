@@ -1,7 +1,7 @@
 """The ``warmstart`` stage: a tiny model, built locally and supervised-fine-tuned into both roles.
 
 What it does: trains a BPE tokenizer and a random-init tiny Qwen2 model on the lab's text
-(``codea1_core.lab.tokenizer_corpus``), then fine-tunes it (TRL SFT) into the Code LLM (correct and
+(``codea1_core.data.lab.tokenizer_corpus``), then fine-tunes it (TRL SFT) into the Code LLM (correct and
 buggy solutions, ``lab.buggy_fraction``) and the Test LLM (imperfect white-box test suites), so RL has
 room to improve both. ``selfplay`` mode trains one model on code and black-box test conversations;
 ``golden`` mode trains only the Code LLM. Everything is written to a temporary folder and moved into
@@ -50,12 +50,12 @@ def role_dirs(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Path]:
 
 def training_problems(cfg: Config) -> list[Problem]:
     """Lab problems of the prepared training set when there is one, else generated (same seed, same set)."""
-    from codea1_core.lab import lab_problems
+    from codea1_core.data.lab import lab_problems
 
     prepared = Path(cfg.data.prepared_dir) / "train.parquet"
     if prepared.is_file():
         try:
-            from codea1_core.prepared import load_prepared
+            from codea1_core.data.prepared import load_prepared
         except ImportError:  # the prepared-set reader is optional here: the lab problems are regenerable
             load_prepared = None
         if load_prepared is not None:
@@ -91,9 +91,9 @@ def _param_count(model_dir: Path) -> int:
 
 def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
     """Build the tiny base model and fine-tune each role; returns the metrics written to ``metrics.json``."""
-    from codea1_core.lab import tokenizer_corpus, warmstart_examples
-    from codea1_core.sft import supervised_finetune
-    from codea1_core.tiny_model import build_tiny_model
+    from codea1_core.data.lab import tokenizer_corpus, warmstart_examples
+    from codea1_core.models.sft import supervised_finetune
+    from codea1_core.models.tiny_model import build_tiny_model
 
     t0 = time.perf_counter()
     dirs = role_dirs(cfg, root)
@@ -157,7 +157,7 @@ def summary_line(metrics: dict[str, Any]) -> str:
 
 def run(cfg: Config) -> dict[str, Any]:
     """DVC/CLI entry point (``flows.common.stage_main``): run the flow, print a summary."""
-    from codea1_core.lab import check_lab_config
+    from codea1_core.data.lab import check_lab_config
 
     if role_dirs(cfg):
         check_lab_config(cfg.lab)  # a bad lab.* value: one line before any Prefect run starts

@@ -3,7 +3,7 @@
 What it does:
   * :func:`evaluate_code` — Code LLM on one benchmark with the EvalPlus protocol: ``n`` samples per
     problem, one ``run_many`` for the whole benchmark (identical samples of a problem run once), base and
-    plus verdicts, unbiased pass@k and avg@n (:mod:`codea1_core.evaluation`). Also the in-training
+    plus verdicts, unbiased pass@k and avg@n (:mod:`codea1_core.evaluation.verdicts`). Also the in-training
     validation hook of ``tasks/score.py`` (same signature).
   * :func:`evaluate_tests` — Test LLM on held-out problems with references: one suite per problem written
     against the reference (white-box, the UnLeakedTestBench setting), first ``eval.tests_per_suite``
@@ -36,7 +36,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from codea1_core.config import Config
-from codea1_core.evaluation import (
+from codea1_core.evaluation.verdicts import (
     INFRA,
     SuiteRecord,
     aggregate_code,
@@ -58,7 +58,7 @@ class SandboxInfraError(RuntimeError):
 
 def eval_sampling(cfg: Config, seed_offset: int = 0) -> Any:
     """Evaluation sampling settings (``eval.temperature``, ``eval.top_p``, ``eval.max_new_tokens``)."""
-    from codea1_core.policy import SamplingParams
+    from codea1_core.models.policy import SamplingParams
 
     return SamplingParams(
         temperature=cfg.eval.temperature,
@@ -90,8 +90,8 @@ def generate_codes(
     problems: Sequence[Problem], policy: Any, cfg: Config, n: int, sampling: Any = None
 ) -> list[list[str]]:
     """``n`` extracted code samples per problem (§4.1 prompt, §5.1 extraction)."""
-    from codea1_core.parsing import extract_code
-    from codea1_core.prompts import code_messages
+    from codea1_core.method.parsing import extract_code
+    from codea1_core.method.prompts import code_messages
 
     if not problems:
         return []
@@ -153,7 +153,7 @@ def evaluate_code_task(
 
 def cached_mutants(source: str, max_mutants: int, seed: int, cache_dir: str | Path) -> list[str]:
     """Mutant sources of ``source``, generated once and cached as JSON under a content hash."""
-    from codea1_core.mutants import generate_mutants
+    from codea1_core.evaluation.mutants import generate_mutants
 
     key = hashlib.sha256(f"{MUTANT_CACHE_VERSION}\0{max_mutants}\0{seed}\0{source}".encode()).hexdigest()
     path = Path(cache_dir) / f"{key[:2]}/{key}.json"
@@ -175,7 +175,7 @@ def cached_mutants(source: str, max_mutants: int, seed: int, cache_dir: str | Pa
 
 def generate_suites(problems: Sequence[Problem], policy: Any, cfg: Config) -> list[str]:
     """One test response per problem, written against its reference (white-box, §4.2 prompt, K tests)."""
-    from codea1_core.prompts import test_messages
+    from codea1_core.method.prompts import test_messages
 
     if not problems:
         return []
@@ -211,7 +211,7 @@ def score_suites(
 
     ``subsets`` (name -> problem indices) are aggregated again from the same records as ``<bench>_<name>``.
     """
-    from codea1_core.parsing import extract_tests
+    from codea1_core.method.parsing import extract_tests
 
     k = cfg.eval.tests_per_suite
     rel, abs_ = cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol
@@ -280,9 +280,9 @@ def lab_subsets(problems: Sequence[Problem]) -> dict[str, list[int]]:
     """``seen`` / ``unseen`` problem indices of a lab set (training vs held-out families); ``{}`` otherwise.
 
     ``seen`` problems are new parameters of training families; ``unseen`` ones belong to families never
-    trained on (``codea1_core.lab``). Sets with any non-lab problem, or with only one kind, get no subsets.
+    trained on (``codea1_core.data.lab``). Sets with any non-lab problem, or with only one kind, get no subsets.
     """
-    from codea1_core.lab import FAMILIES
+    from codea1_core.data.lab import FAMILIES
 
     kinds = []
     for p in problems:
@@ -301,7 +301,7 @@ def load_benchmark(cfg: Config, name: str) -> list[Problem]:
     ``bigcodebench`` and ``unleakedtestbench`` read ``eval.bigcodebench_path`` / ``eval.ult_path``;
     every other name reads ``<data.prepared_dir>/eval_<name>.parquet`` (written by the prepare stage).
     """
-    from codea1_core.benchmarks import load_bigcodebench, load_unleakedtestbench
+    from codea1_core.evaluation.benchmarks import load_bigcodebench, load_unleakedtestbench
 
     cap = cfg.eval.max_problems
     if name == "bigcodebench":
@@ -312,7 +312,7 @@ def load_benchmark(cfg: Config, name: str) -> list[Problem]:
         if not cfg.eval.ult_path:
             raise FileNotFoundError("benchmark unleakedtestbench: set eval.ult_path to a local ULT.jsonl")
         return load_unleakedtestbench(cfg.eval.ult_path, max_problems=cap)
-    from codea1_core.prepared import load_prepared
+    from codea1_core.data.prepared import load_prepared
 
     path = Path(cfg.data.prepared_dir) / f"eval_{name}.parquet"
     if not path.is_file():

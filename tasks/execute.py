@@ -6,7 +6,7 @@ problem in ONE ``run_many``; each (program, call) runs exactly once. Jobs whose 
 ``infra_error`` are retried once more as a batch; if the share of calls still failing for infrastructure
 reasons exceeds ``sandbox.max_infra_failure_frac`` the step aborts with :class:`InfraFailure` (D4: an
 infrastructure failure is never a score). The executor is created once per flow run, not here.
-What it does not: score (``tasks/score.py``) or judge values (``codea1_core.outcomes`` does, in this
+What it does not: score (``tasks/score.py``) or judge values (``codea1_core.method.outcomes`` does, in this
 trusted parent).
 """
 

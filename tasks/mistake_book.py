@@ -4,7 +4,7 @@ What it does (ALGORITHM.md §3 steps 7 and 10, §8, D6): ``retrieve_replay`` tak
 per problem BEFORE this step's update; ``merge_mistake_book`` applies the official update rule per problem with
 the outcome matrices' ``failed_tests()`` / ``passed_replay()`` (valid codes only, duplicates counted) and
 writes the book JSON atomically (a DVC out). With ``mistake_book.enabled: false`` nothing is replayed or stored.
-What it does not: implement the book (``codea1_core.mistake_book.MistakeBook`` is pure state).
+What it does not: implement the book (``codea1_core.method.mistake_book.MistakeBook`` is pure state).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def merge_mistake_book(
     """
     if book is None:
         if path is not None:
-            from codea1_core.mistake_book import MistakeBook
+            from codea1_core.method.mistake_book import MistakeBook
 
             write_json_atomic(path, MistakeBook(enabled=False).to_dict())
         return {}

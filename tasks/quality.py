@@ -24,7 +24,7 @@ What it does:
     are data quality, **not** security: untrusted code is contained by the sandbox only.
     Rejected share > ``tests.max_rejected_frac`` raises :class:`DataQualityError` with the report path.
 
-What it does not: run code or parse model responses (``codea1_core.parsing`` does that).
+What it does not: run code or parse model responses (``codea1_core.method.parsing`` does that).
 GX runs on one ephemeral context created on first use and reused (progress bars off).
 How to run: ``gate_tests.fn(rows, cfg.tests, report_path)``; ``pytest tests/test_quality.py``;
 ``python -m bench.gate_bench`` times 20,000 rows.
@@ -320,7 +320,7 @@ def _test_frame(rows: pd.DataFrame | list[dict[str, Any]], cfg: TestsConfig) -> 
                 answer_memo[akey] = _check_answer(answer.strip(), akey[1], cfg.literal_answers)
             answer_check.append(answer_memo[akey])
     frame["call_check"], frame["answer_check"] = call_check, answer_check
-    # Calls arrive normalized by codea1_core.parsing (ast.unparse), so equal source = same call.
+    # Calls arrive normalized by codea1_core.method.parsing (ast.unparse), so equal source = same call.
     keys = pd.DataFrame(
         {
             "p": frame["problem_id"].astype(str),

@@ -1,7 +1,7 @@
 """Rollout tasks: load the policies, sample code and tests, parse them, gate the generated tests.
 
 What it does: thin Prefect tasks around ``Policy.generate`` (ALGORITHM.md §3 steps 2-6), the parsers of
-``codea1_core.parsing`` and the data engineer's GX gate (``tasks.quality.gate_tests``). Sampling seeds are
+``codea1_core.method.parsing`` and the data engineer's GX gate (``tasks.quality.gate_tests``). Sampling seeds are
 derived from (cfg.seed, iteration, role), so a resumed run samples what the uninterrupted run sampled.
 What it does not: execute anything or compute rewards.
 
@@ -17,7 +17,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from codea1_core.config import Config
-from codea1_core.loop import iteration_seed
+from codea1_core.method.loop import iteration_seed
 from codea1_core.types import Problem
 
 
@@ -27,11 +27,11 @@ def load_policy(path: str, cfg: Config, role: str, total_steps: int, adapter_dir
     The one backend switch of the product: training, evaluation, ``solve`` and ``attack`` all load here.
     ``adapter_dir``: where vLLM adapter versions go (default ``<orchestration.checkpoint_dir>/vllm_adapters``).
     """
-    from codea1_core.policy import Policy
+    from codea1_core.models.policy import Policy
 
     policy = Policy(path, cfg, role=role, total_steps=total_steps)
     if cfg.rollout.backend == "vllm":
-        from codea1_core import vllm_engine
+        from codea1_core.models import vllm_engine
 
         policy = vllm_engine.attach(policy, cfg, adapter_dir=adapter_dir)
     return policy
@@ -39,7 +39,7 @@ def load_policy(path: str, cfg: Config, role: str, total_steps: int, adapter_dir
 
 def sampling(cfg: Config, iteration: int, role: str) -> Any:
     """Training-rollout sampling parameters (§3 step 2: temperature 1.0, top-p 1.0, no top-k)."""
-    from codea1_core.policy import SamplingParams
+    from codea1_core.models.policy import SamplingParams
 
     max_new = cfg.rollout.max_new_tokens_code if role == "code" else cfg.rollout.max_new_tokens_test
     max_prompt = cfg.rollout.max_prompt_tokens_test if role == "test" else 0  # code prompts: filtered upfront
@@ -60,8 +60,8 @@ def drop_overlong_problems(problems: list[Problem], cfg: Config) -> tuple[list[P
     """
     from transformers import AutoTokenizer
 
-    from codea1_core.policy import prompt_lengths
-    from codea1_core.prompts import code_messages
+    from codea1_core.method.prompts import code_messages
+    from codea1_core.models.policy import prompt_lengths
 
     limit = cfg.data.max_prompt_tokens
     if limit <= 0 or not problems:
@@ -81,7 +81,7 @@ def drop_overlong_problems(problems: list[Problem], cfg: Config) -> tuple[list[P
 @task(name="rollout_code", task_run_name="rollout_code[it={iteration}]", cache_policy=NO_CACHE)
 def rollout_code(policy: Any, problems: list[Problem], cfg: Config, iteration: int) -> list[list[Any]]:
     """M code completions per problem (§3 step 2)."""
-    from codea1_core.prompts import code_messages
+    from codea1_core.method.prompts import code_messages
 
     prompts = [code_messages(p) for p in problems]
     return policy.generate(prompts, cfg.rollout.n_code, sampling(cfg, iteration, "code"))
@@ -92,7 +92,7 @@ def rollout_tests(
     policy: Any, problems: list[Problem], codes: list[list[str]], cfg: Config, iteration: int, blackbox: bool
 ) -> list[list[list[Any]]]:
     """N suites per (problem, code): ``[B][M][N]`` completions (§3 steps 4-5; black-box prompts for Self-Play)."""
-    from codea1_core.prompts import test_messages, test_messages_blackbox
+    from codea1_core.method.prompts import test_messages, test_messages_blackbox
 
     k = cfg.reward.k
     prompts = [
@@ -110,7 +110,7 @@ def rollout_tests(
 
 def extract_codes(completions: list[list[Any]]) -> list[list[str]]:
     """The code block of every completion (§5.1)."""
-    from codea1_core.parsing import extract_code
+    from codea1_core.method.parsing import extract_code
 
     return [[extract_code(c.text) for c in row] for row in completions]
 
@@ -123,7 +123,7 @@ def gate_tests(
 
     Returns ``suites[b][m][n]`` (``ParsedSuite``) and gate metrics (``test/rejected_rate``, per reason).
     """
-    from codea1_core.parsing import extract_tests
+    from codea1_core.method.parsing import extract_tests
     from tasks.quality import gate_tests as gx_gate
 
     suites = [

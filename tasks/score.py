@@ -1,7 +1,7 @@
 """Scoring and in-training validation tasks.
 
 What it does: ``score`` turns a step's outcome matrices into rewards and masks with the pure
-``codea1_core.rewards`` functions (ALGORITHM.md §7, D4, D7) and averages their metrics; ``evaluate`` runs the
+``codea1_core.method.rewards`` functions (ALGORITHM.md §7, D4, D7) and averages their metrics; ``evaluate`` runs the
 periodic Code-LLM validation (§3 step 16) through the evaluation engineer's ``tasks.evaluate.evaluate_code``
 when it exists, else a minimal golden-test pass rate (greedy, one sample per problem).
 What it does not: execute code or touch the Mistake Book.
@@ -25,7 +25,7 @@ def score(
     matrices: list[Any], cfg: Config, iteration: int, golden: bool = False
 ) -> tuple[list[Any], dict[str, float]]:
     """Per-problem ``ProblemScores`` (§7; golden: §7.4) and their step-level means (``code/``, ``test/``)."""
-    from codea1_core.rewards import aggregate_metrics, golden_scores, score_problem
+    from codea1_core.method.rewards import aggregate_metrics, golden_scores, score_problem
 
     scores = [golden_scores(m) if golden else score_problem(m, cfg.reward) for m in matrices]
     return scores, aggregate_metrics(scores)
@@ -53,10 +53,10 @@ def _num(v: Any) -> bool:
 
 def golden_pass_rate(policy: Any, problems: list[Any], cfg: Config, executor: Any) -> dict[str, float]:
     """Minimal validation: one greedy sample per problem, share of problems passing all golden tests."""
-    from codea1_core.evaluation import build_code_jobs, verdicts_for
-    from codea1_core.parsing import extract_code
-    from codea1_core.policy import SamplingParams
-    from codea1_core.prompts import code_messages
+    from codea1_core.evaluation.verdicts import build_code_jobs, verdicts_for
+    from codea1_core.method.parsing import extract_code
+    from codea1_core.method.prompts import code_messages
+    from codea1_core.models.policy import SamplingParams
 
     if not problems:
         return {}

@@ -1,7 +1,7 @@
 """Measure the CPU memory of one real GRPO step (``Policy.step``) on a small random-init model; prints JSON.
 
 Run in a fresh process by ``tests/test_memory_plan.py`` (its numbers are compared with
-``codea1_core.memory_plan``): ``python tests/memory_probe.py --vocab 32768 --tokens 4096 --finetune full``.
+``codea1_core.models.memory_plan``): ``python tests/memory_probe.py --vocab 32768 --tokens 4096 --finetune full``.
 Peak resident memory comes from the kernel (``VmHWM``, reset through ``/proc/self/clear_refs``), so it
 counts every allocation torch makes, which ``tracemalloc`` would not see.
 """
@@ -45,8 +45,8 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from codea1_core.config import Config
-    from codea1_core.policy import Policy, TrainBatch
-    from codea1_core.tiny_model import build_tiny_model, random_init_like
+    from codea1_core.models.policy import Policy, TrainBatch
+    from codea1_core.models.tiny_model import build_tiny_model, random_init_like
 
     raw = {"vocab_size": a.vocab, "hidden_size": a.hidden, "num_hidden_layers": a.layers,
            "intermediate_size": a.intermediate, "num_attention_heads": a.heads, "num_key_value_heads": a.heads,

@@ -13,7 +13,7 @@ from tasks import checkpoint as ckpt
 
 
 class FakePolicy:
-    """Stands in for ``codea1_core.policy.Policy``: save/load a counter (the real one is tested elsewhere)."""
+    """Stands in for ``codea1_core.models.policy.Policy``: save/load a counter (the real one is tested elsewhere)."""
 
     def __init__(self, value: int = 0) -> None:
         self.value = value

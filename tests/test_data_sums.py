@@ -12,8 +12,8 @@ import shutil
 import pytest
 
 from codea1_core.config import Config
-from codea1_core.dataset_types import DatasetError
-from codea1_core.datasets import load_source
+from codea1_core.data.dataset_types import DatasetError
+from codea1_core.data.datasets import load_source
 
 
 def _copy(shared_data_dir, tmp_path):

@@ -1,6 +1,6 @@
 """Loaders, assert parsing, reference resolution and the prepared parquet format.
 
-Covers codea1_core.datasets, .source_text, .mbpp_inputs, .prepared and .dataset_types.
+Covers codea1_core.data.datasets, .source_text, .mbpp_inputs, .prepared and .dataset_types.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from codea1_core.config import Config
-from codea1_core.dataset_types import PENDING, DatasetError, Pending, SourceUnavailable, is_pending
-from codea1_core.datasets import (
+from codea1_core.data.dataset_types import PENDING, DatasetError, Pending, SourceUnavailable, is_pending
+from codea1_core.data.datasets import (
     load_evalplus,
     load_humaneval,
     load_kodcode,
@@ -23,8 +23,8 @@ from codea1_core.datasets import (
     load_source,
     read_jsonl,
 )
-from codea1_core.prepared import load_prepared, reference_exprs, resolve, save_prepared
-from codea1_core.source_text import parse_assert
+from codea1_core.data.prepared import load_prepared, reference_exprs, resolve, save_prepared
+from codea1_core.data.source_text import parse_assert
 from codea1_core.types import CallOutcome, Problem, TestCase
 
 

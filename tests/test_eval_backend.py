@@ -11,11 +11,11 @@ import torch
 from test_evaluation import FakeExecutor
 from test_vllm_engine import CORPUS, FakeLLM, fake_vllm  # noqa: F401 (fake_vllm is a fixture)
 
-from codea1_core import vllm_engine
 from codea1_core.config import Config
-from codea1_core.lab import lab_problems
-from codea1_core.policy import Policy
-from codea1_core.tiny_model import build_tiny_model
+from codea1_core.data.lab import lab_problems
+from codea1_core.models import vllm_engine
+from codea1_core.models.policy import Policy
+from codea1_core.models.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ import pytest
 from test_evaluation import TextPolicy, fenced
 
 from codea1_core.config import Config
-from codea1_core.datasets import load_source
-from codea1_core.prepared import reference_exprs, resolve
+from codea1_core.data.datasets import load_source
+from codea1_core.data.prepared import reference_exprs, resolve
 from codea1_core.values import to_literal
 
 
@@ -98,8 +98,8 @@ def test_lab_sparse_tests_let_a_bug_through_that_the_boundary_set_catches(execut
     from dataclasses import replace
 
     from codea1_core.config import LabConfig
-    from codea1_core.lab import buggy_variants, lab_problems
-    from codea1_core.prepared import load_prepared, save_prepared
+    from codea1_core.data.lab import buggy_variants, lab_problems
+    from codea1_core.data.prepared import load_prepared, save_prepared
     from tasks.evaluate import score_codes
 
     problems = lab_problems(replace(LabConfig(), heldout_per_family=1), "test")

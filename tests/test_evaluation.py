@@ -12,14 +12,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from codea1_core.benchmarks import (
+from codea1_core.config import Config
+from codea1_core.evaluation.benchmarks import (
     BCB_CHECK_CALL,
     BenchmarkFormatError,
     load_bigcodebench,
     load_unleakedtestbench,
 )
-from codea1_core.config import Config
-from codea1_core.evaluation import (
+from codea1_core.evaluation.verdicts import (
     CandidateScore,
     SampleVerdict,
     SuiteRecord,
@@ -346,7 +346,7 @@ def test_score_suites_pass_mut_mul_with_golden_suite(tmp_path):
 
 
 def test_cached_mutants_are_reused_from_disk(tmp_path, monkeypatch):
-    import codea1_core.mutants as mutants_mod
+    import codea1_core.evaluation.mutants as mutants_mod
     from tasks.evaluate import cached_mutants
 
     src = "def f(x):\n    return x + 1 if x > 0 else x - 1\n"

@@ -11,10 +11,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LogitsProcessorList
 
-from codea1_core import fast_generate
 from codea1_core.config import Config
-from codea1_core.policy import Policy, SamplingParams, _RawLogprobRecorder
-from codea1_core.tiny_model import build_tiny_model
+from codea1_core.models import fast_generate
+from codea1_core.models.policy import Policy, SamplingParams, _RawLogprobRecorder
+from codea1_core.models.tiny_model import build_tiny_model
 
 CORPUS = [
     "def add(a, b):\n    return a + b\n",
@@ -47,7 +47,7 @@ def tiny_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def lab_dir(tmp_path_factory):
     """The lab's model shape (``params.yaml`` lab section) and tokenizer corpus, random init."""
-    from codea1_core.lab import tokenizer_corpus
+    from codea1_core.data.lab import tokenizer_corpus
 
     lab = Config().lab
     return str(

@@ -67,7 +67,7 @@ def test_shrunken_bench_runs_the_core_path_on_cpu(tmp_path):
 def test_config_and_memory_plan_need_no_pyyaml():
     code = BLOCKER.format(blocked=("yaml",)) + (
         "from codea1_core.config import Config\n"
-        "from codea1_core.memory_plan import ModelShape, estimate\n"
+        "from codea1_core.models.memory_plan import ModelShape, estimate\n"
         "cfg = Config.from_dict({'model': {'finetune': 'full'}})\n"
         "print(estimate(cfg, ModelShape(64, 2, 4, 2, 128, 1000, True), 80).total > 0)\n"
     )

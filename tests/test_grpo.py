@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from codea1_core.grpo import (
+from codea1_core.method.grpo import (
     batch_advantages,
     group_advantages,
     is_zero_variance,

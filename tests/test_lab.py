@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from codea1_core import lab
 from codea1_core.config import ConfigError, LabConfig
-from codea1_core.lab import FAMILIES, buggy_variants, lab_problems, tokenizer_corpus, warmstart_examples
+from codea1_core.data import lab
+from codea1_core.data.lab import FAMILIES, buggy_variants, lab_problems, tokenizer_corpus, warmstart_examples
 
 CFG = LabConfig()
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from codea1_core import comparison as cmp
 from codea1_core.config import ConfigError
+from codea1_core.evaluation import comparison as cmp
 from flows import lab_compare as lc
 from flows.common import UserError
 

@@ -20,7 +20,7 @@ import yaml
 from test_evaluation import FakeExecutor, TextPolicy, fenced, problem
 
 from codea1_core.config import Config, LabConfig
-from codea1_core.lab import lab_problems
+from codea1_core.data.lab import lab_problems
 from tasks.evaluate import lab_subsets, score_codes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,7 +66,7 @@ def _cfg(tmp_path: Path, **eval_kw) -> Config:
 
 
 def test_evaluate_reports_warmstart_and_delta(tmp_path, prefect_harness):
-    from codea1_core.prepared import save_prepared
+    from codea1_core.data.prepared import save_prepared
     from flows.evaluate import run
 
     ps = [problem("a")]

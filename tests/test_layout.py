@@ -88,7 +88,13 @@ def test_packages_are_explicit(repo_root: Path) -> None:
     import tomllib
 
     project = tomllib.loads((repo_root / "pyproject.toml").read_text())
-    assert project["tool"]["setuptools"]["packages"] == ["codea1_core", "sandbox", "tasks", "flows"]
+    packages = project["tool"]["setuptools"]["packages"]
+    on_disk = {
+        ".".join(init.parent.relative_to(repo_root).parts)
+        for top in ["codea1_core", "sandbox", "tasks", "flows"]
+        for init in (repo_root / top).rglob("__init__.py")
+    }
+    assert sorted(packages) == sorted(on_disk)  # a sub-package missing here would be left out of the wheel
     assert project["project"]["scripts"]["codea1"] == "flows.cli:app"
 
 

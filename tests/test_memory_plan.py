@@ -19,9 +19,9 @@ import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from codea1_core import memory_plan  # noqa: E402
 from codea1_core.config import Config, apply_overrides  # noqa: E402
-from codea1_core.memory_plan import ModelShape, estimate, saved_activation_bytes, verdict  # noqa: E402
+from codea1_core.models import memory_plan  # noqa: E402
+from codea1_core.models.memory_plan import ModelShape, estimate, saved_activation_bytes, verdict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN_YAML = ROOT / "configs" / "qwen2.5-coder-1.5b.yaml"
@@ -41,7 +41,7 @@ def cpu_cfg(**overrides) -> Config:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from codea1_core.tiny_model import build_tiny_model, random_init_like
+    from codea1_core.models.tiny_model import build_tiny_model, random_init_like
 
     torch.set_num_threads(1)
     work = tmp_path_factory.mktemp("plan")
@@ -67,7 +67,7 @@ def test_parameter_counts_match_the_real_model(raw):
 @pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("name", ["gqa", "mha"])
 def test_saved_activations_match_the_real_forward(models, name, checkpointing):
-    from codea1_core.policy import Policy
+    from codea1_core.models.policy import Policy
 
     cfg = cpu_cfg(**{"model.gradient_checkpointing": checkpointing})
     policy = Policy(str(models[name]), cfg, role="code")
@@ -126,7 +126,7 @@ def test_step_peak_matches_measured_rss_without_full_vocab_logits(tmp_path):
 
 
 def test_block_size_is_the_policys():
-    from codea1_core.policy import LOGPROB_BLOCK_TOKENS
+    from codea1_core.models.policy import LOGPROB_BLOCK_TOKENS
 
     assert memory_plan.LOGPROB_BLOCK_TOKENS == LOGPROB_BLOCK_TOKENS
 

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from codea1_core.metrics import (
+from codea1_core.evaluation.metrics import (
     attack_rate,
     avg_at_k,
     mean_pass_at_k,
@@ -18,7 +18,7 @@ from codea1_core.metrics import (
     pass_at_k,
     validity_rate,
 )
-from codea1_core.mutants import Mutant, generate_mutants
+from codea1_core.evaluation.mutants import Mutant, generate_mutants
 
 # --------------------------------------------------------------------------------------------------
 # pass@k / avg@k

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from codea1_core.config import MistakeBookConfig
-from codea1_core.mistake_book import SCHEMA, MistakeBook, canonical_call
+from codea1_core.method.mistake_book import SCHEMA, MistakeBook, canonical_call
 from codea1_core.types import TestCase
 
 

@@ -12,9 +12,9 @@ import pytest
 
 from codea1_core import values
 from codea1_core.config import RewardConfig
-from codea1_core.outcomes import SENTINEL_EXPR, candidate_program, plan_golden, plan_problem
-from codea1_core.parsing import extract_tests
-from codea1_core.rewards import score_problem
+from codea1_core.method.outcomes import SENTINEL_EXPR, candidate_program, plan_golden, plan_problem
+from codea1_core.method.parsing import extract_tests
+from codea1_core.method.rewards import score_problem
 from codea1_core.types import (
     CallOutcome,
     OutcomeMatrix,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codea1_core.parsing import extract_code, extract_tests, nonprintable_ratio
+from codea1_core.method.parsing import extract_code, extract_tests, nonprintable_ratio
 from codea1_core.types import ParsedTest
 
 
@@ -340,7 +340,7 @@ def test_parse_warnings_about_generated_text_stay_off_the_console() -> None:
     import sys
 
     code = "import ast{}; ast.parse('x = \"\\\\d\"; y = x is 1')"
-    quiet = "; from codea1_core.parsing import silence_parse_warnings; silence_parse_warnings()"
+    quiet = "; from codea1_core.method.parsing import silence_parse_warnings; silence_parse_warnings()"
     run = [sys.executable, "-W", "default", "-c"]
     loud = subprocess.run([*run, code.format("")], capture_output=True, text=True, check=True)
     assert "invalid escape sequence" in loud.stderr  # the noise exists...

@@ -13,8 +13,8 @@ import torch
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from codea1_core.config import Config  # noqa: E402
-from codea1_core.policy import Completion, Policy, SamplingParams, TrainBatch, lr_factor  # noqa: E402
-from codea1_core.tiny_model import build_tiny_model  # noqa: E402
+from codea1_core.models.policy import Completion, Policy, SamplingParams, TrainBatch, lr_factor  # noqa: E402
+from codea1_core.models.tiny_model import build_tiny_model  # noqa: E402
 
 CORPUS = [
     "def add(a, b):\n    return a + b\n",
@@ -88,7 +88,7 @@ def test_generate_contract(tiny_dir):
 
 def test_prompt_limit_is_an_error_not_a_truncation(tiny_dir):
     """§3 step 5: an over-long (Test-LLM) prompt raises a clear error; prompt_lengths counts what generate encodes."""
-    from codea1_core.policy import PromptTooLongError, prompt_lengths
+    from codea1_core.models.policy import PromptTooLongError, prompt_lengths
 
     pol = make_policy(tiny_dir)
     lengths = prompt_lengths(pol.tokenizer, PROMPTS, use_chat_template=True)

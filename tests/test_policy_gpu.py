@@ -26,7 +26,7 @@ PROMPT_TOKENS, COMPLETION_TOKENS, SAMPLES = 512, 256, 16
 
 @pytest.fixture(scope="module")
 def model_1p5b(tmp_path_factory):
-    from codea1_core.tiny_model import build_tiny_model, random_init_like
+    from codea1_core.models.tiny_model import build_tiny_model, random_init_like
 
     work = tmp_path_factory.mktemp("gpu")
     tiny = build_tiny_model(work / "tiny", ["def f(x):\n    return x\n", "assert f(1) == 1\n"] * 50)
@@ -41,7 +41,7 @@ def _cfg(**overrides):
 
 
 def _batch(vocab: int, seed: int):
-    from codea1_core.policy import TrainBatch
+    from codea1_core.models.policy import TrainBatch
 
     rng = random.Random(seed)
     prompts = [[rng.randrange(3, vocab) for _ in range(PROMPT_TOKENS)] for _ in range(SAMPLES)]
@@ -56,7 +56,7 @@ def _trainable(policy) -> dict[str, torch.Tensor]:
 
 
 def test_two_role_grpo_step_lora_1p5b(model_1p5b):
-    from codea1_core.policy import Policy
+    from codea1_core.models.policy import Policy
 
     torch.cuda.reset_peak_memory_stats()
     code, test = Policy(model_1p5b, _cfg(), role="code"), Policy(model_1p5b, _cfg(), role="test")
@@ -87,7 +87,7 @@ def test_two_role_grpo_step_lora_1p5b(model_1p5b):
 
 
 def test_batched_generate_1p5b(model_1p5b):
-    from codea1_core.policy import Policy, SamplingParams
+    from codea1_core.models.policy import Policy, SamplingParams
 
     prompts = [[{"role": "user", "content": f"Write f{i}(x) returning x + {i}."}] for i in range(16)]
     rates = {}

@@ -13,9 +13,9 @@ import torch
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from codea1_core.config import Config  # noqa: E402
-from codea1_core.grpo import blocked_token_logprobs, token_logprobs  # noqa: E402
-from codea1_core.policy import Policy, SamplingParams, TrainBatch  # noqa: E402
-from codea1_core.tiny_model import build_tiny_model  # noqa: E402
+from codea1_core.method.grpo import blocked_token_logprobs, token_logprobs  # noqa: E402
+from codea1_core.models.policy import Policy, SamplingParams, TrainBatch  # noqa: E402
+from codea1_core.models.tiny_model import build_tiny_model  # noqa: E402
 
 CORPUS = ["def add(a, b):\n    return a + b\n", "assert add(1, 2) == 3\n", "Write add(a, b) in Python."] * 20
 PROMPTS = [

@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from codea1_core.config import Config
-from codea1_core.dataset_types import is_pending
-from codea1_core.datasets import load_humaneval
-from codea1_core.prepared import load_prepared
+from codea1_core.data.dataset_types import is_pending
+from codea1_core.data.datasets import load_humaneval
+from codea1_core.data.prepared import load_prepared
 from codea1_core.values import values_equal
 from flows.prepare import main, run
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from codea1_core import prompts
-from codea1_core.parsing import extract_code
+from codea1_core.method import prompts
+from codea1_core.method.parsing import extract_code
 from codea1_core.types import Problem
 
 PROBLEM = Problem(

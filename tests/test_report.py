@@ -10,7 +10,7 @@ import pytest
 from test_evaluation import FakeExecutor, TextPolicy, fenced, problem
 
 from codea1_core.config import Config
-from codea1_core.report import comparison_table, pass_rate_rows, render_report, training_chart
+from codea1_core.evaluation.report import comparison_table, pass_rate_rows, render_report, training_chart
 
 METRICS = {
     "code/humanevalplus/base/pass@1": 80.0,
@@ -74,7 +74,7 @@ def test_compare_writes_report_and_rejects_bad_files(tmp_path):
 
 
 def test_evaluate_flow_writes_metrics_and_report(tmp_path, prefect_harness, monkeypatch):
-    from codea1_core.prepared import save_prepared
+    from codea1_core.data.prepared import save_prepared
     from flows.evaluate import run
 
     ps = [problem("a"), problem("b")]

@@ -15,9 +15,9 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from codea1_core.config import Config, RewardConfig  # noqa: E402
-from codea1_core.loop import build_group_batch, code_groups  # noqa: E402
-from codea1_core.mistake_book import MistakeBook  # noqa: E402
-from codea1_core.rewards import ProblemScores, score_problem  # noqa: E402
+from codea1_core.method.loop import build_group_batch, code_groups  # noqa: E402
+from codea1_core.method.mistake_book import MistakeBook  # noqa: E402
+from codea1_core.method.rewards import ProblemScores, score_problem  # noqa: E402
 from codea1_core.types import OutcomeMatrix, SuiteOutcome, TestCase  # noqa: E402
 
 
@@ -127,8 +127,8 @@ def test_policy_step_skips_only_zero_variance_groups(tmp_path):
     include the mean member of a spread group and exclude only the zero-variance group."""
     import torch
 
-    from codea1_core.policy import Policy, TrainBatch
-    from codea1_core.tiny_model import build_tiny_model
+    from codea1_core.models.policy import Policy, TrainBatch
+    from codea1_core.models.tiny_model import build_tiny_model
 
     torch.set_num_threads(1)
     corpus = ["def add(a, b):\n    return a + b\n", "assert add(1, 2) == 3\n"] * 10

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from codea1_core.config import RewardConfig
-from codea1_core.rewards import aggregate_metrics, golden_scores, pair_terms, score_problem
+from codea1_core.method.rewards import aggregate_metrics, golden_scores, pair_terms, score_problem
 from codea1_core.types import GoldenOutcome, OutcomeMatrix, SuiteOutcome, TestCase
 
 OFFICIAL = RewardConfig()

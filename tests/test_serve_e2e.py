@@ -84,8 +84,8 @@ def test_pipeline_deployment_trains_evaluates_and_registers_in_its_run_folder(tm
     its own folder, and the evaluation lands on the training run."""
     from mlflow.tracking import MlflowClient
 
-    from codea1_core.lab import lab_problems
-    from codea1_core.prepared import save_prepared
+    from codea1_core.data.lab import lab_problems
+    from codea1_core.data.prepared import save_prepared
     from flows.serve import pipeline_flow
 
     model = build_tiny(tmp_path / "model")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codea1_core.sft import _to_prompt_completion, supervised_finetune
-from codea1_core.tiny_model import build_tiny_model
+from codea1_core.models.sft import _to_prompt_completion, supervised_finetune
+from codea1_core.models.tiny_model import build_tiny_model
 
 ANSWERS = ["def inc(x):\n    return x + 1\n", "def neg(x):\n    return -x\n"]
 EXAMPLES = [
@@ -55,7 +55,7 @@ def _mean_logprobs(model_dir) -> list[tuple[float, float]]:
 
 def test_sft_trains_the_answer_not_the_prompt(tiny_dir, tmp_path):
     from codea1_core.config import Config
-    from codea1_core.policy import Policy, SamplingParams
+    from codea1_core.models.policy import Policy, SamplingParams
 
     before = _mean_logprobs(tiny_dir)
     out = tmp_path / "sft"

@@ -187,7 +187,7 @@ def test_attack_says_when_the_lab_toy_meets_a_function_outside_its_training():
     note = toy_model_note(Config(), "median", None)
     assert note.startswith("note: the Test LLM is the built-in lab toy") and "'median'" in note
     assert toy_model_note(Config(), "median", "my/model") == ""  # the user's own model: no caveat
-    from codea1_core.lab import training_family_names
+    from codea1_core.data.lab import training_family_names
 
     lab_name = training_family_names(Config().lab)[0]
     assert toy_model_note(Config(), lab_name, None) == ""

@@ -12,9 +12,9 @@ import pytest
 
 import sandbox
 from codea1_core.config import RewardConfig, TestsConfig
-from codea1_core.outcomes import plan_problem
-from codea1_core.parsing import extract_tests
-from codea1_core.rewards import score_problem
+from codea1_core.method.outcomes import plan_problem
+from codea1_core.method.parsing import extract_tests
+from codea1_core.method.rewards import score_problem
 from codea1_core.types import Problem, TestCase
 from tasks.quality import gate_tests
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codea1_core.tiny_model import KNOWN_CONFIGS, build_tiny_model, random_init_like, train_tokenizer
+from codea1_core.models.tiny_model import KNOWN_CONFIGS, build_tiny_model, random_init_like, train_tokenizer
 
 CORPUS = ["def add(a, b):\n    return a + b\n", "assert add(1, 2) == 3\n", "Add two numbers."] * 30
 

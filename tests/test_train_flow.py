@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from codea1_core import loop
 from codea1_core.config import Config
+from codea1_core.method import loop
 
 # ------------------------------------------------------------------------------------------------
-# Pure helpers (codea1_core/loop.py)
+# Pure helpers (codea1_core/method/loop.py)
 # ------------------------------------------------------------------------------------------------
 
 
@@ -80,7 +80,7 @@ def test_group_batches_mask_and_topvar() -> None:
 
 
 def _lab_problem():
-    from codea1_core.lab import lab_problems
+    from codea1_core.data.lab import lab_problems
 
     return lab_problems(Config().lab, "train")[0]
 
@@ -124,7 +124,7 @@ def test_execute_retries_infra_errors_then_aborts() -> None:
 
 
 def test_merge_mistake_book_task_updates_and_persists(tmp_path: Path) -> None:
-    from codea1_core.mistake_book import MistakeBook
+    from codea1_core.method.mistake_book import MistakeBook
     from codea1_core.types import TestCase
     from tasks.mistake_book import merge_mistake_book, retrieve_replay
 
@@ -164,8 +164,8 @@ def test_merge_mistake_book_task_updates_and_persists(tmp_path: Path) -> None:
 
 def build_tiny(out_dir: Path) -> Path:
     """A random-init tiny Qwen2 model with the lab tokenizer (no warm start: fast, outputs are noise)."""
-    from codea1_core.lab import tokenizer_corpus
-    from codea1_core.tiny_model import build_tiny_model
+    from codea1_core.data.lab import tokenizer_corpus
+    from codea1_core.models.tiny_model import build_tiny_model
 
     corpus = tokenizer_corpus(Config().lab, k=8)[:300]
     return build_tiny_model(out_dir, corpus, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
@@ -309,9 +309,9 @@ def test_overlong_code_prompts_are_filtered_and_test_prompts_limited(
     """§3: code prompts over data.max_prompt_tokens leave the training set; test rollouts get their limit."""
     from transformers import AutoTokenizer
 
-    from codea1_core.lab import lab_problems
-    from codea1_core.policy import prompt_lengths
-    from codea1_core.prompts import code_messages
+    from codea1_core.data.lab import lab_problems
+    from codea1_core.method.prompts import code_messages
+    from codea1_core.models.policy import prompt_lengths
     from tasks.rollout import drop_overlong_problems, sampling
 
     cfg = tiny_config(tmp_path, tiny_model)

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from codea1_core.config import Config
-from codea1_core.policy import Completion, Policy, SamplingParams
-from codea1_core.tiny_model import build_tiny_model
+from codea1_core.models.policy import Completion, Policy, SamplingParams
+from codea1_core.models.tiny_model import build_tiny_model
 
 CORPUS = ["def add(a, b):\n    return a + b\n", "Write add.", "assert add(1, 2) == 3"] * 20
 PROMPTS = [[{"role": "user", "content": "Write add."}], [{"role": "user", "content": "Write sub."}]]
@@ -105,7 +105,7 @@ def cfg(**overrides) -> Config:
 
 
 def test_shared_engine_serves_both_roles_with_versioned_adapters(fake_vllm, tiny_dir, tmp_path):
-    from codea1_core.vllm_engine import VllmRollout
+    from codea1_core.models.vllm_engine import VllmRollout
 
     rollout = VllmRollout(cfg(), {"code": tiny_dir, "test": tiny_dir}, tmp_path / "adapters")
     assert len(FakeLLM.instances) == 1
@@ -146,7 +146,7 @@ def test_shared_engine_serves_both_roles_with_versioned_adapters(fake_vllm, tiny
 
 
 def test_one_engine_per_role_when_not_shared(fake_vllm, tiny_dir, tmp_path):
-    from codea1_core.vllm_engine import VllmRollout
+    from codea1_core.models.vllm_engine import VllmRollout
 
     other = str(build_tiny_model(tmp_path / "other", CORPUS, vocab_size=300, seed=1))
     rollout = VllmRollout(
@@ -163,7 +163,7 @@ def test_one_engine_per_role_when_not_shared(fake_vllm, tiny_dir, tmp_path):
 def test_tensor_and_data_parallel_sizes_reach_the_engine(fake_vllm, tiny_dir, tmp_path):
     """``rollout.tensor_parallel_size``/``data_parallel_size`` are passed to every engine (data parallel only
     when > 1, so single-GPU engine arguments stay as before); sizes below 1 fail with the key's name."""
-    from codea1_core.vllm_engine import VllmRollout
+    from codea1_core.models.vllm_engine import VllmRollout
 
     VllmRollout(cfg(), {"code": tiny_dir}, tmp_path / "a")
     assert FakeLLM.instances[-1].kwargs["tensor_parallel_size"] == 1
@@ -180,8 +180,8 @@ def test_tensor_and_data_parallel_sizes_reach_the_engine(fake_vllm, tiny_dir, tm
 
 
 def test_attach_routes_generate_through_vllm_and_syncs_after_step(fake_vllm, tiny_dir, tmp_path):
-    from codea1_core.policy import TrainBatch
-    from codea1_core.vllm_engine import attach
+    from codea1_core.models.policy import TrainBatch
+    from codea1_core.models.vllm_engine import attach
 
     c = cfg(**{"orchestration.checkpoint_dir": str(tmp_path / "train")})
     code = attach(Policy(tiny_dir, c, role="code"), c)
@@ -205,7 +205,7 @@ def test_attach_routes_generate_through_vllm_and_syncs_after_step(fake_vllm, tin
 
 
 def test_same_seed_same_samples_and_clear_errors(fake_vllm, tiny_dir, tmp_path):
-    from codea1_core.vllm_engine import VllmRollout
+    from codea1_core.models.vllm_engine import VllmRollout
 
     rollout = VllmRollout(cfg(), {"code": tiny_dir}, tmp_path / "a")
     sp = SamplingParams(max_new_tokens=5, seed=4)
@@ -223,6 +223,8 @@ def test_vllm_is_imported_lazily():
     """Importing the backend module must not need vllm (the CPU install has none)."""
     import subprocess
 
-    code = "import sys, codea1_core.vllm_engine, codea1_core.policy; print('vllm' in sys.modules)"
+    code = (
+        "import sys, codea1_core.models.vllm_engine, codea1_core.models.policy; print('vllm' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

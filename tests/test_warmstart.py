@@ -9,7 +9,9 @@ import pytest
 
 from codea1_core.config import Config
 
-pytest.importorskip("codea1_core.sft", reason="codea1_core.sft (policy engineer) not in the tree yet")
+pytest.importorskip(
+    "codea1_core.models.sft", reason="codea1_core.models.sft (policy engineer) not in the tree yet"
+)
 
 from flows import warmstart  # noqa: E402
 
@@ -69,12 +71,12 @@ def test_failure_leaves_previous_outputs_untouched(tmp_path, monkeypatch):
     root = tmp_path / "outputs/warmstart"
     (root / "code").mkdir(parents=True)
     (root / "code" / "marker").write_text("old")
-    import codea1_core.sft
+    import codea1_core.models.sft
 
     def boom(*args, **kwargs):
         raise RuntimeError("sft failed")
 
-    monkeypatch.setattr(codea1_core.sft, "supervised_finetune", boom)
+    monkeypatch.setattr(codea1_core.models.sft, "supervised_finetune", boom)
     with pytest.raises(RuntimeError, match="sft failed"):
         warmstart.warm_start(_cfg(lab=dict(TINY_LAB, families=["is_above"])))
     assert (root / "code" / "marker").read_text() == "old"
@@ -85,8 +87,8 @@ def test_short_warm_start_models_load_and_generate(tmp_path, monkeypatch):
     """A 2-family, 1-epoch warm start with a tiny model: both role folders are usable HF models."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from codea1_core.lab import lab_problems
-    from codea1_core.prompts import code_messages
+    from codea1_core.data.lab import lab_problems
+    from codea1_core.method.prompts import code_messages
 
     monkeypatch.chdir(tmp_path)
     cfg = _cfg()
@@ -141,7 +143,7 @@ def test_stage_main_reports_bad_override(tmp_path, monkeypatch, capsys):
 
 def test_selfplay_trains_code_model_on_both_roles(tmp_path, monkeypatch):
     """Self-play's single model also learns the black-box test prompt (D10)."""
-    import codea1_core.sft
+    import codea1_core.models.sft
 
     seen = {}
 
@@ -151,7 +153,7 @@ def test_selfplay_trains_code_model_on_both_roles(tmp_path, monkeypatch):
         return {"train_loss": 1.0}
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(codea1_core.sft, "supervised_finetune", fake_sft)
+    monkeypatch.setattr(codea1_core.models.sft, "supervised_finetune", fake_sft)
     warmstart.warm_start(_cfg(mode="selfplay"))
     assert list(seen) == ["code"]
     users = [ex["messages"][1]["content"] for ex in seen["code"]]
@@ -172,9 +174,9 @@ def measure_code_model(model_dir: Path, problems: list, n_samples: int, sandbox_
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from codea1_core.lab import FAMILIES
-    from codea1_core.parsing import extract_code
-    from codea1_core.prompts import code_messages
+    from codea1_core.data.lab import FAMILIES
+    from codea1_core.method.parsing import extract_code
+    from codea1_core.method.prompts import code_messages
     from codea1_core.values import values_equal
     from sandbox import make_executor
 
@@ -228,9 +230,9 @@ def measure_test_model(model_dir: Path, problems: list, n_samples: int, sandbox_
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from codea1_core.lab import buggy_variants
-    from codea1_core.parsing import extract_tests
-    from codea1_core.prompts import test_messages
+    from codea1_core.data.lab import buggy_variants
+    from codea1_core.method.parsing import extract_tests
+    from codea1_core.method.prompts import test_messages
     from codea1_core.values import values_equal
     from sandbox import make_executor
 
@@ -287,7 +289,7 @@ def measure_test_model(model_dir: Path, problems: list, n_samples: int, sandbox_
 def test_default_warm_start_leaves_room_for_improvement(tmp_path, monkeypatch, repo_root):
     """The params.yaml warm start (timed) writes valid code most of the time and passes some, not all, tests."""
     from codea1_core.config import load_config
-    from codea1_core.lab import FAMILIES, lab_problems
+    from codea1_core.data.lab import FAMILIES, lab_problems
 
     cfg = load_config(repo_root / "params.yaml")
     monkeypatch.chdir(tmp_path)
@@ -307,8 +309,8 @@ def test_default_warm_start_leaves_room_for_improvement(tmp_path, monkeypatch, r
 
 
 def test_training_problems_prefer_the_prepared_lab_set(tmp_path, monkeypatch):
-    from codea1_core.lab import lab_problems
-    from codea1_core.prepared import save_prepared
+    from codea1_core.data.lab import lab_problems
+    from codea1_core.data.prepared import save_prepared
 
     monkeypatch.chdir(tmp_path)
     cfg = _cfg()

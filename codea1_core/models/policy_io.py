@@ -1,4 +1,4 @@
-"""Checkpoint I/O of :class:`codea1_core.policy.Policy`: resumable save/load and merged export.
+"""Checkpoint I/O of :class:`codea1_core.models.policy.Policy`: resumable save/load and merged export.
 
 What it does: writes a policy's adapter (LoRA) or weights (full) with its tokenizer under ``model/`` and
 the optimizer, scheduler, RNG and step state in ``state.pt``; every directory is written to ``<dir>.tmp``

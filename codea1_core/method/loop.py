@@ -105,7 +105,7 @@ def build_group_batch(groups: list[tuple[list[Any], list[float], list[bool]]], g
     ``completions`` carry ``prompt_ids`` and ``token_ids``; advantages are (R - mean)/(std + eps) over the
     unmasked members of a group (§10, D8); zero-variance groups keep advantage 0 and are counted (D9).
     """
-    from codea1_core.grpo import group_advantages, is_zero_variance
+    from codea1_core.method.grpo import group_advantages, is_zero_variance
 
     prompt_ids: list[list[int]] = []
     completion_ids: list[list[int]] = []
@@ -143,7 +143,7 @@ def test_groups(
     ``test_completions[b][m]`` are the N completions written against code m of problem b. Returns the groups
     and, per problem, the selected code indices.
     """
-    from codea1_core.grpo import topvar_select
+    from codea1_core.method.grpo import topvar_select
 
     groups = []
     picked: list[list[int]] = []

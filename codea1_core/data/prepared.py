@@ -10,7 +10,7 @@ What it does:
   are ``values.encode`` bytes (never pickle); writes are atomic (temp file, then ``os.replace``).
 
 What it does not: run code (the ``prepare`` flow does, in the sandbox) or read raw sources
-(``codea1_core.datasets``). How to run: ``load_prepared("data/prepared/train.parquet")``; tests in
+(``codea1_core.data.datasets``). How to run: ``load_prepared("data/prepared/train.parquet")``; tests in
 ``tests/test_datasets.py`` (``test_resolve_*``, ``test_prepared_parquet_round_trip_and_errors``) and
 ``tests/test_prepare.py``.
 """
@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from codea1_core.dataset_types import DatasetError, is_pending
+from codea1_core.data.dataset_types import DatasetError, is_pending
 from codea1_core.types import Problem, TestCase
 
 # --------------------------------------------------------------------------------------------------

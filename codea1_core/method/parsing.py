@@ -6,7 +6,7 @@ normalized ``(call, answer)`` sources plus a counted list of rejected asserts; :
 is the np statistic of §5.2.
 
 What it does not do: run anything. GT filling, deduplication and answer checking happen in
-``codea1_core.outcomes`` (§6). Nothing here raises on model output: any text yields a result.
+``codea1_core.method.outcomes`` (§6). Nothing here raises on model output: any text yields a result.
 
 Modes (``tests.parse_mode``):
 * ``strict`` (ours, D5): ``assert CALL == EXPR`` and ``assert EXPR == CALL`` where CALL is a direct

@@ -11,8 +11,8 @@ What:
     LM head, one token block at a time, so full-vocabulary float32 logits never exist for a whole
     micro-batch (at a 152k vocabulary and 32k tokens they would be ~20 GB kept for backward).
 
-What not: no models, optimizers or batching — :mod:`codea1_core.policy` builds mini/micro-batches, calls
-:func:`policy_loss` and steps the optimizer. Rewards come from :mod:`codea1_core.rewards`.
+What not: no models, optimizers or batching — :mod:`codea1_core.models.policy` builds mini/micro-batches, calls
+:func:`policy_loss` and steps the optimizer. Rewards come from :mod:`codea1_core.method.rewards`.
 
 Masks: everywhere in this module ``True`` (or 1) means *included* (a usable sample, a response token);
 ``False`` members are masked out.

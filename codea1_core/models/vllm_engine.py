@@ -1,7 +1,7 @@
 """GPU rollout backend on vLLM: both roles as LoRA adapters on one engine, or one engine per role.
 
 What it does: :class:`VllmRollout` owns the vLLM engine(s) and gives each role the same ``generate(prompts,
-n, sampling) -> list[list[Completion]]`` contract as :meth:`codea1_core.policy.Policy.generate` (token ids
+n, sampling) -> list[list[Completion]]`` contract as :meth:`codea1_core.models.policy.Policy.generate` (token ids
 incl. EOS, per-token log-probs under the raw temperature-1 logits, ``stop``/``length``). After each GRPO
 step, :meth:`VllmRollout.sync` saves the role's adapter as a new version folder and switches that role to a
 new ``LoRARequest`` (a fresh integer id, so vLLM never serves a stale cached adapter). Before the first sync
@@ -32,14 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from codea1_core.config import Config
-from codea1_core.policy import (
+from codea1_core.models.policy import (
     Completion,
     SamplingParams,
     check_prompt_lengths,
     render_messages,
     uses_chat_template,
 )
-from codea1_core.policy_io import replace_dir
+from codea1_core.models.policy_io import replace_dir
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class VllmRollout:
         """Save ``policy``'s current adapter as the next version and serve it from now on.
 
         Args:
-            policy: A LoRA :class:`~codea1_core.policy.Policy` whose ``role`` this engine serves.
+            policy: A LoRA :class:`~codea1_core.models.policy.Policy` whose ``role`` this engine serves.
 
         Returns:
             The adapter version folder.
@@ -230,7 +230,7 @@ class VllmRollout:
 
 
 class VllmPolicy:
-    """A :class:`~codea1_core.policy.Policy` whose ``generate`` runs on vLLM; everything else is the policy's.
+    """A :class:`~codea1_core.models.policy.Policy` whose ``generate`` runs on vLLM; everything else is the policy's.
 
     After ``step`` or ``load`` the adapter is marked stale and synced to the engine (a new adapter version)
     right before the next ``generate``.
@@ -271,7 +271,7 @@ def attach(
     """Route ``policy.generate`` through vLLM (called once per role by the rollout task).
 
     Args:
-        policy: A LoRA :class:`~codea1_core.policy.Policy`.
+        policy: A LoRA :class:`~codea1_core.models.policy.Policy`.
         cfg: Run config.
         adapter_dir: Adapter versions folder; default ``<orchestration.checkpoint_dir>/vllm_adapters``.
         llm_factory: Engine builder (tests pass a fake).

@@ -5,8 +5,8 @@ What it does: :func:`mbpp_deserialize_inputs` applies, per MBPP+ task number, th
 ``plus_input``; tasks without a fix are returned unchanged.
 
 What it does not: read files or check values beyond the restoration (a malformed input is a
-:class:`~codea1_core.dataset_types.DatasetError`). How to run: ``mbpp_deserialize_inputs("Mbpp/2",
-inputs)``, called by ``codea1_core.datasets.load_evalplus``; tests in ``tests/test_datasets.py``
+:class:`~codea1_core.data.dataset_types.DatasetError`). How to run: ``mbpp_deserialize_inputs("Mbpp/2",
+inputs)``, called by ``codea1_core.data.datasets.load_evalplus``; tests in ``tests/test_datasets.py``
 (``test_evalplus_mbpp_restores_tuples_and_builds_def_prompt``, ``test_shared_data_counts``).
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from codea1_core.dataset_types import DatasetError
+from codea1_core.data.dataset_types import DatasetError
 
 # --------------------------------------------------------------------------------------------------
 # MBPP+ input restoration (EvalPlus ``mbpp_deserialize_inputs``, Apache-2.0): JSON lost tuples/sets

@@ -1,7 +1,7 @@
 """Token-for-token ``generate`` for small HF decoders, without the per-token cache and mask overhead.
 
 What it does: :func:`sample` runs the same sampling loop as ``transformers``' ``GenerationMixin._sample`` for
-the settings :class:`codea1_core.policy.Policy` uses (temperature/top-k/top-p warpers, EOS + max-length
+the settings :class:`codea1_core.models.policy.Policy` uses (temperature/top-k/top-p warpers, EOS + max-length
 stopping, finished rows padded) and returns the same tokens and raw-logit log-probs, bit for bit, given
 the same torch RNG state. It differs only in bookkeeping that does not touch the numbers:
 
@@ -22,7 +22,7 @@ tokens and log-probs for exact equality with ``generate``.
 What it does not: run on GPUs (not checked there: HF ``generate`` or vLLM), beam search, assisted
 decoding, repetition penalties or any other logits processor, sliding-window or linear-attention caches,
 model families it was not checked on. :func:`unsupported_reason`
-says when a model is outside that set; :class:`~codea1_core.policy.Policy` then calls ``generate``.
+says when a model is outside that set; :class:`~codea1_core.models.policy.Policy` then calls ``generate``.
 
 Run: ``pytest tests/test_fast_generate.py``; throughput: ``python bench/rollout_bench.py``.
 """

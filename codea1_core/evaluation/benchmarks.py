@@ -9,7 +9,7 @@ its rows into :class:`~codea1_core.types.Problem` objects the evaluator understa
   input/output pairs, so each problem gets one synthetic call, ``__codea1_bcb_check__()``, that runs the
   test class after the candidate and returns ``True`` when every test passed. The unittest source is
   appended to the program through ``Problem.metadata["test_program"]`` (see
-  :func:`codea1_core.evaluation.program_for`). ``split="complete"`` prompts with ``complete_prompt``
+  :func:`codea1_core.evaluation.verdicts.program_for`). ``split="complete"`` prompts with ``complete_prompt``
   (the paper's setting), ``"instruct"`` with ``instruct_prompt``. The reference is
   ``code_prompt + canonical_solution``. Many tasks need third-party libraries (``libs``) and more time
   than the default per-call limit: raise ``sandbox.call_timeout_s`` for it.

@@ -3,7 +3,7 @@
 What it does: loads an HF causal LM + tokenizer, wraps it in a LoRA adapter (``model.finetune == "lora"``;
 the reference policy is the same model with the adapter disabled, ALGORITHM.md D8) or keeps a frozen
 reference copy (``full``); samples completions in left-padded batches (:meth:`Policy.generate`: through
-:mod:`codea1_core.fast_generate` where that reproduces HF ``generate`` token for token, else ``generate``); runs one
+:mod:`codea1_core.models.fast_generate` where that reproduces HF ``generate`` token for token, else ``generate``); runs one
 GRPO training step (:meth:`Policy.step`, ALGORITHM.md §3 steps 13-15 and §10) with its own AdamW optimizer
 and warm-up + cosine schedule; saves/loads resumable checkpoints and exports merged HF model directories.
 Two ``Policy`` objects (code and test) live in one process and never share parameters or optimizers.
@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from codea1_core import policy_io
 from codea1_core.config import Config, ConfigError
+from codea1_core.models import policy_io
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def render_messages(tokenizer: Any, messages: list[dict], use_chat_template: boo
             raise ValueError(f"prompt message {i}: expected {{'role': str, 'content': str}}, got {msg!r:.80}")
     if uses_chat_template(tokenizer, use_chat_template):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    from codea1_core.prompts import render_plain
+    from codea1_core.method.prompts import render_plain
 
     return render_plain(messages)
 
@@ -209,7 +209,7 @@ class Policy:
         self.model = model
         self.eos_ids = self._eos_ids()
         self.fast_generate = True
-        """Sample through :mod:`codea1_core.fast_generate` where it reproduces ``generate`` (False: always HF)."""
+        """Sample through :mod:`codea1_core.models.fast_generate` where it reproduces ``generate`` (False: always HF)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         g = cfg.grpo
         self.optimizer = torch.optim.AdamW(
@@ -318,8 +318,8 @@ class Policy:
         return warpers
 
     def _fast_unsupported(self) -> str | None:
-        """Why :mod:`codea1_core.fast_generate` cannot stand in for ``generate`` here (None: it can); logged once."""
-        from codea1_core import fast_generate
+        """Why :mod:`codea1_core.models.fast_generate` cannot stand in for ``generate`` here (None: it can); logged once."""
+        from codea1_core.models import fast_generate
 
         reason = fast_generate.unsupported_reason(self.model)
         if reason is not None and not getattr(self, "_fast_reason_logged", False):
@@ -328,8 +328,8 @@ class Policy:
         return reason
 
     def _sample_fast(self, enc: Any, n: int, sp: SamplingParams, warpers: list[Any]) -> tuple:
-        """New tokens and raw log-probs from :func:`codea1_core.fast_generate.sample` (same as ``generate``)."""
-        from codea1_core import fast_generate
+        """New tokens and raw log-probs from :func:`codea1_core.models.fast_generate.sample` (same as ``generate``)."""
+        from codea1_core.models import fast_generate
 
         out = fast_generate.sample(
             self.model,
@@ -508,7 +508,7 @@ class Policy:
 
     def _update(self, batch: TrainBatch, mb_idx: list[int], old: dict, ref: dict, sums: dict) -> float:
         """One optimizer step on one mini-batch; adds token-weighted metric sums; returns the grad norm."""
-        from codea1_core.grpo import policy_loss
+        from codea1_core.method.grpo import policy_loss
 
         g = self.cfg.grpo
         mb_tokens = sum(len(batch.completion_ids[i]) for i in mb_idx)
@@ -577,7 +577,7 @@ def _completion_logprobs(
     model: Any, kwargs: dict, targets: torch.Tensor, cmask: torch.Tensor, p_max: int, entropy: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T) log-probs and entropies of ``targets`` where ``cmask``; hidden row p_max-1+t predicts token t."""
-    from codea1_core.grpo import blocked_token_logprobs
+    from codea1_core.method.grpo import blocked_token_logprobs
 
     parts = _decoder_and_head(model)
     zeros = torch.zeros(targets.shape, dtype=torch.float32, device=targets.device)

@@ -12,7 +12,7 @@ what one GPU holds at the peak of a training step (ALGORITHM.md §3 step 15, the
   backward (every layer, or only layer inputs plus one recomputed layer with gradient checkpointing), plus a
   backward transient of one layer;
 * ``weight_casts``: the half copies ``torch.autocast`` caches of float32 master weights (full fine-tuning);
-* ``lm_head``: one :data:`codea1_core.policy.LOGPROB_BLOCK_TOKENS` block of float32 logits (the update never
+* ``lm_head``: one :data:`codea1_core.models.policy.LOGPROB_BLOCK_TOKENS` block of float32 logits (the update never
   holds full-vocabulary logits for a micro-batch, ``grpo.blocked_token_logprobs``);
 * ``vllm``: ``rollout.gpu_memory_utilization`` x the GPU (vLLM reserves that share up front);
 * ``runtime``: CUDA context, cuBLAS workspaces and allocator slack (a fixed allowance).
@@ -33,7 +33,7 @@ from codea1_core.config import Config
 
 GIB = 1024**3
 LOGPROB_BLOCK_TOKENS = 1024
-"""Keep equal to ``codea1_core.policy.LOGPROB_BLOCK_TOKENS`` (a test checks; importing policy needs torch)."""
+"""Keep equal to ``codea1_core.models.policy.LOGPROB_BLOCK_TOKENS`` (a test checks; importing policy needs torch)."""
 RUNTIME_OVERHEAD_GIB = 1.5
 """CUDA context, cuBLAS/cuDNN workspaces and caching-allocator fragmentation, per GPU (measured order)."""
 GPU_SIZES_GB = (80.0, 141.0)

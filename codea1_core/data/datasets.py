@@ -5,25 +5,25 @@ the original MBPP jsonl, KodCode-V1 (through ``datasets.load_dataset``: a local 
 folder, or a hub id) and the built-in lab problems; :func:`load_source` picks one by name.
 
 * Golden tests are calls of the entry point. Their expected values are **not** computed here: a test
-  whose value must come from running the reference carries a :class:`~codea1_core.dataset_types.Pending`
+  whose value must come from running the reference carries a :class:`~codea1_core.data.dataset_types.Pending`
   marker, which also holds what the dataset itself claims (``answer`` of ``assert CALL == ANSWER``, or
   the whole assert as a boolean ``check``). The ``prepare`` flow runs the reference in the sandbox, fills
   the values (D1) and drops tests whose claim disagrees with the reference (see
-  :func:`codea1_core.prepared.reference_exprs` / :func:`codea1_core.prepared.resolve`).
+  :func:`codea1_core.data.prepared.reference_exprs` / :func:`codea1_core.data.prepared.resolve`).
 * HumanEval: asserts at the top level of ``check(candidate)`` that contain exactly one
   ``candidate(...)`` call whose arguments use only builtins (``==`` either side, ``is``, ``not``, bare
   truthiness, ``abs(...) < tol`` ...). Asserts inside loops, helpers or with local names are skipped and
   recorded in ``metadata["skipped_tests"]``; a problem left without tests is rejected by ``prepare``.
 * EvalPlus: ``base_input`` -> ``tests``, ``plus_input`` -> ``plus_tests``; call =
   ``entry_point(*map(repr, args))`` (``values.to_literal`` when ``repr`` does not round-trip); MBPP+
-  inputs get EvalPlus' tuple/set/complex restoration (``codea1_core.mbpp_inputs``); ``atol`` is kept.
+  inputs get EvalPlus' tuple/set/complex restoration (``codea1_core.data.mbpp_inputs``); ``atol`` is kept.
 * MBPP: ids 511-600 = ``val``, 601-974 = ``train`` (11-510 = ``test``, 1-10 = ``prompt``); each
   ``test_list`` assert is parsed with ``ast``; ``challenge_test_list`` is ignored.
 * KodCode: rows with ``gpt_difficulty == difficulty``; asserts in ``test_*`` functions of the pytest
   file, with names bound by earlier simple assignments substituted (as D5); ``pytest.approx(x)`` -> ``x``.
 
-The assert parsing and prompt building live in ``codea1_core.source_text``, the errors and the
-``Pending`` marker in ``codea1_core.dataset_types``, the prepared parquet files in ``codea1_core.prepared``.
+The assert parsing and prompt building live in ``codea1_core.data.source_text``, the errors and the
+``Pending`` marker in ``codea1_core.data.dataset_types``, the prepared parquet files in ``codea1_core.data.prepared``.
 
 What it does not: execute code (no sandbox import), fill expected values, download anything except
 through ``datasets`` for a KodCode hub id. Files the data folder's ``README.md`` lists with a sha256 are checked
@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from codea1_core.config import Config, LabConfig
-from codea1_core.dataset_types import PENDING, DatasetError, SourceUnavailable
-from codea1_core.mbpp_inputs import mbpp_deserialize_inputs
-from codea1_core.source_text import (
+from codea1_core.data.dataset_types import PENDING, DatasetError, SourceUnavailable
+from codea1_core.data.mbpp_inputs import mbpp_deserialize_inputs
+from codea1_core.data.source_text import (
     call_source,
     describe,
     docstring_prompt,
@@ -400,8 +400,8 @@ def _kodcode_problem(row: dict[str, Any], test_key: str, where: str) -> Problem:
 
 
 def load_lab(lab_cfg: LabConfig, split: str) -> list[Problem]:
-    """The built-in lab problems of one split (``codea1_core.lab``)."""
-    from codea1_core.lab import lab_problems
+    """The built-in lab problems of one split (``codea1_core.data.lab``)."""
+    from codea1_core.data.lab import lab_problems
 
     return lab_problems(lab_cfg, split)
 

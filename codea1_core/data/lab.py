@@ -14,7 +14,7 @@ It also renders the tokenizer corpus and the supervised warm-start conversations
 What it does not: build or train models (``tiny_model.py``, ``sft.py``), or run model output
 (only ``sandbox/`` runs untrusted code).
 
-How to run: ``python -c "from codea1_core.lab import lab_problems; from codea1_core.config import LabConfig;
+How to run: ``python -c "from codea1_core.data.lab import lab_problems; from codea1_core.config import LabConfig;
 print(lab_problems(LabConfig(), 'train')[0].prompt)"``; tests in ``tests/test_lab.py``.
 """
 
@@ -475,7 +475,7 @@ def warmstart_examples(
     Returns:
         ``[{"messages": [system, user, assistant]}, ...]``, ``warmstart_<role>_examples_per_problem`` per problem.
     """
-    from codea1_core.prompts import code_messages, test_messages, test_messages_blackbox
+    from codea1_core.method.prompts import code_messages, test_messages, test_messages_blackbox
 
     if role not in ("code", "test"):
         raise ValueError(f"role: expected 'code' or 'test', got {role!r}")
@@ -510,7 +510,7 @@ def tokenizer_corpus(lab_cfg: LabConfig, *, k: int = 8) -> list[str]:
     """
     from dataclasses import replace
 
-    from codea1_core.prompts import render_plain, test_messages_blackbox
+    from codea1_core.method.prompts import render_plain, test_messages_blackbox
 
     # The boundary layout in every mode: the tokenizer (and so the initial model) must not depend on
     # which golden tests training sees, or the sparse and boundary arms would start from different models.

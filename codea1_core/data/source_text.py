@@ -1,10 +1,10 @@
 """Dataset source text -> golden-test calls, prompts and descriptions, with ``ast`` only (ALGORITHM.md §12).
 
-What it does, for the loaders of ``codea1_core.datasets``:
+What it does, for the loaders of ``codea1_core.data.datasets``:
 
 * :func:`parse_assert` / :func:`parse_asserts`: a dataset assert -> a :class:`~codea1_core.types.TestCase`
   whose call is the assert's one call of the entry point and whose expected value is a
-  :class:`~codea1_core.dataset_types.Pending` marker holding the dataset's claim (``answer`` of
+  :class:`~codea1_core.data.dataset_types.Pending` marker holding the dataset's claim (``answer`` of
   ``assert CALL == ANSWER``, else the whole assert as a boolean ``check``). ``candidate`` is renamed to
   the entry point, names bound by earlier simple assignments are substituted (D5) and
   ``pytest.approx(x)`` becomes ``x``. Asserts inside loops, branches or helpers, or whose call uses
@@ -16,7 +16,7 @@ What it does, for the loaders of ``codea1_core.datasets``:
   prompt and the problem description.
 
 What it does not: read files, run code or decide expected values (the ``prepare`` flow runs the
-reference; :func:`codea1_core.prepared.resolve` fills them). How to run: ``parse_assert(node, "candidate",
+reference; :func:`codea1_core.data.prepared.resolve` fills them). How to run: ``parse_assert(node, "candidate",
 "f", set())``; tests in ``tests/test_datasets.py`` (``test_parse_assert_forms`` and the loader tests).
 """
 
@@ -28,7 +28,7 @@ import copy
 import math
 from typing import Any
 
-from codea1_core.dataset_types import DatasetError, Pending
+from codea1_core.data.dataset_types import DatasetError, Pending
 from codea1_core.types import TestCase
 
 _BUILTINS = frozenset(dir(builtins))

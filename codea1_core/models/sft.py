@@ -76,7 +76,7 @@ def _checkpointing_kwargs(config_cls: type) -> dict[str, bool]:
 
 def _to_prompt_completion(examples: list[dict], tokenizer: Any) -> list[dict]:
     """Validate examples and convert them to TRL prompt-completion rows (conversational or plain)."""
-    from codea1_core.prompts import render_plain
+    from codea1_core.method.prompts import render_plain
 
     rows = []
     use_template = bool(getattr(tokenizer, "chat_template", None))
@@ -134,7 +134,7 @@ def supervised_finetune(
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
-    from codea1_core.policy_io import replace_dir
+    from codea1_core.models.policy_io import replace_dir
 
     if not examples:
         raise ValueError("examples: empty, nothing to fine-tune on")

@@ -15,7 +15,7 @@ A job is ``(program_source, exprs)``; the sandbox evaluates each expression in t
 and returns one ``CallOutcome`` per expression (``sandbox.ProcessExecutor.run_many``).
 
 What it does not do: execute anything (no sandbox import; core stays pure) or compute rewards
-(``codea1_core.rewards``).
+(``codea1_core.method.rewards``).
 
 Differences from the official single-program layout (§6.2), by design: GT and candidate run in separate
 programs, so GT names never leak into the candidate namespace (quirk 9); tests are (call, value) pairs,

@@ -5,14 +5,14 @@ What it does:
 * :func:`build_tiny_model` trains a byte-level BPE tokenizer on a local text corpus (``tokenizers``), with
   Qwen's special tokens (``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``) and the Qwen2.5 chat template,
   and saves it beside a small random-init ``Qwen2ForCausalLM`` as a normal HF model directory, loadable by
-  ``AutoModelForCausalLM`` / ``AutoTokenizer``. The chat code path of :mod:`codea1_core.policy` is
+  ``AutoModelForCausalLM`` / ``AutoTokenizer``. The chat code path of :mod:`codea1_core.models.policy` is
   therefore the same one a real Qwen2.5-Coder-Instruct takes.
 * :func:`random_init_like` writes a random-init model with Qwen2.5-Coder-1.5B's shape (config written in
   code, hub name only as a label) for the rollout bench and the GPU tests.
 
-What it does not: pretrain anything (the lab's warm start does that through :mod:`codea1_core.sft`).
+What it does not: pretrain anything (the lab's warm start does that through :mod:`codea1_core.models.sft`).
 
-Run: ``python -c "from codea1_core.tiny_model import build_tiny_model; build_tiny_model('/tmp/tiny', ['def f(): pass'])"``
+Run: ``python -c "from codea1_core.models.tiny_model import build_tiny_model; build_tiny_model('/tmp/tiny', ['def f(): pass'])"``
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
 
 def _atomic_dir(out_dir: Path, write: Any) -> Path:
     """Call ``write(tmp_dir)`` and move the finished folder to ``out_dir`` (replacing it); no half-written dirs."""
-    from codea1_core.policy_io import replace_dir
+    from codea1_core.models.policy_io import replace_dir
 
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -4,10 +4,10 @@ What: pure arithmetic over outcome flags and counts that the sandbox and the eva
 Rates are fractions in [0, 1]; only :func:`mul` works in points (percent), as the paper reports it.
 A rate over an empty population is ``nan`` (nothing was measured), never 0.
 
-What not: it runs nothing — generating mutants is :mod:`codea1_core.mutants`, executing them is the
+What not: it runs nothing — generating mutants is :mod:`codea1_core.evaluation.mutants`, executing them is the
 sandbox's job; it does not log (the tracking task does).
 
-How to run: ``python -c "from codea1_core.metrics import pass_at_k; print(pass_at_k(32, 8, 8))"``.
+How to run: ``python -c "from codea1_core.evaluation.metrics import pass_at_k; print(pass_at_k(32, 8, 8))"``.
 """
 
 from __future__ import annotations

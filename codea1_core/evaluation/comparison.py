@@ -355,7 +355,7 @@ def report_html(table_md: str, charts: Mapping[str, bytes], results: Sequence[Ru
     import base64
     import html
 
-    from codea1_core.report import comparison_table
+    from codea1_core.evaluation.report import comparison_table
 
     parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>codea1 lab compare</title>"]
     parts.append("<style>body{font-family:sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:2px 6px}")

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from codea1_core.metrics import pass_at_k
+from codea1_core.evaluation.metrics import pass_at_k
 from codea1_core.types import CallOutcome, Problem
 from codea1_core.values import values_equal
 
@@ -36,7 +36,7 @@ INFRA = "infra_error"
 
 
 class Generator(Protocol):
-    """What evaluation needs from a policy (``codea1_core.policy.Policy`` satisfies it)."""
+    """What evaluation needs from a policy (``codea1_core.models.policy.Policy`` satisfies it)."""
 
     def generate(self, prompts: list, n: int, sampling: Any) -> list[list[Any]]:  # items have ``.text``
         ...

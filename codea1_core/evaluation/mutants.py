@@ -9,10 +9,10 @@ mutants are dropped; when more than ``max_mutants`` remain, a seeded random subs
 
 What not: it never writes files, never runs code and never runs tests — killing mutants is the sandbox's
 job (the evaluation task runs each mutant against a suite and hands a kill matrix to
-:func:`codea1_core.metrics.mut_score`). Operators that need user arguments (``VariableReplacer``,
+:func:`codea1_core.evaluation.metrics.mut_score`). Operators that need user arguments (``VariableReplacer``,
 ``VariableInserter``) and the ``NoOp`` operator are not used.
 
-How to run: ``python -c "from codea1_core.mutants import generate_mutants; print(generate_mutants(src))"``.
+How to run: ``python -c "from codea1_core.evaluation.mutants import generate_mutants; print(generate_mutants(src))"``.
 """
 
 from __future__ import annotations

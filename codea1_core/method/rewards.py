@@ -5,7 +5,7 @@ R_test(m, n) (§7.3) with gating on valid(m) and the non-printable penalty, infr
 per-problem metrics; :func:`golden_scores` is the Golden-Tests reward (§7.4);
 :func:`aggregate_metrics` averages per-problem metrics over a step.
 
-What it does not do: run code, build advantages (``codea1_core.grpo``) or update the Mistake Book.
+What it does not do: run code, build advantages (``codea1_core.method.grpo``) or update the Mistake Book.
 Self-Play (D10) uses :func:`score_problem` unchanged; only its prompts differ.
 
 Switches (``RewardConfig``, D7): ``adv_mode`` ``official`` (fail_new over the first K valid tests / K)

@@ -1,0 +1,3 @@
+"""The two policies as models: HF policies with sampling and the GRPO step, checkpoint I/O, the
+built-in tiny model, supervised warm starts, fast CPU generation, the vLLM backend and the GPU memory plan.
+"""
