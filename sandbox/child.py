@@ -153,8 +153,8 @@ def _preload() -> None:
     """Import the modules programs commonly use, once per worker, without their at-fork handlers.
 
     Only ``random`` registers one (``os.register_at_fork`` reseeding its generator in every forked
-    process, ~0.2 ms of CPU per child in page faults through the Python method); each child reseeds it
-    directly instead (:func:`_reseed_random`, same effect, almost no pages touched). Suppressing the
+    process, ~0.2 ms of CPU per child in page faults through the Python method); the zygote reseeds it
+    for each child just before the fork instead (:func:`_reseed_random`, same entropy source). Suppressing the
     registration here is safe: the worker is single-threaded and nothing else is imported meanwhile.
     """
     register = os.register_at_fork
@@ -170,8 +170,9 @@ def _preload() -> None:
 
 
 def _reseed_random() -> None:
-    """Fresh OS entropy for ``random``'s shared generator in this child, as its at-fork handler would
-    give (its gauss cache is already empty: no trusted code draws from it)."""
+    """Fresh OS entropy for ``random``'s shared generator, as its at-fork handler would give; the
+    zygote calls it just before each fork, so every child starts from its own seed (the gauss cache
+    is already empty: no trusted code draws from the generator)."""
     module = sys.modules.get("random")
     if module is not None:
         _random.Random.seed(module._inst)
@@ -270,12 +271,12 @@ def _run_child(
     """Run the calls from ``start`` in the zygote's next child; ``used``: result bytes so far."""
     lim: _limits.ExecLimits = ctx["lim"]
     zygote: Zygote = ctx["zygote"]
-    pid, tmp, job_w, chan_r, out_r = zygote.take()
+    pid, _tmp, job_w, chan_r, out_r = zygote.take()
     token = os.urandom(_TOKEN_BYTES)
     cpu_s = max(deadline - time.monotonic(), 0.0) + 1.0
     try:
         try:  # the child's own job, and only it; a child that died before reading it is seen below
-            write_msg(job_w, (source, exprs, start, token, lim.max_result_bytes - used, cpu_s, tmp))
+            write_msg(job_w, (source, exprs, start, token, lim.max_result_bytes - used, cpu_s))
         except OSError:
             pass
         os.close(job_w)
@@ -343,11 +344,20 @@ class Zygote:
         raise OSError(err, f"sandbox zygote could not prepare a child: {os.strerror(err) if err else 'gone'}")
 
     def close(self) -> None:
-        """Stop the zygote (it drops the child it had ready and that child's temp dir)."""
+        """Stop the zygote (it drops the child it had ready and that child's temp dir).
+
+        The offer of that child is read first (its pipe ends closed unused): closing the socket with it
+        unread made the zygote's next read fail (ECONNRESET) before it could clean up.
+        """
         try:
             self.sock.send(b"Q")
             self.sock.settimeout(5.0)
-            self.sock.recv(8)
+            for _ in range(3):  # offer, pid, then our "Q" back
+                msg, fds, _flags, _addr = socket.recv_fds(self.sock, 4096, 3)
+                for fd in fds:
+                    os.close(fd)
+                if msg in (b"Q", b""):
+                    break
         except OSError:
             pass
         self.sock.close()
@@ -422,10 +432,8 @@ def _offer(sock: socket.socket, ctx: dict) -> tuple[str, int]:
     """Fork the next child (it waits for its job) and send the worker its pid, temp dir and pipe ends."""
     ctx["n"] += 1
     tmp = f"/tmp/codea1-run-{os.getpid()}-{ctx['n']}"
-    os.environ["HOME"] = os.environ["TMPDIR"] = tmp  # the rest of the environment: _prepare_zygote
-    chan_fd = 1024 + int.from_bytes(os.urandom(2), "big") % 8192  # where the child hides its channel
-    try:  # the child makes its temp dir once its job came: an idle child leaves nothing on disk
-        (job_r, job_w), (chan_r, chan_w), (out_r, out_w) = os.pipe(), os.pipe(), os.pipe()
+    try:
+        job_r, job_w, chan_r, chan_w, out_r, out_w = _prepare_child(tmp, ctx)
     except OSError as exc:
         sock.send(b"E" + _Q.pack(exc.errno or 5))
         return tmp, -1
@@ -442,39 +450,62 @@ def _offer(sock: socket.socket, ctx: dict) -> tuple[str, int]:
     except OSError as exc:
         pid = -(exc.errno or 11)
     if pid == 0:
-        _child_main(sock, job_r, chan_w, out_w, chan_fd, ctx)
+        _child_main(sock, job_r, chan_w, out_w, tmp, ctx)
     for fd in (job_r, chan_w, out_w):
         os.close(fd)
-    if pid < 0:
-        sock.send(b"E" + _Q.pack(-pid))
-    else:
-        try:
-            os.setpgid(pid, pid)
-        except OSError:
-            pass
-        sock.send(b"P" + _Q.pack(pid))
+    # (no setpgid here: the child makes its own group before it runs anything, and _reap kills the
+    # group and the pid)
+    sock.send((b"P" + _Q.pack(pid)) if pid > 0 else (b"E" + _Q.pack(-pid)))
     return tmp, pid
 
 
-def _child_main(sock: socket.socket, job_r: int, chan_w: int, out_w: int, chan_fd: int, ctx: dict) -> None:
+def _prepare_child(tmp: str, ctx: dict) -> tuple[int, int, int, int, int, int]:
+    """The per-child steps that need no job, done in the zygote just before the fork (where pages
+    written cost no copy: the previous child is reaped): HOME/TMPDIR, the child's temp dir (owned by
+    its uid; empty, so an unused tmpfs still needs no remount), fresh entropy for ``random`` (as its
+    at-fork handler would give), and the three pipes, the child's result channel already moved to a
+    random descriptor >= 1024 (it cannot be ``dup2``-ed over once RLIMIT_NOFILE is lower).
+
+    Returns ``(job_r, job_w, chan_r, chan_w, out_r, out_w)``; raises OSError (nothing left open).
+    """
+    os.environ["HOME"] = os.environ["TMPDIR"] = tmp  # the rest of the environment: _prepare_zygote
+    os.mkdir(tmp, 0o700)
+    if ctx["uid"] is not None:
+        os.chown(tmp, ctx["uid"], ctx["uid"])
+    _reseed_random()
+    fds: list[int] = []
+    try:
+        for _ in range(3):
+            fds += os.pipe()
+        high = 1024 + int.from_bytes(os.urandom(2), "big") % 8192
+        chan_w = fcntl.fcntl(fds[3], fcntl.F_DUPFD_CLOEXEC, high)
+        os.close(fds[3])
+        fds[3] = chan_w
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        os.rmdir(tmp)
+        raise
+    return tuple(fds)  # type: ignore[return-value]
+
+
+def _child_main(sock: socket.socket, job_r: int, chan: int, out_w: int, tmp: str, ctx: dict) -> None:
     """The forked child: join the cgroup (and an IPC namespace), wait for the job, confine itself, run.
 
-    Whatever is the same for every child was done once by the zygote (:func:`_prepare_zygote`).
+    Whatever is the same for every child was done once by the zygote (:func:`_prepare_zygote`), or
+    for this child just before the fork (:func:`_prepare_child`: its temp dir, ``random``'s seed, its
+    result channel ``chan`` at a random high descriptor).
     """
     try:
         os.close(sock.fileno())  # (not sock.close(): its Python frames cost page faults; we never return)
         _limits.set_death_signal()  # until the uid drop sets it again
+        os.setpgid(0, 0)  # our own group before anything runs: _reap kills it with every descendant
         for fd in ctx["cgroup_fds"]:
             os.write(fd, b"0")  # join the worker's cgroup (memory.max, pids.max) before anything runs
         if ctx["ipc"] and not _limits.enter_private_ipc():
             os._exit(72)
-        source, exprs, start, token, budget, cpu_s, tmp = read_msg(job_r)
-        os.close(job_r)
-        os.mkdir(tmp, 0o700)
-        if ctx["uid"] is not None:
-            os.chown(tmp, ctx["uid"], ctx["uid"])
-        chan = _enter_child(ctx["lim"], cpu_s, ctx["uid"], ctx["devnull"], out_w, chan_w, chan_fd, tmp)
-        _reseed_random()
+        source, exprs, start, token, budget, cpu_s = read_msg(job_r)
+        _enter_child(ctx["lim"], cpu_s, ctx["uid"], ctx["devnull"], out_w, chan, tmp)
         _harness(source, exprs, start, chan, token, ctx["lim"], budget, ctx["trusted_modules"])
     except BaseException:
         pass
@@ -482,34 +513,16 @@ def _child_main(sock: socket.socket, job_r: int, chan_w: int, out_w: int, chan_f
 
 
 def _enter_child(
-    lim: _limits.ExecLimits,
-    cpu_s: float,
-    uid: int | None,
-    devnull: int,
-    out_w: int,
-    chan_w: int,
-    chan_fd: int,
-    tmp: str,
-) -> int:
-    """Output on 1 and 2, the channel hidden at ``chan_fd`` or above, in ``tmp``, limited, unprivileged."""
-    os.setpgid(0, 0)
+    lim: _limits.ExecLimits, cpu_s: float, uid: int | None, devnull: int, out_w: int, chan: int, tmp: str
+) -> None:
+    """Output on 1 and 2, no descriptor above 2 but the channel ``chan``, in ``tmp``, limited, unprivileged."""
     os.dup2(devnull, 0)
     os.dup2(out_w, 1)  # sys.stdout/sys.stderr (made by the zygote) write to descriptors 1 and 2
     os.dup2(out_w, 2)
-    chan = _hide_fd(chan_w, chan_fd)  # before RLIMIT_NOFILE: the high descriptor must stay above it
+    os.closerange(3, chan)  # the job pipe, the cgroup files, /dev/null, the output pipe's original
+    os.closerange(chan + 1, 1 << 16)
     os.chdir(tmp)
     _limits.apply_child_limits(lim, cpu_s, uid)
-    return chan
-
-
-def _hide_fd(fd: int, high: int) -> int:
-    """Move the result channel to the first free descriptor from ``high`` (random, >= 1024, drawn by the
-    zygote) and close every other descriptor above 2."""
-    chan = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, high)
-    os.close(fd)
-    os.closerange(3, chan)
-    os.closerange(chan + 1, 1 << 16)
-    return chan
 
 
 def _reap(pid: int, uid: int | None) -> int:
@@ -876,7 +889,7 @@ def _harness(
             msg = "<unprintable>"
         return f"{name}: {msg}"[:error_chars]
 
-    for name in trusted_modules:  # listed by the zygote: a walk over sys.modules here costs ~0.4 ms
+    for name in trusted_modules:  # listed by the zygote: a walk over sys.modules cost ~80 page faults
         sys.modules.pop(name, None)
     namespace: dict = {"__name__": "program", "__builtins__": __builtins__}
     send(b"S", 0, -1, b"")  # set-up done: from here on, a death is the program's doing
