@@ -294,6 +294,8 @@ def _run_child(
 
 
 _Q = struct.Struct(">q")
+_FDS = struct.Struct("3i")  # three descriptors as SCM_RIGHTS data (what socket.send_fds builds, less work)
+_SOL_SOCKET, _SCM_RIGHTS = socket.SOL_SOCKET, socket.SCM_RIGHTS
 _QQ = struct.Struct(">qq")
 
 
@@ -404,6 +406,7 @@ def _prepare_zygote(ctx: dict) -> None:
         m: v for m, v in sys.modules.items() if m.split(".")[0] in ("sandbox", "codea1_core")
     }
     ctx["harness"] = _make_harness(ctx["lim"])
+    ctx["rlimits"] = _limits.child_rlimits(ctx["lim"], ctx["uid"] is not None)
 
 
 def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
@@ -443,7 +446,7 @@ def _offer(sock: socket.socket, ctx: dict) -> tuple[str, int]:
     # EOF on the child's job pipe), and there is less to do while the child shares our pages (each
     # page written then is copied).
     try:
-        socket.send_fds(sock, [b"C" + tmp.encode()], [job_w, chan_r, out_r])
+        sock.sendmsg([b"C" + tmp.encode()], [(_SOL_SOCKET, _SCM_RIGHTS, _FDS.pack(job_w, chan_r, out_r))])
     finally:
         for fd in (job_w, chan_r, out_r):
             os.close(fd)
@@ -507,7 +510,7 @@ def _child_main(sock: socket.socket, job_r: int, chan: int, out_w: int, tmp: str
         if ctx["ipc"] and not _limits.enter_private_ipc():
             os._exit(72)
         source, exprs, start, token, budget, cpu_s = _read_job(job_r)
-        _enter_child(ctx["lim"], cpu_s, ctx["uid"], ctx["devnull"], out_w, chan, tmp)
+        _enter_child(ctx["rlimits"], cpu_s, ctx["uid"], ctx["devnull"], out_w, chan, tmp)
         ctx["harness"](source, exprs, start, chan, token, budget, ctx["trusted_modules"])
     except BaseException:
         pass
@@ -527,7 +530,7 @@ def _read_job(fd: int) -> tuple:
 
 
 def _enter_child(
-    lim: _limits.ExecLimits, cpu_s: float, uid: int | None, devnull: int, out_w: int, chan: int, tmp: str
+    rlimits: tuple, cpu_s: float, uid: int | None, devnull: int, out_w: int, chan: int, tmp: str
 ) -> None:
     """Output on 1 and 2, no descriptor above 2 but the channel ``chan``, in ``tmp``, limited, unprivileged."""
     os.dup2(devnull, 0)
@@ -536,7 +539,7 @@ def _enter_child(
     os.closerange(3, chan)  # the job pipe, the cgroup files, /dev/null, the output pipe's original
     os.closerange(chan + 1, 1 << 16)
     os.chdir(tmp)
-    _limits.apply_child_limits(lim, cpu_s, uid)
+    _limits.apply_child_limits(rlimits, cpu_s, uid)
 
 
 def _reap(pid: int, uid: int | None) -> int:

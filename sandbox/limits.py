@@ -488,22 +488,34 @@ def apply_zygote_limits() -> None:
     prctl(PR_SET_NO_NEW_PRIVS, 1)
 
 
-def apply_child_limits(limits: ExecLimits, cpu_s: float, uid: int | None) -> None:
-    """Apply the per-child rlimits, then drop to ``uid`` (gid = uid) when given; call in the forked
-    child, whose zygote ran :func:`apply_zygote_limits` (CORE, SIGXFSZ, no-new-privs are inherited).
+def child_rlimits(limits: ExecLimits, drop: bool) -> tuple[tuple[int, tuple[int, int]], ...]:
+    """The per-child rlimits that do not depend on the job (AS, FSIZE, NOFILE and, with the uid drop,
+    NPROC), as ``setrlimit`` arguments: built once by the zygote, so a child allocates nothing for them."""
+    mem = limits.memory_mb * 1024 * 1024
+    fsize = limits.max_file_mb * 1024 * 1024
+    fixed = [
+        (resource.RLIMIT_AS, (mem, mem)),
+        (resource.RLIMIT_FSIZE, (fsize, fsize)),
+        (resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files)),
+    ]
+    if drop:
+        fixed.append((resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes)))
+    return tuple(fixed)
+
+
+def apply_child_limits(fixed: tuple[tuple[int, tuple[int, int]], ...], cpu_s: float, uid: int | None) -> None:
+    """Apply the rlimits ``fixed`` (from :func:`child_rlimits`) and RLIMIT_CPU for ``cpu_s``, then drop
+    to ``uid`` (gid = uid) when given; call in the forked child, whose zygote ran
+    :func:`apply_zygote_limits` (CORE, SIGXFSZ, no-new-privs are inherited).
 
     Raises:
         OSError: a limit or the uid change could not be applied (the child must then exit).
     """
-    mem = limits.memory_mb * 1024 * 1024
+    for which, value in fixed:
+        resource.setrlimit(which, value)
     cpu = max(1, math.ceil(cpu_s))
-    fsize = limits.max_file_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files))
     if uid is not None:
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
