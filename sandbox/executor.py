@@ -84,8 +84,12 @@ parent memory of a batch grows with the number of programs (the bound is per pro
 there is no uid drop, no namespaces and no cgroup (``network_isolation="auto"`` records this in
 ``ex.isolation``; ``"require"`` refuses to start); bubblewrap is not used.
 
-Run its tests: ``pytest tests/test_sandbox.py tests/test_sandbox_hostile.py``; the benchmark:
-``python bench/sandbox_bench.py``.
+Cost: per program, one fork of the zygote, one job message, one reap round trip; every step that is
+the same for all children is done once by the zygote (``sandbox/child.py``, ``_prepare_zygote``),
+because a forked child pays a copy-on-write page fault for every page it writes.
+
+Run its tests: ``pytest tests/test_sandbox.py tests/test_sandbox_hostile.py tests/test_sandbox_cost.py``;
+the benchmark: ``python bench/sandbox_bench.py``.
 """
 
 from __future__ import annotations
