@@ -8,7 +8,7 @@ What it does (ALGORITHM.md §13), read top to bottom:
   2. Code LLM on every ``data.eval_benchmarks`` entry (EvalPlus protocol, ``eval.n_samples`` samples,
      base and plus pass@k / avg@n);
   3. Test LLM on every ``eval.test_sources`` entry (pass@k, mut@k, Mul on the references), and
-     test-time collaboration on every ``eval.solve_benchmarks`` entry (``flows/solve.py``);
+     test-time collaboration on every ``eval.solve_benchmarks`` entry (``tasks/solve.py``);
   4. when the starting models ``model.code_path``/``model.test_path`` are local dirs other than the
      evaluated ones (the lab's warm start), evaluate them too with the same settings and seeds (cached
      under ``<eval.out_dir>/baseline_cache/`` by content hash) as ``warmstart/<key>``, and add
@@ -169,17 +169,21 @@ def _evaluate_models(
     cfg: Config, code_policy: Any, test_policy: Any, executor: Any, mutant_dir: str, solve: bool = True
 ) -> dict[str, float]:
     """Code LLM on ``data.eval_benchmarks``, Test LLM on ``eval.test_sources`` (+ solve benchmarks)."""
-    from tasks.evaluate import evaluate_code_task, evaluate_tests_task, load_benchmark
+    from codea1_core.evaluation.benchmarks import lab_subsets, load_benchmark
+    from tasks.evaluate import evaluate_code_task
+    from tasks.evaluate_tests import evaluate_tests_task
+    from tasks.solve import solve_benchmark
 
     metrics: dict[str, float] = {}
     for bench in cfg.data.eval_benchmarks:
-        metrics |= evaluate_code_task(code_policy(), load_benchmark(cfg, bench), cfg, executor, bench)
+        problems = load_benchmark(cfg, bench)
+        metrics |= evaluate_code_task(code_policy(), problems, cfg, executor, bench, lab_subsets(problems))
     for source in cfg.eval.test_sources if "test" in evaluated_roles(cfg) else []:
         problems = load_benchmark(cfg, source)
-        metrics |= evaluate_tests_task(test_policy(), problems, cfg, executor, source, mutant_dir)
+        metrics |= evaluate_tests_task(
+            test_policy(), problems, cfg, executor, source, mutant_dir, lab_subsets(problems)
+        )
     for bench in cfg.eval.solve_benchmarks if solve and "test" in evaluated_roles(cfg) else []:
-        from flows.solve import solve_benchmark
-
         metrics |= solve_benchmark(
             load_benchmark(cfg, bench), code_policy(), test_policy(), cfg, executor, bench
         )

@@ -46,6 +46,7 @@ from codea1_core.data.prepared import load_prepared, reference_exprs, resolve, s
 from codea1_core.types import CallOutcome, Problem
 from codea1_core.values import decode, encode
 from flows.common import UserError, stage_main
+from tasks.execute import run_jobs
 
 log = logging.getLogger(__name__)
 
@@ -186,13 +187,14 @@ def _run_references(
                 0, len(missing), BATCH_PROGRAMS
             ):  # cache each batch: an interrupted run resumes
                 batch = missing[start : start + BATCH_PROGRAMS]
-                ran = executor.run_many([(chunks[k][1], chunks[k][2]) for k in batch])
-                infra = [problems[chunks[k][0]].id for k, out in zip(batch, ran, strict=True)
-                         if any(o.status == "infra_error" for o in out)]  # fmt: skip
-                if infra:  # D4: never a score, never cached
-                    raise RuntimeError(
-                        f"prepare: sandbox infrastructure failure on {len(infra)} program(s), e.g. {infra[:3]}"
-                    )
+                ran = run_jobs(  # D4: any infra failure aborts (limit 0): never a score, never cached
+                    executor,
+                    [(chunks[k][1], chunks[k][2]) for k in batch],
+                    0.0,
+                    "prepare: reference programs",
+                    names=[problems[chunks[k][0]].id for k in batch],
+                    limit_key="prepare's limit",
+                )
                 for k, out in zip(batch, ran, strict=True):
                     _write_atomic(chunks[k][3], _to_json(out))
                     results[k] = out

@@ -50,7 +50,8 @@ def test_evaluate_solve_and_attack_generate_only_through_vllm(fake_vllm, no_hf_g
     from flows.attack import attack
     from flows.evaluate import load_policy
     from flows.solve import solve
-    from tasks.evaluate import evaluate_code, generate_suites
+    from tasks.evaluate import evaluate_code
+    from tasks.evaluate_tests import generate_suites
 
     cfg = eval_cfg(tmp_path, tiny_dir, "vllm")
     code, test = load_policy(cfg, "code"), load_policy(cfg, "test")

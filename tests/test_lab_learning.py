@@ -21,7 +21,8 @@ from test_evaluation import FakeExecutor, TextPolicy, fenced, problem
 
 from codea1_core.config import Config, LabConfig
 from codea1_core.data.lab import lab_problems
-from tasks.evaluate import lab_subsets, score_codes
+from codea1_core.evaluation.benchmarks import lab_subsets
+from tasks.evaluate import score_codes
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -147,3 +147,32 @@ def test_prepare_full_evalplus_and_mbpp(tmp_path, shared_data_dir, prefect_harne
     outputs = report["outputs"]
     assert outputs["eval_humanevalplus"]["problems"] == 164 and outputs["eval_mbppplus"]["problems"] == 378
     assert outputs["train"]["problems"] >= 370 and outputs["val"]["problems"] >= 88
+
+
+def test_prepare_reference_infra_failure_aborts_through_the_one_guard(tmp_path, monkeypatch):
+    """Regression (issue 15): prepare had its own copy of the infra guard (a bare RuntimeError, no retry);
+    it now goes through ``tasks.execute.run_jobs`` (limit 0: nothing with an infra failure is cached)."""
+    import flows.prepare as prepare
+    from codea1_core.data.lab import lab_problems
+    from codea1_core.types import CallOutcome
+    from tasks.execute import InfraFailure
+
+    class Broken:
+        rounds = 0
+
+        def run_many(self, jobs):
+            Broken.rounds += 1
+            return [[CallOutcome("infra_error", error="worker died") for _ in e] for _, e in jobs]
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(prepare, "_reference_executor", lambda cfg: Broken())
+    cfg = _cfg(tmp_path)
+    problems = lab_problems(cfg.lab, "val")[:2]
+    cache = tmp_path / "cache"
+    with pytest.raises(
+        InfraFailure, match=r"prepare: reference programs: .* e\.g\. \['lab/.*prepare's limit=0\.0"
+    ):
+        prepare._run_references(cfg, problems, cache, {})
+    assert Broken.rounds == 2 and not list(cache.rglob("*.json"))  # retried once, nothing cached
