@@ -4,15 +4,26 @@
 ``RayExecutor`` (process pools in warm actors on a Ray cluster, ``pip install -e '.[ray]'``) share one
 interface, :class:`Executor`; ``make_executor(cfg.sandbox)`` builds the configured one. Guarantees and
 limits are listed in ``sandbox/executor.py``.
+
+Every other name here is imported on first use, none when the package is imported: each sandbox worker
+imports ``sandbox.child``, hence this file, and whatever it imported would live in every zygote and be
+copied into every forked child (``sandbox.executor`` pulls ``subprocess``, hence ``threading``, whose
+at-fork handler alone costs ~0.6 ms of CPU per child; Docker and Ray are optional SDKs).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import importlib
+from typing import TYPE_CHECKING, Any, Protocol
 
-from codea1_core.types import CallOutcome
-from sandbox.executor import ProcessExecutor, SandboxUnavailable, make_executor
-from sandbox.limits import ExecLimits
+if TYPE_CHECKING:
+    from codea1_core.types import CallOutcome
+    from sandbox.docker_executor import DockerExecutor
+    from sandbox.errors import SandboxUnavailable
+    from sandbox.executor import ProcessExecutor
+    from sandbox.factory import make_executor
+    from sandbox.limits import ExecLimits
+    from sandbox.ray_executor import RayExecutor
 
 
 class Executor(Protocol):
@@ -33,6 +44,15 @@ class Executor(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
 
+_HOME = {
+    "CallOutcome": "codea1_core.types",
+    "DockerExecutor": "sandbox.docker_executor",
+    "ExecLimits": "sandbox.limits",
+    "ProcessExecutor": "sandbox.executor",
+    "RayExecutor": "sandbox.ray_executor",
+    "SandboxUnavailable": "sandbox.errors",
+    "make_executor": "sandbox.factory",
+}
 __all__ = [
     "CallOutcome",
     "DockerExecutor",
@@ -45,13 +65,9 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name == "DockerExecutor":  # imported lazily: it pulls the docker SDK only when used
-        from sandbox.docker_executor import DockerExecutor
-
-        return DockerExecutor
-    if name == "RayExecutor":  # imported lazily: Ray is an optional extra
-        from sandbox.ray_executor import RayExecutor
-
-        return RayExecutor
-    raise AttributeError(f"module 'sandbox' has no attribute {name!r}")
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'sandbox' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from codea1_core.types import CallOutcome
-from sandbox.executor import SandboxUnavailable, outcomes_of
+from sandbox.decoding import outcomes_of
+from sandbox.errors import SandboxUnavailable
 from sandbox.limits import ExecLimits
 
 _ROOT_IN_CONTAINER = "/codea1"
