@@ -65,11 +65,12 @@ def attack(problem: Problem, test_policy: Any, cfg: Config, executor: Any, suite
     """Generate ``suites`` test suites against the function and classify every distinct test."""
     from codea1_core.evaluation.attack import plan_attack
     from codea1_core.method.prompts import test_messages
-    from tasks.evaluate import eval_sampling
+    from codea1_core.models.sampling import sampling_params
     from tasks.execute import run_jobs
 
     prompt = test_messages(problem, problem.reference_solution, cfg.reward.k)
-    texts = [c.text for c in test_policy.generate([prompt], suites, eval_sampling(cfg, 1))[0]]
+    sampling = sampling_params(cfg, "eval", "test", cfg.seed + 1)
+    texts = [c.text for c in test_policy.generate([prompt], suites, sampling)[0]]
     plan = plan_attack(problem, texts, cfg.tests.parse_mode)
     # any infra failure aborts (limit 0): a report missing some tests would look like a clean function
     label = f"attack on {problem.entry_point}"
@@ -137,20 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def go() -> None:
-        from flows.evaluate import load_policy
+        from flows.evaluate import evaluated_policy
         from sandbox import make_executor
 
         problem = load_target(args.target, args.spec)
         cfg = load_stage_config(args.params, list(args.overrides))
-        policy = load_policy(cfg, "test", args.test_model)
-        executor = make_executor(cfg.sandbox)
-        try:
+        policy = evaluated_policy(cfg, "test", args.test_model)
+        with make_executor(cfg.sandbox) as executor:
             report = attack(problem, policy, cfg, executor, args.suites)
-            note = toy_model_note(cfg, problem.entry_point, args.test_model)
-            print(format_report(replace(report, note=note)))
-        finally:
-            if hasattr(executor, "close"):
-                executor.close()
+        note = toy_model_note(cfg, problem.entry_point, args.test_model)
+        print(format_report(replace(report, note=note)))
 
     return run_user_errors(go)
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from prefect import flow
 
 from codea1_core.config import Config
 from codea1_core.evaluation.report import render_report
+from codea1_core.files import write_text_atomic
 from flows.common import UserError, flow_config, flow_run_name, load_stage_config, run_user_errors
 from flows.summary import HEADLINE_FILE, headline
 
@@ -82,22 +82,22 @@ def resolve_model_path(cfg: Config, role: str, override: str | None = None) -> s
     return start_path(cfg, role)
 
 
-def load_policy(cfg: Config, role: str, override: str | None = None) -> Any:
+def evaluated_policy(cfg: Config, role: str, override: str | None = None) -> Any:
     """The policy to evaluate (also for ``solve``/``attack``); a model that cannot be loaded is a UserError.
 
-    Generation follows ``rollout.backend`` through the same switch as training (``tasks.rollout.load_policy``):
+    Built like training's (:func:`codea1_core.models.loading.build_policy`, the one ``rollout.backend`` switch):
     vLLM serves the policy's adapter with the evaluation's sampling settings, HF ``generate`` otherwise.
     The evaluated code and test models are usually different exports, so on vLLM each role gets its own
     engine (half of ``rollout.gpu_memory_utilization`` each), its adapter versions under ``eval.out_dir``.
     """
-    from tasks.rollout import load_policy as load_with_backend
+    from codea1_core.models.loading import build_policy
 
     path = resolve_model_path(cfg, role, override)
     if cfg.rollout.backend == "vllm":
         cfg = cfg.replace(**{"rollout.shared_engine": False})
     adapters = Path(cfg.eval.out_dir) / "vllm_adapters"
     try:
-        return load_with_backend(path, cfg, role, total_steps=1, adapter_dir=str(adapters))
+        return build_policy(path, cfg, role, total_steps=1, adapter_dir=str(adapters))
     except OSError as exc:
         raise UserError(f"{exc} (train or warm-start first, or pass --{role}-model)") from None
 
@@ -122,13 +122,6 @@ def read_metrics(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a JSON object of metrics, got {type(data).__name__}")
     return data
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -187,7 +180,7 @@ def _lazy(policy: Any, cfg: Config, role: str, override: str | None) -> Any:
 
     def get() -> Any:
         if cache[0] is None:
-            cache[0] = load_policy(cfg, role, override)
+            cache[0] = evaluated_policy(cfg, role, override)
         return cache[0]
 
     return get
@@ -243,7 +236,7 @@ def baseline_metrics(cfg: Config, paths: dict[str, str], executor: Any, mutant_d
     code = _lazy(None, cfg, "code", paths["code"])
     test = _lazy(None, cfg, "test", paths.get("test"))  # never called in golden mode
     metrics = _evaluate_models(cfg, code, test, executor, mutant_dir, solve=False)
-    _write_atomic(cache, json.dumps(metrics, sort_keys=True) + "\n")
+    write_text_atomic(cache, json.dumps(metrics, sort_keys=True) + "\n")
     return metrics
 
 
@@ -315,19 +308,19 @@ def _evaluate(
         elif base_paths is not None:
             metrics = with_baseline(metrics, baseline_metrics(cfg, base_paths, executor, mutant_dir))
     finally:
-        if own_executor and hasattr(executor, "close"):
+        if own_executor:
             executor.close()
     # ---- Outputs --------------------------------------------------------------------------------
     metrics = {k: round(float(v), 4) for k, v in sorted(metrics.items())}
-    _write_atomic(out_dir / "metrics.json", json.dumps(metrics, indent=1, sort_keys=True) + "\n")
+    write_text_atomic(out_dir / "metrics.json", json.dumps(metrics, indent=1, sort_keys=True) + "\n")
     top = headline(metrics, cfg.eval.promote_metric)  # the learning table: DVC's `metrics` file
-    _write_atomic(out_dir / HEADLINE_FILE, json.dumps(top, indent=1) + "\n")
+    write_text_atomic(out_dir / HEADLINE_FILE, json.dumps(top, indent=1) + "\n")
     _learning_artifact(metrics, cfg.eval.promote_metric)
     report = out_dir / "report.html"
     notes = [f"code model: {code_label}", f"test model: {test_label}"]
     if base_paths:
         notes.append(f"baseline ({BASELINE_PREFIX}/...): {', '.join(base_paths.values())}")
-    _write_atomic(report, render_report(metrics, history=load_history(cfg), notes=notes))
+    write_text_atomic(report, render_report(metrics, history=load_history(cfg), notes=notes))
     if cfg.tracking.backend != "null":
         final = Path(cfg.orchestration.checkpoint_dir) / "final"
         _track(cfg, metrics, report, not injected and Path(code_label).parent == final)
@@ -366,7 +359,7 @@ def compare(paths: list[str], out: str | Path) -> Path:
         runs[name if name not in runs else f"{name} ({len(runs)})"] = read_metrics(p)
     first = next(iter(runs.values()))
     out = Path(out)
-    _write_atomic(
+    write_text_atomic(
         out,
         render_report(first, runs=runs, title="codea1 run comparison", notes=[f"runs: {', '.join(runs)}"]),
     )

@@ -29,9 +29,7 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import random
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -43,6 +41,7 @@ from codea1_core.config import Config, resolve_data_dir
 from codea1_core.data.dataset_types import DatasetError, SourceUnavailable
 from codea1_core.data.datasets import load_source
 from codea1_core.data.prepared import load_prepared, reference_exprs, resolve, save_prepared
+from codea1_core.files import write_bytes_atomic
 from codea1_core.types import CallOutcome, Problem
 from codea1_core.values import decode, encode
 from flows.common import UserError, flow_config, flow_run_name, stage_main
@@ -127,18 +126,6 @@ def _cache_key(cfg: Config, program: str, exprs: list[str]) -> str:
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def _to_json(outcomes: list[CallOutcome]) -> bytes:
     rows = [
         [o.status, base64.b64encode(encode(o.value)).decode() if o.ok else None, o.error] for o in outcomes
@@ -196,7 +183,7 @@ def _run_references(
                     limit_key="prepare's limit",
                 )
                 for k, out in zip(batch, ran, strict=True):
-                    _write_atomic(chunks[k][3], _to_json(out))
+                    write_bytes_atomic(chunks[k][3], _to_json(out))
                     results[k] = out
                 log.info(
                     "reference programs: %d/%d done", min(start + BATCH_PROGRAMS, len(missing)), len(missing)
@@ -295,7 +282,9 @@ def prepare(cfg: Config) -> dict[str, Any]:
             (out_dir / f"{group}.parquet").unlink(missing_ok=True)
     report["seconds"] = round(time.monotonic() - t0, 2)
     report["report_path"] = str(out_dir / "report.json")
-    _write_atomic(out_dir / "report.json", json.dumps(report, indent=1, sort_keys=True, default=str).encode())
+    write_bytes_atomic(
+        out_dir / "report.json", json.dumps(report, indent=1, sort_keys=True, default=str).encode()
+    )
     _summary(report)
     return report
 

@@ -22,8 +22,8 @@ from typing import Any
 from prefect import flow
 
 from codea1_core.config import Config
+from codea1_core.files import write_json_atomic
 from flows.common import UserError, flow_config, flow_run_name, resolve_run_dir, stage_main
-from tasks.checkpoint import write_json_atomic
 from tasks.tracking import MODEL_NAMES, alias_info, latest_version, log_to_run, set_alias
 
 DECISION_PATH = Path("outputs/register.json")
@@ -142,7 +142,7 @@ def register(cfg: Config, eval_path: Path | None = None, out_path: Path = DECISI
         if m["champion_value"] is not None:
             numbers[f"register/{role}/champion"] = m["champion_value"]
     log_to_run(cfg, (done or {}).get("run_id"), numbers, decision, "register")
-    write_json_atomic(out_path, decision)
+    write_json_atomic(out_path, decision, fsync=True)
     return decision
 
 

@@ -163,19 +163,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def go() -> None:
-        from flows.evaluate import load_policy
+        from flows.evaluate import evaluated_policy
         from sandbox import make_executor
 
         problem = load_problem_file(args.problem, args.entry_point)
         cfg = load_stage_config(args.params, list(args.overrides))
-        code = load_policy(cfg, "code", args.code_model)
-        test = load_policy(cfg, "test", args.test_model)
-        executor = make_executor(cfg.sandbox)
-        try:
+        code = evaluated_policy(cfg, "code", args.code_model)
+        test = evaluated_policy(cfg, "test", args.test_model)
+        with make_executor(cfg.sandbox) as executor:
             print(format_result(solve(problem, code, test, cfg, executor, args.n)))
-        finally:
-            if hasattr(executor, "close"):
-                executor.close()
 
     return run_user_errors(go)
 

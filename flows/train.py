@@ -44,7 +44,9 @@ from typing import Any
 from prefect import flow
 
 from codea1_core.config import Config, ConfigError, load_config
+from codea1_core.files import write_bytes_atomic, write_json_atomic
 from codea1_core.method import loop
+from codea1_core.models.loading import build_policy
 from flows.common import UserError, flow_config, flow_run_name, run_label, stage_main
 from tasks import checkpoint as ckpt
 from tasks.execute import execute, execute_golden
@@ -53,7 +55,6 @@ from tasks.rollout import (
     drop_overlong_problems,
     extract_codes,
     gate_tests,
-    load_policy,
     rollout_code,
     rollout_tests,
 )
@@ -207,9 +208,9 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     for row in state["history"]:  # backfill iterations checkpointed before a kill but not yet logged
         log_iteration.fn(tracker, int(row["iteration"]), row)
     seed_everything(cfg.seed)  # adapter initialisation is part of the run's identity
-    policies = {"code": load_policy(cfg.model.code_path, cfg, "code", total)}
+    policies = {"code": build_policy(cfg.model.code_path, cfg, "code", total)}
     if cfg.mode == "codea1":  # selfplay: one model plays both roles; golden: no Test LLM
-        policies["test"] = load_policy(cfg.model.test_path, cfg, "test", total)
+        policies["test"] = build_policy(cfg.model.test_path, cfg, "test", total)
     book = starting_book(cfg, state["book"])
     if state["path"] is not None:
         for role, pol in policies.items():
@@ -387,13 +388,13 @@ def finish(run: TrainRun) -> dict[str, Any]:
     done = final / "DONE.json"
     summary = ckpt.write_history(run.out_dir, run.history)
     book = run.book if run.book is not None else MistakeBook(enabled=False)
-    ckpt.write_json_atomic(run.out_dir / "mistake_book.json", book.to_dict())
+    write_json_atomic(run.out_dir / "mistake_book.json", book.to_dict(), fsync=True)
     fault_point("finish:history")
     if _done_matches(done, run) and all((final / role).is_dir() for role in run.policies):
         return summary
     png = training_chart(run.history)
     if png is not None:  # reward curves + Mistake Book dynamics, also in the MLflow run
-        ckpt.write_bytes_atomic(final.parent / "plots" / "training.png", png)
+        write_bytes_atomic(final.parent / "plots" / "training.png", png)
         run.tracker.log_file(final.parent / "plots" / "training.png", "plots")
     versions = {}
     for role, pol in run.policies.items():
@@ -401,7 +402,9 @@ def finish(run: TrainRun) -> dict[str, Any]:
         fault_point(f"finish:export_{role}")
         versions[role] = run.tracker.register(role, final / role, run.total)
         fault_point(f"finish:register_{role}")
-    ckpt.write_json_atomic(done, {"iteration": run.total, "versions": versions, "run_id": run.tracker.run_id})
+    write_json_atomic(
+        done, {"iteration": run.total, "versions": versions, "run_id": run.tracker.run_id}, fsync=True
+    )
     fault_point("finish:done")
     return summary
 

@@ -16,9 +16,7 @@ Run: ``python -m flows.warmstart [--params params.yaml] [key=value ...]`` or ``c
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
@@ -27,6 +25,7 @@ from typing import Any
 from prefect import flow
 
 from codea1_core.config import Config, load_config
+from codea1_core.files import replace_dir, temp_dir_for, write_json_atomic
 from codea1_core.types import Problem
 from flows.common import flow_config, flow_run_name, stage_main
 
@@ -65,21 +64,8 @@ def training_problems(cfg: Config) -> list[Problem]:
     return lab_problems(cfg.lab, "train")
 
 
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
-def _swap_in(tmp: Path, root: Path) -> None:
-    """Replace ``root`` by the finished ``tmp`` folder (the old one is removed only after the rename)."""
-    old = root.with_name(root.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if root.exists():
-        os.replace(root, old)
-    os.replace(tmp, root)
-    shutil.rmtree(old, ignore_errors=True)
+def _write_metrics(path: Path, metrics: dict[str, Any]) -> None:
+    write_json_atomic(path, metrics, indent=2, default=None, newline=True)
 
 
 def _param_count(model_dir: Path) -> int:
@@ -98,13 +84,13 @@ def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
     t0 = time.perf_counter()
     dirs = role_dirs(cfg, root)
     lab, k = cfg.lab, cfg.reward.k
-    tmp = root.with_name(root.name + ".tmp")
+    tmp = temp_dir_for(root)  # built whole, then swapped in: a failed run leaves the previous outputs
     shutil.rmtree(tmp, ignore_errors=True)
     if not dirs:  # user models: nothing to build; stale tiny models must not linger beside this verdict
         metrics = {"skipped": True, "reason": f"model.code_path/test_path are not inside {root}",
                    "code_path": cfg.model.code_path, "test_path": cfg.model.test_path}  # fmt: skip
-        _write_json_atomic(tmp / "metrics.json", metrics)
-        _swap_in(tmp, root)
+        _write_metrics(tmp / "metrics.json", metrics)
+        replace_dir(tmp, root)
         return metrics
     try:
         base = build_tiny_model(
@@ -129,8 +115,8 @@ def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
             metrics |= {f"{role}/{key}": v for key, v in stats.items() if isinstance(v, int | float | str)}
             metrics[f"time/sft_{role}_s"] = time.perf_counter() - t_role
         metrics["time/total_s"] = time.perf_counter() - t0
-        _write_json_atomic(tmp / "metrics.json", metrics)
-        _swap_in(tmp, root)
+        _write_metrics(tmp / "metrics.json", metrics)
+        replace_dir(tmp, root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -25,21 +25,9 @@ from prefect.cache_policies import NO_CACHE
 
 from codea1_core.config import Config
 from codea1_core.evaluation.verdicts import build_code_jobs, code_metrics, verdicts_for
+from codea1_core.models.sampling import sampling_params
 from codea1_core.types import Problem
 from tasks.execute import run_jobs
-
-
-def eval_sampling(cfg: Config, seed_offset: int = 0) -> Any:
-    """Evaluation sampling settings (``eval.temperature``, ``eval.top_p``, ``eval.max_new_tokens``)."""
-    from codea1_core.models.policy import SamplingParams
-
-    return SamplingParams(
-        temperature=cfg.eval.temperature,
-        top_p=cfg.eval.top_p,
-        top_k=0,
-        max_new_tokens=cfg.eval.max_new_tokens,
-        seed=cfg.seed + seed_offset,
-    )
 
 
 def generate_codes(
@@ -51,7 +39,8 @@ def generate_codes(
 
     if not problems:
         return []
-    outs = policy.generate([code_messages(p) for p in problems], n, sampling or eval_sampling(cfg))
+    sampling = sampling or sampling_params(cfg, "eval", "code", cfg.seed)
+    outs = policy.generate([code_messages(p) for p in problems], n, sampling)
     return [[extract_code(c.text) for c in row] for row in outs]
 
 

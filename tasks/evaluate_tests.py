@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,9 @@ from prefect.cache_policies import NO_CACHE
 from codea1_core.config import Config
 from codea1_core.evaluation.suites import plan_suites
 from codea1_core.evaluation.verdicts import SuiteRecord, suite_metrics
+from codea1_core.files import write_text_atomic
+from codea1_core.models.sampling import sampling_params
 from codea1_core.types import Problem
-from tasks.evaluate import eval_sampling
 from tasks.execute import run_jobs
 
 MUTANT_CACHE_VERSION = "1"
@@ -52,10 +52,7 @@ def cached_mutants(source: str, max_mutants: int, seed: int, cache_dir: str | Pa
         mutants = [m.source for m in generate_mutants(source, max_mutants=max_mutants, seed=seed)]
     except ValueError:  # reference does not parse: no mutants, the problem drops out of mut@k
         mutants = []
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"mutants": mutants}), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps({"mutants": mutants}))
     return mutants
 
 
@@ -66,7 +63,7 @@ def generate_suites(problems: Sequence[Problem], policy: Any, cfg: Config) -> li
     if not problems:
         return []
     prompts = [test_messages(p, p.reference_solution, cfg.reward.k) for p in problems]
-    outs = policy.generate(prompts, 1, eval_sampling(cfg, seed_offset=1))
+    outs = policy.generate(prompts, 1, sampling_params(cfg, "eval", "test", cfg.seed + 1))
     return [row[0].text for row in outs]
 
 

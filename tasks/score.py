@@ -10,7 +10,6 @@ What it does not: execute code or touch the Mistake Book.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from codea1_core.config import Config
+from codea1_core.files import atomic_path
 from tasks.evaluate import evaluate_code
 
 
@@ -46,7 +46,7 @@ def _num(v: Any) -> bool:
 
 
 def write_outcomes(path: str | Path, matrices: list[Any]) -> Path:
-    """The step's outcome rows as parquet (temp file + ``os.replace``) so every reward can be re-derived."""
+    """The step's outcome rows as parquet (written atomically) so every reward can be re-derived."""
     import pandas as pd
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -54,7 +54,6 @@ def write_outcomes(path: str | Path, matrices: list[Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [row for m in matrices for row in _rows(m)]
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     try:  # lists stay parquet lists, so ``OutcomeMatrix.from_rows`` reads the rows back unchanged
         table = pa.Table.from_pylist(rows)
     except (pa.ArrowInvalid, pa.ArrowTypeError):  # a row shape parquet cannot hold: nested -> JSON text
@@ -63,8 +62,8 @@ def write_outcomes(path: str | Path, matrices: list[Any]) -> Path:
             if frame[col].map(lambda v: isinstance(v, (list, dict, tuple))).any():
                 frame[col] = frame[col].map(lambda v: json.dumps(v, default=str))
         table = pa.Table.from_pandas(frame, preserve_index=False)
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
     return path
 
 

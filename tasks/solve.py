@@ -27,8 +27,9 @@ from codea1_core.evaluation.solve import (
     solve_metrics,
     suite_prompts,
 )
+from codea1_core.models.sampling import sampling_params
 from codea1_core.types import Problem
-from tasks.evaluate import eval_sampling, generate_codes
+from tasks.evaluate import generate_codes
 from tasks.execute import run_jobs
 
 
@@ -42,9 +43,8 @@ def select_many(
     """Write white-box tests for every distinct candidate, run them all in one batch, pick per problem."""
     distinct = distinct_candidates(candidates)
     prompts = suite_prompts(problems, distinct, cfg.reward.k)
-    texts = (
-        [row[0].text for row in test_policy.generate(prompts, 1, eval_sampling(cfg, 1))] if prompts else []
-    )
+    sampling = sampling_params(cfg, "eval", "test", cfg.seed + 1)
+    texts = [row[0].text for row in test_policy.generate(prompts, 1, sampling)] if prompts else []
     plan = plan_solve(problems, distinct, texts, cfg.tests.parse_mode)
     outcomes = run_jobs(executor, plan.jobs(), cfg.sandbox.max_infra_failure_frac, "solve")
     return plan.select(outcomes, cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol)

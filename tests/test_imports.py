@@ -19,13 +19,8 @@ import pytest
 LAYERS = ("codea1_core", "sandbox", "tasks", "flows")
 """Bottom up: a module may import from its own layer and the layers before it, never after."""
 
-ALLOWED_CYCLES: set[frozenset[str]] = {
-    # Engineer 20s (#20 sandbox speed, branch s20-sandbox, commit 9228ce9 "sandbox: one-way imports") removes
-    # this cycle (make_executor imports the Docker/Ray backends, which import sandbox.executor back); the
-    # lead deletes this entry when merging that branch. No other entry may be added.
-    frozenset({"sandbox.docker_executor", "sandbox.executor", "sandbox.ray_executor"}),
-}
-"""Known cycles being fixed elsewhere; each entry names the engineer fixing it. Keep it empty."""
+ALLOWED_CYCLES: set[frozenset[str]] = set()
+"""No cycle is allowed; kept as a named, empty set so an exception would have to be written down here."""
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -133,9 +128,9 @@ def test_each_layer_imports_only_the_layers_below(repo_root: Path) -> None:
     assert not layering_breaches(import_graph(repo_root))
 
 
-def test_the_allow_list_holds_at_most_one_known_cycle() -> None:
-    """The allow-list is a merge-time bridge, not a place to park new cycles."""
-    assert len(ALLOWED_CYCLES) <= 1
+def test_no_cycle_is_allowed() -> None:
+    """The allow-list stays empty: a new cycle is fixed, not parked."""
+    assert not ALLOWED_CYCLES
 
 
 def test_the_checks_see_function_level_imports_and_cycles(tmp_path: Path) -> None:

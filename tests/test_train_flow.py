@@ -386,7 +386,8 @@ def test_overlong_code_prompts_are_filtered_and_test_prompts_limited(
     from codea1_core.data.lab import lab_problems
     from codea1_core.method.prompts import code_messages
     from codea1_core.models.policy import prompt_lengths
-    from tasks.rollout import drop_overlong_problems, sampling
+    from codea1_core.models.sampling import sampling_params
+    from tasks.rollout import drop_overlong_problems
 
     cfg = tiny_config(tmp_path, tiny_model)
     problems = lab_problems(cfg.lab, "train")
@@ -397,5 +398,9 @@ def test_overlong_code_prompts_are_filtered_and_test_prompts_limited(
     assert [p.id for p in kept] == [p.id for p, n in zip(problems, lengths, strict=True) if n <= limit]
     assert dropped == [p.id for p, n in zip(problems, lengths, strict=True) if n > limit] != []
     assert drop_overlong_problems(problems, cfg.replace(**{"data.max_prompt_tokens": 0})) == (problems, [])
-    assert sampling(cfg, 1, "test").max_prompt_tokens == cfg.rollout.max_prompt_tokens_test == 8192
-    assert sampling(cfg, 1, "code").max_prompt_tokens == 0
+    assert (
+        sampling_params(cfg, "rollout", "test", 1).max_prompt_tokens
+        == cfg.rollout.max_prompt_tokens_test
+        == 8192
+    )
+    assert sampling_params(cfg, "rollout", "code", 1).max_prompt_tokens == 0
