@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.codea1-installed
 TEST_STAMP := $(VENV)/.codea1-test-extras
 
-.PHONY: setup run test test-slow test-gpu ui lint format lab-compare clean
+.PHONY: setup run test test-slow test-gpu ui lint format lab-compare readme-numbers clean
 
 ## setup: create .venv (idempotent); CPU torch first where there is no CUDA, then the project with constraints
 setup: $(STAMP)
@@ -64,6 +64,10 @@ format: setup
 ## lab-compare: 7 arms (golden sparse/boundary, selfplay, codea1, codea1 no Mistake Book, codea1 alpha 0/1) x 5 seeds (DVC experiments)
 lab-compare: setup
 	@PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m flows.lab_compare
+
+## readme-numbers: rewrite the README's learning numbers from the versioned outputs/eval/metrics.json (after make run)
+readme-numbers: setup
+	@$(BIN)/python -m flows.readme_numbers
 
 clean:
 	rm -rf outputs data/prepared data/cache .pytest_cache

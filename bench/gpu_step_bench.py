@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from codea1_core.config import Config  # noqa: E402
+from codea1_core.files import write_text_atomic  # noqa: E402
 
 QWEN_CONFIG = ROOT / "configs" / "qwen2.5-coder-1.5b.config.json"
 SHRUNK = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -128,20 +129,16 @@ def rollout_and_score(state: dict, it: int) -> tuple[Any, Any]:
     from codea1_core.method.parsing import extract_code, extract_tests
     from codea1_core.method.prompts import code_messages, test_messages
     from codea1_core.method.rewards import score_problem
-    from codea1_core.models.policy import SamplingParams
+    from codea1_core.models.sampling import sampling_params
 
     cfg, problems, phase = state["cfg"], state["problems"], state["phase"]
     r = cfg.rollout
-    sp = SamplingParams(
-        r.temperature, r.top_p, r.top_k, r.max_new_tokens_code, loop.iteration_seed(cfg.seed, it, "code")
-    )
+    sp = sampling_params(cfg, "rollout", "code", loop.iteration_seed(cfg.seed, it, "code"))
     with phase("rollout_code") as rec:
         code_out = state["code"].generate([code_messages(p) for p in problems], r.n_code, sp)
         rec["tokens"] = sum(len(c.token_ids) for g in code_out for c in g)
     codes = [[extract_code(c.text) for c in g] for g in code_out]
-    sp_t = SamplingParams(
-        r.temperature, r.top_p, r.top_k, r.max_new_tokens_test, loop.iteration_seed(cfg.seed, it, "test")
-    )
+    sp_t = sampling_params(cfg, "rollout", "test", loop.iteration_seed(cfg.seed, it, "test"))
     with phase("rollout_tests") as rec:
         prompts = [
             test_messages(p, c, cfg.reward.k) for p, row in zip(problems, codes, strict=True) for c in row
@@ -354,10 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     result = run(args)
     if args.json:
-        out = Path(args.json)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, out)
+        write_text_atomic(args.json, json.dumps(result, indent=1) + "\n")
     return 0
 
 

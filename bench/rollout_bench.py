@@ -9,14 +9,18 @@ and samples, through the real :class:`codea1_core.models.policy.Policy`, the two
 
 Each shape runs on the old path (``Policy.fast_generate = False``: HF ``generate``) and the new one
 (:mod:`codea1_core.models.fast_generate`) in A/B/B/A order with the same seeds, checks that both sampled exactly the
-same completions, and prints tokens/s, the ratio, and the load average before and after (the machine may be
-shared: read the ratio, measured in the same run, rather than the absolute numbers).
+same completions, and prints tokens per wall second and per process CPU-second, their ratios, and the load
+average before and after (the machine may be shared: read the ratios, measured in the same run, and the CPU
+columns, which move far less with other jobs' load, rather than the absolute wall numbers).
+
+``--floor`` adds, per shape, the CPU time of the work every exact path repeats (the prefill and the SDPA
+kernel of each decode step) and the largest ratio against ``generate`` it leaves.
 
 ``--large`` adds a random-init model with Qwen2.5-Coder-1.5B's width, heads and vocabulary but only
 ``--large-layers`` layers (2 by default: the full 28 do not fit a 3-minute run on 2 cores), bfloat16, at a
 small shape; it checks the fast path on a GQA model with a 152k vocabulary.
 
-Run: ``python bench/rollout_bench.py [--params params.yaml] [--repeats 2] [--large]``
+Run: ``OMP_NUM_THREADS=1 python bench/rollout_bench.py [--params params.yaml] [--repeats 2] [--floor] [--large]``
 (``OMP_NUM_THREADS`` sets torch's intra-op threads; the default is torch's).
 """
 
@@ -70,32 +74,80 @@ def _step_prompts(cfg: Config) -> tuple[list, list]:
     return code_prompts, test_prompts
 
 
-def _run(policy: Policy, prompts: list, n: int, sp: SamplingParams, fast: bool) -> tuple[float, int, list]:
+def _run(
+    policy: Policy, prompts: list, n: int, sp: SamplingParams, fast: bool
+) -> tuple[float, float, int, list]:
+    """One rollout on one path: (wall s, process CPU s, new tokens, completions)."""
     policy.fast_generate = fast
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = policy.generate(prompts, n, sp)
-    seconds = time.perf_counter() - t0
-    return seconds, sum(len(c.token_ids) for group in out for c in group), out
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return seconds, cpu, sum(len(c.token_ids) for group in out for c in group), out
 
 
-def compare(name: str, policy: Policy, prompts: list, n: int, sp: SamplingParams, repeats: int) -> None:
-    """A/B/B/A runs of one shape; prints tokens/s of both paths, the ratio and whether outputs were identical."""
+def compare(name: str, policy: Policy, prompts: list, n: int, sp: SamplingParams, repeats: int) -> dict:
+    """A/B/B/A runs of one shape; prints tokens/s (wall and per CPU-second) of both paths and their ratios.
+
+    CPU seconds are the process's (all its threads, the fast path's noise worker included): on a shared
+    machine they move far less with other jobs' load than wall time does.
+    """
     policy.generate(prompts[:1], 1, SamplingParams(max_new_tokens=2))  # warm-up
-    seconds = {False: 0.0, True: 0.0}
+    wall = {False: 0.0, True: 0.0}
+    cpu = {False: 0.0, True: 0.0}
     tokens = {False: 0, True: 0}
     outputs: dict[bool, list] = {}
     order = [False, True, True, False] * repeats
     for fast in order[: 2 * repeats]:
-        s, t, out = _run(policy, prompts, n, sp, fast)
-        seconds[fast] += s
+        s, c, t, out = _run(policy, prompts, n, sp, fast)
+        wall[fast] += s
+        cpu[fast] += c
         tokens[fast] += t
         outputs.setdefault(fast, out)
-    old, new = tokens[False] / seconds[False], tokens[True] / seconds[True]
+    old, new = tokens[False] / wall[False], tokens[True] / wall[True]
+    old_c, new_c = tokens[False] / cpu[False], tokens[True] / cpu[True]
     same = "yes" if outputs[False] == outputs[True] else "NO"
-    rows = len(prompts) * n
-    shape = f"{rows} x {sp.max_new_tokens}"
-    print(f"{name:<16}{shape:>10}{old:>14.0f}{new:>14.0f}{new / old:>8.2f}x{seconds[False] / repeats:>9.2f}"
-          f"{seconds[True] / repeats:>9.2f}{same:>11}", flush=True)  # fmt: skip
+    shape = f"{len(prompts) * n} x {sp.max_new_tokens}"
+    print(f"{name:<16}{shape:>10}{old:>10.0f}{new:>10.0f}{new / old:>7.2f}x{old_c:>12.0f}{new_c:>12.0f}"
+          f"{new_c / old_c:>7.2f}x{cpu[False] / repeats:>8.2f}{cpu[True] / repeats:>8.2f}{same:>6}",
+          flush=True)  # fmt: skip
+    steps = max(len(c.token_ids) for group in outputs[True] for c in group)
+    return {"hf_cpu_s": cpu[False] / repeats, "steps": steps}
+
+
+def exact_floor(policy: Policy, prompts: list, n: int, steps: int, hf_cpu_s: float) -> None:
+    """CPU seconds of the work any exact path must repeat: the prefill and the SDPA kernel of every decode step.
+
+    Both are the model's own kernels on the same inputs (bit-identical tokens need the same attention call per
+    row and head, and prefilling each prompt once is not bit-identical: tests/test_fast_generate.py); their
+    sum bounds the ratio an exact rollout can reach against ``generate`` at this shape.
+    """
+    from codea1_core.models import fast_generate
+
+    base = fast_generate._base_model(policy.model)
+    attn = base.model.layers[0].self_attn
+    texts = [policy.render(p) for p in prompts]
+    enc = policy.tokenizer(texts, add_special_tokens=False, padding=True, return_tensors="pt")
+    ids, mask = enc["input_ids"].repeat_interleave(n, 0), enc["attention_mask"].repeat_interleave(n, 0)
+    rows, prompt_len = ids.shape
+    with torch.no_grad():
+        c0 = time.process_time()
+        _, cache, _ = fast_generate._prefill(base, ids, mask)
+        prefill = time.process_time() - c0
+        view = fast_generate._ViewCache(cache, prompt_len + steps)
+        decode_mask = fast_generate._decode_mask(mask, prompt_len + steps)
+        query = torch.randn(rows, base.config.num_attention_heads, 1, attn.head_dim)
+        c0 = time.process_time()
+        for t in range(steps - 1):
+            end = prompt_len + t + 1
+            for keys, values in zip(view.keys, view.values, strict=True):
+                step_mask = None if decode_mask is None else decode_mask[:, :, :, :end]
+                torch.nn.functional.scaled_dot_product_attention(query, keys[:, :, :end], values[:, :, :end],
+                                                                 attn_mask=step_mask, scale=attn.scaling)  # fmt: skip
+        attention = time.process_time() - c0
+    floor = prefill + attention
+    print(f"{'':<16}exact floor at {rows} x {steps} (prompt {prompt_len}): prefill {prefill:.2f} + decode "
+          f"attention {attention:.2f} = {floor:.2f} CPU s; generate {hf_cpu_s:.2f} CPU s -> at most "
+          f"{hf_cpu_s / floor:.1f}x for any exact path", flush=True)  # fmt: skip
 
 
 def _load() -> str:
@@ -109,6 +161,7 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=2, help="A/B pairs per shape (run in A,B,B,A order)")
     parser.add_argument("--large", action="store_true", help="also the 1.5B-width model (few layers)")
+    parser.add_argument("--floor", action="store_true", help="also the exact floor: prefill + SDPA CPU time")
     parser.add_argument("--large-layers", type=int, default=2, help="layers of the 1.5B-width model")
     args = parser.parse_args()
     if args.repeats < 1:
@@ -119,8 +172,8 @@ def main() -> None:
     t_start = time.perf_counter()
     print(f"rollout bench: torch {torch.__version__}, {torch.get_num_threads()} intra-op threads, "
           f"{os.cpu_count()} CPUs, load average {_load()}", flush=True)  # fmt: skip
-    print(f"{'rollout':<16}{'rows x new':>10}{'old tok/s':>14}{'new tok/s':>14}{'ratio':>9}{'old s':>9}"
-          f"{'new s':>9}{'identical':>11}", flush=True)  # fmt: skip
+    print(f"{'rollout':<16}{'rows x new':>10}{'hf tok/s':>10}{'new tok/s':>10}{'ratio':>8}{'hf tok/cpu':>12}"
+          f"{'new tok/cpu':>12}{'ratio':>8}{'hf cpu':>8}{'new cpu':>8}{'same':>6}", flush=True)  # fmt: skip
     code_prompts, test_prompts = _step_prompts(cfg)
     with tempfile.TemporaryDirectory(prefix="codea1-rollout-bench-") as tmp:
         work = Path(tmp)
@@ -134,7 +187,9 @@ def main() -> None:
             sp = SamplingParams(
                 temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=new, seed=1
             )
-            compare(f"lab {role}", policy, prompts, n, sp, args.repeats)
+            result = compare(f"lab {role}", policy, prompts, n, sp, args.repeats)
+            if args.floor:
+                exact_floor(policy, prompts, n, result["steps"], result["hf_cpu_s"])
             del policy
         if args.large:
             _large(work, model_dir, args.large_layers, args.repeats)

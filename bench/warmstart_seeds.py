@@ -35,10 +35,11 @@ def measure(seed: int, overrides: list[str], tmp: Path) -> dict[str, float]:
     """Warm-start the Code LLM for ``seed`` and evaluate it on the held-out lab problems."""
     from codea1_core.config import load_config
     from codea1_core.data.lab import lab_problems
+    from codea1_core.evaluation.benchmarks import lab_subsets
     from codea1_core.models.policy import Policy
     from flows.warmstart import warm_start
     from sandbox import make_executor
-    from tasks.evaluate import generate_codes, lab_subsets, score_codes
+    from tasks.evaluate import generate_codes, score_codes
 
     root = tmp / f"s{seed}"
     sets = [f"seed={seed}", f"data.seed={seed}", "mode=golden", f"model.code_path={root}/code"]

@@ -5,6 +5,9 @@ What it does: the Test LLM reads the whole file (white-box, the §4.2 prompt wit
 against the user's file; the report lists the tests whose predicted answer disagrees with the function's
 actual output (candidate bugs, or wrong predictions: a human judges) and the calls that raised.
 
+The plan and the classification are the core's (:mod:`codea1_core.evaluation.attack`); this file
+generates, runs (``tasks.execute.run_jobs``) and prints.
+
 What it does not: decide who is right. Without a specification (``--spec``) the function's docstring
 is the problem description; a better spec gives better predicted answers.
 
@@ -16,42 +19,14 @@ from __future__ import annotations
 
 import argparse
 import ast
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from codea1_core.config import Config
+from codea1_core.evaluation.attack import AttackReport
 from codea1_core.types import Problem
 from flows.common import UserError, load_stage_config, run_user_errors
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One generated test and what happened when it ran."""
-
-    call: str
-    predicted: str
-    actual: str = ""
-    """``repr`` of the function's output (disagreements) or the error text (errors)."""
-    support: int = 1
-    """How many of the sampled suites wrote this same test (call and answer): agreement across suites."""
-
-
-@dataclass(frozen=True)
-class AttackReport:
-    """Outcome of an attack: tests that agreed, disagreed, raised, or had an unevaluable answer."""
-
-    target: str
-    tests: int
-    agreed: tuple[Finding, ...]
-    disagreements: tuple[Finding, ...]
-    errors: tuple[Finding, ...]
-    invalid: tuple[Finding, ...]
-    unparsed: int = 0
-    """Asserts the parser rejected (not of the form ``assert f(...) == answer``)."""
-    suites: int = 1
-    note: str = ""
-    """A caveat printed first (the built-in lab toy model on a function outside its training)."""
 
 
 def load_target(target: str, spec: str | None = None) -> Problem:
@@ -88,48 +63,19 @@ def load_target(target: str, spec: str | None = None) -> Problem:
 
 def attack(problem: Problem, test_policy: Any, cfg: Config, executor: Any, suites: int = 1) -> AttackReport:
     """Generate ``suites`` test suites against the function and classify every distinct test."""
-    from codea1_core.evaluation.verdicts import reference_exprs
-    from codea1_core.method.parsing import extract_tests
+    from codea1_core.evaluation.attack import plan_attack
     from codea1_core.method.prompts import test_messages
-    from codea1_core.values import values_equal
-    from tasks.evaluate import eval_sampling
+    from codea1_core.models.sampling import sampling_params
+    from tasks.execute import run_jobs
 
     prompt = test_messages(problem, problem.reference_solution, cfg.reward.k)
-    texts = [c.text for c in test_policy.generate([prompt], suites, eval_sampling(cfg, 1))[0]]
-    tests, support, unparsed = {}, {}, 0
-    for text in texts:
-        parsed = extract_tests(text, problem.entry_point, cfg.tests.parse_mode)
-        unparsed += parsed.invalid
-        for key in {(t.call, t.answer) for t in parsed.tests}:  # once per suite
-            support[key] = support.get(key, 0) + 1
-        for t in parsed.tests:
-            tests.setdefault((t.call, t.answer), t)
-    tests = list(tests.values())
-    outcomes = executor.run_many([(problem.reference_solution, reference_exprs(tests))])[0] if tests else []
-    agreed, wrong, errors, invalid = [], [], [], []
-    for i, t in enumerate(tests):
-        got, ans = outcomes[2 * i], outcomes[2 * i + 1]
-        if got.status == "infra_error" or ans.status == "infra_error":
-            raise RuntimeError(
-                f"sandbox infrastructure error while running {t.call}: {got.error or ans.error}"
-            )
-        n = support[(t.call, t.answer)]
-        if not got.ok:
-            errors.append(Finding(t.call, t.answer, f"{got.status}: {got.error}".rstrip(": "), n))
-        elif not ans.ok:
-            invalid.append(Finding(t.call, t.answer, f"answer {ans.status}: {ans.error}".rstrip(": "), n))
-        elif values_equal(got.value, ans.value, cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol):
-            agreed.append(Finding(t.call, t.answer, repr(got.value), n))
-        else:
-            wrong.append(Finding(t.call, t.answer, repr(got.value), n))
-    return AttackReport(problem.entry_point, len(tests), tuple(agreed), _ranked(wrong), _ranked(errors),
-                        tuple(invalid), unparsed, suites)  # fmt: skip
-
-
-def _ranked(findings: list[Finding]) -> tuple[Finding, ...]:
-    """Most-agreed first: a test several independent suites wrote is likelier a real bug than one suite's guess
-    (stable: ties keep the generation order)."""
-    return tuple(sorted(findings, key=lambda f: -f.support))
+    sampling = sampling_params(cfg, "eval", "test", cfg.seed + 1)
+    texts = [c.text for c in test_policy.generate([prompt], suites, sampling)[0]]
+    plan = plan_attack(problem, texts, cfg.tests.parse_mode)
+    # any infra failure aborts (limit 0): a report missing some tests would look like a clean function
+    label = f"attack on {problem.entry_point}"
+    outcomes = run_jobs(executor, plan.jobs(), 0.0, label, limit_key="attack's limit")
+    return plan.report(outcomes, cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol)
 
 
 def toy_model_note(cfg: Config, entry_point: str, test_model: str | None) -> str:
@@ -192,20 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def go() -> None:
-        from flows.evaluate import load_policy
+        from flows.evaluate import evaluated_policy
         from sandbox import make_executor
 
         problem = load_target(args.target, args.spec)
         cfg = load_stage_config(args.params, list(args.overrides))
-        policy = load_policy(cfg, "test", args.test_model)
-        executor = make_executor(cfg.sandbox)
-        try:
+        policy = evaluated_policy(cfg, "test", args.test_model)
+        with make_executor(cfg.sandbox) as executor:
             report = attack(problem, policy, cfg, executor, args.suites)
-            note = toy_model_note(cfg, problem.entry_point, args.test_model)
-            print(format_report(replace(report, note=note)))
-        finally:
-            if hasattr(executor, "close"):
-                executor.close()
+        note = toy_model_note(cfg, problem.entry_point, args.test_model)
+        print(format_report(replace(report, note=note)))
 
     return run_user_errors(go)
 

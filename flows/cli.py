@@ -7,8 +7,6 @@ Every stage subcommand takes ``--params FILE`` and ``key=value`` overrides, exac
 from __future__ import annotations
 
 import importlib
-import sys
-from types import ModuleType
 from typing import Annotated
 
 import typer
@@ -33,38 +31,19 @@ PASSTHROUGH = {
 ``codea1 solve --help`` lists the real options (``--problem``, ``--suites``, ``--cron``, ...)."""
 
 
-def _not_implemented(name: str) -> None:
-    print(f"codea1 {name}: not implemented yet", file=sys.stderr)
-    raise typer.Exit(2)
-
-
-def _flow_module(name: str) -> ModuleType | None:
-    try:
-        return importlib.import_module(f"flows.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"flows.{name}":
-            return None
-        raise
-
-
 def _run_stage(name: str, params: str, overrides: list[str] | None) -> None:
     from flows.common import load_stage_config, run_user_errors, stage_main
 
     # Validate params first: a malformed params.yaml is reported the same way for every subcommand.
     if run_user_errors(lambda: load_stage_config(params, list(overrides or []))) != 0:
         raise typer.Exit(2)
-    module = _flow_module(name)
-    if module is None or not hasattr(module, "run"):
-        _not_implemented(name)
+    run = importlib.import_module(f"flows.{name}").run
     argv = ["--params", params, *(overrides or [])]
-    raise typer.Exit(stage_main(module.run, f"codea1 {name}", argv))
+    raise typer.Exit(stage_main(run, f"codea1 {name}", argv))
 
 
 def _run_main(name: str, argv: list[str]) -> None:
-    module = _flow_module(name)
-    if module is None or not hasattr(module, "main"):
-        _not_implemented(name)
-    raise typer.Exit(module.main(argv))
+    raise typer.Exit(importlib.import_module(f"flows.{name}").main(argv))
 
 
 @app.command()

@@ -3,6 +3,13 @@
 Every DVC stage and every ``codea1`` subcommand goes through :func:`stage_main`, so a malformed
 ``params.yaml`` or override always ends in one clear line naming the file and dotted key (exit 2),
 never a traceback.
+
+One flow signature: every Prefect flow takes ``params`` (a params file) and ``overrides`` (``key=value``
+strings) and loads its config itself with :func:`flow_config`, so the flow a DVC stage runs, the one the CLI
+runs and the one a deployment schedules are the same function, with JSON-friendly parameters the Prefect UI
+shows. Flows that write outputs also take ``run_dir`` (``""``: the DVC workspace; ``"auto"``: a new
+``runs/<flow run name>-<id>/``, what deployments default to; else that folder). :func:`flow_run_name` names
+every flow run ``<flow>-<mode>-seed<seed>[-alpha..][-no-book][-<other overrides>]``.
 """
 
 from __future__ import annotations
@@ -10,12 +17,17 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from codea1_core.config import Config, ConfigError, load_config
+
+RUNS_DIR = Path("runs")
+"""Where deployment runs write (``run_dir="auto"``): never into the DVC workspace's ``outputs/``."""
+AUTO_RUN_DIR = "auto"
 
 PROJECT_LOGGERS = ("codea1", "codea1_core", "tasks", "flows", "sandbox")
 """Logger names of this project (``codea1.<part>`` and module loggers); their INFO lines reach the console."""
@@ -59,12 +71,91 @@ def run_user_errors(fn: Callable[[], Any]) -> int:
     return 0
 
 
-def stage_main(run: Callable[[Config], Any], description: str, argv: list[str] | None = None) -> int:
-    """``python -m flows.<stage>``: parse args, load params, call ``run(cfg)``; exit code."""
+def stage_main(run: Callable[[str, list[str]], Any], description: str, argv: list[str] | None = None) -> int:
+    """``python -m flows.<stage>``: parse args, validate the params, call ``run(params, overrides)``; exit code.
+
+    The config is validated here first, so a bad file or override is one line before any Prefect run starts;
+    ``run`` (the stage's entry) then calls its flow with the same ``params`` and ``overrides``.
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Prefect has usually configured the root logger already (level WARNING, its console handler), which makes
     # basicConfig a no-op: our own INFO lines (warm-start epochs, checkpoint notes) need their loggers' level set.
     for name in PROJECT_LOGGERS:
         logging.getLogger(name).setLevel(logging.INFO)
     params, overrides = parse_stage_args(argv, description)
-    return run_user_errors(lambda: run(load_stage_config(params, overrides)))
+
+    def go() -> None:
+        load_stage_config(params, overrides)
+        run(params, overrides)
+
+    return run_user_errors(go)
+
+
+# --------------------------------------------------------------------------------------------------
+# One flow signature: (params, overrides[, run_dir]) -> the run's config and its name
+# --------------------------------------------------------------------------------------------------
+
+
+def flow_config(
+    params: str = "params.yaml",
+    overrides: list[str] | None = None,
+    run_dir: str = "",
+    *,
+    keep_train_dir: bool = False,
+) -> Config:
+    """The config a flow run uses: ``params`` + ``overrides`` validated (ConfigError naming the key), written into
+    ``run_dir`` (:func:`resolve_run_dir`) when one is given.
+
+    ``keep_train_dir``: with ``run_dir="auto"`` the training folder stays the workspace's (a new run folder has
+    nothing trained in it: the evaluate deployment evaluates the workspace's models into the new folder).
+    """
+    cfg = load_config(params, list(overrides or []))
+    folder = resolve_run_dir(run_dir)
+    if folder is None:
+        return cfg
+    train_dir = (
+        cfg.orchestration.checkpoint_dir if keep_train_dir and run_dir == AUTO_RUN_DIR else folder / "train"
+    )
+    return cfg.replace(
+        **{"orchestration.checkpoint_dir": str(train_dir), "eval.out_dir": str(folder / "eval")}
+    )
+
+
+def resolve_run_dir(run_dir: str) -> Path | None:
+    """``""`` -> None (the workspace, as the DVC stages write); ``"auto"`` -> ``runs/<flow run name>-<id>`` of the
+    current flow run (unique: two runs never share checkpoints); anything else -> that folder."""
+    if not run_dir:
+        return None
+    if run_dir != AUTO_RUN_DIR:
+        return Path(run_dir)
+    from prefect.runtime import flow_run
+
+    name = f"{flow_run.get_name() or 'run'}-{str(flow_run.get_id() or 'local')[:8]}"
+    return RUNS_DIR / re.sub(r"[^A-Za-z0-9._=-]+", "_", name)
+
+
+def run_label(cfg: Config) -> str:
+    """``<mode>-seed<seed>[-alpha<α>][-no-book]``: runs that differ in what they train are told apart."""
+    book = "" if cfg.mistake_book.enabled or cfg.mode == "golden" else "-no-book"
+    alpha = "" if cfg.mode == "golden" else f"-alpha{cfg.reward.alpha:g}"
+    return f"{cfg.mode}-seed{cfg.seed}{alpha}{book}"
+
+
+NAMED_OVERRIDES = ("mode=", "seed=", "reward.alpha=")
+"""Overrides :func:`run_label` already shows; the others are appended to a flow run's name."""
+
+
+def flow_run_name() -> str:
+    """The current flow run's name, ``<flow>-<run_label>[-<other overrides>]``, from its ``params``/``overrides``
+    parameters (every flow's ``flow_run_name``); a config that does not load fails in the flow itself."""
+    from prefect.runtime import flow_run
+
+    p = dict(flow_run.get_parameters() or {})
+    flow_name = flow_run.get_flow_name() or "run"
+    overrides = list(p.get("overrides") or [])
+    try:
+        cfg = load_config(p.get("params") or "params.yaml", overrides)
+    except Exception:  # a bad parameter fails in the flow itself, with its own message
+        return f"{flow_name}-invalid-config"
+    keys = [o for o in overrides if not o.startswith(NAMED_OVERRIDES)]
+    return "-".join([f"{flow_name}-{run_label(cfg)}", *keys])

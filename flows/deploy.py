@@ -1,23 +1,30 @@
-"""``codea1 deploy``: create the train, evaluate and full-pipeline deployments on a Prefect work pool.
+"""The Prefect deployments, built in one place, and ``codea1 deploy``: create them on a Prefect work pool.
 
-What it does: makes sure the work pool exists (a **process** pool named ``codea1-process`` by default; it is
-created when missing), then registers three deployments whose code comes from ``--source`` (default: this
-checkout; a git URL makes Prefect clone it on the worker's machine):
+The deployments (:func:`build_deployments`, also what ``codea1 serve`` serves from its own process):
 
-* ``train/codea1-train`` — the training flow (``flows/train.py``), parameters ``params`` + ``overrides``;
-* ``evaluate-params/codea1-evaluate`` — the evaluation stage (``flows/serve.py``), same parameters;
-* ``pipeline/codea1-pipeline`` — the whole DVC pipeline, what ``make run`` runs (``flows/pipeline.py``:
-  ``dvc repro`` and the learning table; with ``overrides`` a ``dvc exp run -S key=value ...`` experiment),
-  in the deployment's working directory.
+* ``train/codea1-train`` — ``flows/train.py:train_flow``, the flow the DVC ``train`` stage runs;
+* ``evaluate/codea1-evaluate`` — ``flows/evaluate.py:evaluate_flow``, the ``evaluate`` stage's flow;
+* ``pipeline/codea1-pipeline`` — :func:`pipeline_flow` here: train -> evaluate -> register (the stages' flows, as
+  subflows) in one run folder.
 
-A run started from the UI or the API is then picked up by any worker polling the pool, on any machine that
-can reach the Prefect API::
+Each takes the parameters every flow takes (``params``, ``overrides``, e.g. ``["mode=golden"]``) plus ``run_dir``,
+all editable per run in the UI. A deployment run writes to its own folder, ``runs/<flow run name>-<id>/``
+(``run_dir`` defaults to ``"auto"``; ``train/`` checkpoints and final models, ``eval/`` metrics and report,
+``register.json``), never into the DVC workspace's ``outputs/`` (``dvc status`` tracks those); an empty
+``run_dir`` writes there as the DVC stages do. The evaluate deployment with ``run_dir`` set to a training run's
+folder evaluates that run's models; with ``"auto"``, the workspace's trained models (read only). Inputs
+(``data/prepared``, the warm start) are read from the workspace, where ``dvc repro`` put them.
+
+``codea1 deploy`` makes sure the work pool exists (a **process** pool named ``codea1-process`` by default; it
+is created when missing), then registers the deployments with their code from ``--source`` (default: this
+checkout; a git URL makes Prefect clone it on the worker's machine). A run started from the UI or the API is
+then picked up by any worker polling the pool, on any machine that can reach the Prefect API::
 
     prefect server start --host 0.0.0.0 &                          # once, on the orchestrating machine
     export PREFECT_API_URL=http://HOST:4200/api                     # on every machine below
     python -m flows.deploy [--pool codea1-process] [--params params.yaml] [key=value ...]
     prefect worker start --pool codea1-process                      # on each machine that runs flows
-    prefect deployment run 'train/codea1-train' -p overrides='["reward.alpha=0.25"]'
+    prefect deployment run 'train/codea1-train' -p overrides='["mode=golden", "reward.alpha=0.25"]'
 
 Clusters: a Docker or Kubernetes pool runs each flow run in a container of an image with this project and
 its dependencies installed (``pip install prefect-docker`` / ``prefect-kubernetes`` on the worker side):
@@ -33,71 +40,104 @@ What it does not: start the server or a worker, build or push images, or run any
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
+import importlib
 from pathlib import Path
 from typing import Any
 
 from prefect import flow
 
 from codea1_core.config import load_config
-from flows.common import UserError, child_env, run_user_errors
-from flows.serve import EVALUATE_DEPLOYMENT, TRAIN_DEPLOYMENT
+from flows.common import AUTO_RUN_DIR, UserError, flow_run_name, resolve_run_dir, run_user_errors
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_POOL = "codea1-process"
+TRAIN_DEPLOYMENT = "codea1-train"
+EVALUATE_DEPLOYMENT = "codea1-evaluate"
 PIPELINE_DEPLOYMENT = "codea1-pipeline"
-ENTRYPOINTS = {
-    TRAIN_DEPLOYMENT: ("flows/train.py:train_flow", "Code-A1 co-evolution training; resumes automatically."),
-    EVALUATE_DEPLOYMENT: ("flows/serve.py:evaluate_params_flow", "Benchmark evaluation of both LLMs."),
+DEPLOYMENTS = {
+    TRAIN_DEPLOYMENT: (
+        "flows/train.py:train_flow",
+        "Code-A1 co-evolution training (overrides: mode=codea1/golden/selfplay) into runs/<run name>/.",
+    ),
+    EVALUATE_DEPLOYMENT: (
+        "flows/evaluate.py:evaluate_flow",
+        "Benchmark evaluation of a run folder's (run_dir) or the workspace's trained models.",
+    ),
     PIPELINE_DEPLOYMENT: (
         "flows/deploy.py:pipeline_flow",
-        "The whole DVC pipeline (dvc repro / dvc exp run).",
+        "Train -> evaluate -> register (champion only when it beats the champion and warm start).",
     ),
 }
+"""Deployment name -> (entrypoint, description): the one list ``serve`` and ``deploy`` build from."""
 
 
-def pipeline_command(overrides: list[str]) -> list[str]:
-    """``make run``'s pipeline (``python -m flows.pipeline``: ``dvc repro`` + the learning table, on the run's
-    Prefect API), or a ``dvc exp run -S key=value ...`` experiment when there are overrides."""
-    if not overrides:
-        return [sys.executable, "-m", "flows.pipeline"]
-    return [sys.executable, "-m", "dvc", "exp", "run", *[a for o in overrides for a in ("-S", o)]]
+@flow(name="pipeline", flow_run_name=flow_run_name, log_prints=True)
+def pipeline_flow(
+    params: str = "params.yaml", overrides: list[str] | None = None, run_dir: str = ""
+) -> dict[str, Any]:
+    """Train -> evaluate -> register with the same ``params`` and ``overrides``, all in one run folder; returns
+    the registry decision (or the train flow's ``{"stopped": True, ...}`` after SIGTERM)."""
+    from flows.evaluate import evaluate_flow
+    from flows.register import register_flow
+    from flows.train import train_flow
+
+    folder = str(resolve_run_dir(run_dir) or "")  # resolved once: the three subflows share it
+    overrides = list(overrides or [])
+    trained = train_flow(params, overrides, folder)
+    if trained.get("stopped"):
+        return trained
+    evaluate_flow(params, overrides, run_dir=folder)
+    return register_flow(params, overrides, folder)
 
 
-@flow(name="pipeline", log_prints=True)
-def pipeline_flow(overrides: list[str] | None = None) -> dict[str, Any]:
-    """Run the DVC pipeline in the working directory (the deployment's source); fail with DVC's last lines."""
-    cmd = pipeline_command(list(overrides or []))
-    print("running:", " ".join(cmd[2:]))
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=child_env())
-    print(proc.stdout[-4000:])
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[2:])} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
-    return {"command": " ".join(cmd[2:]), "returncode": proc.returncode}
+def _local_flow(entrypoint: str) -> Any:
+    """The flow object named by ``path/to/module.py:function``, imported from this checkout."""
+    path, _, name = entrypoint.partition(":")
+    return getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)
 
 
 def build_deployments(
-    params: str, overrides: list[str], pool: str, source: str, cron: str | None = None
+    params: str,
+    overrides: list[str],
+    cron: str | None = None,
+    pool: str | None = None,
+    source: str | None = None,
 ) -> list[Any]:
-    """``RunnerDeployment`` objects for ``pool``, their code loaded from ``source`` (a folder or git URL)."""
-    if Path(source).is_dir():  # fail here, with the key's path, rather than in the first run
-        load_config(str(Path(source) / params), overrides)
-    stage_params = {"params": params, "overrides": list(overrides)}
+    """The ``RunnerDeployment`` objects of :data:`DEPLOYMENTS` (validated params; ``cron`` schedules training).
+
+    Without ``pool`` they are served from this process (``codea1 serve``); with it they target that work pool,
+    their code loaded from ``source`` (a folder or git URL; ``codea1 deploy``).
+    """
+    folder = Path(source) if source and Path(source).is_dir() else None
+    if source is None or folder is not None:  # fail here, with the key's path, rather than in the first run
+        load_config(str(folder / params) if folder else params, overrides)
+    schedule = validate_cron(cron) if cron else None
+    parameters = {"params": params, "overrides": list(overrides), "run_dir": AUTO_RUN_DIR}
     out = []
-    for name, (entrypoint, description) in ENTRYPOINTS.items():
-        loaded = flow.from_source(source=source, entrypoint=entrypoint)
+    for name, (entrypoint, description) in DEPLOYMENTS.items():
+        fl = flow.from_source(source=source, entrypoint=entrypoint) if source else _local_flow(entrypoint)
         out.append(
-            loaded.to_deployment(
+            fl.to_deployment(
                 name=name,
                 work_pool_name=pool,
                 description=description,
                 tags=["codea1", name.removeprefix("codea1-")],
-                parameters={"overrides": list(overrides)} if name == PIPELINE_DEPLOYMENT else stage_params,
-                cron=cron if name == TRAIN_DEPLOYMENT and cron else None,
+                parameters=parameters,
+                cron=schedule if name == TRAIN_DEPLOYMENT else None,
             )
         )
     return out
+
+
+def validate_cron(cron: str) -> str:
+    """``cron`` unchanged when Prefect accepts it as a cron schedule, else a one-line UserError."""
+    from prefect.client.schemas.schedules import CronSchedule
+
+    try:
+        CronSchedule(cron=cron)
+    except ValueError:
+        raise UserError(f'--cron {cron!r}: not a cron expression (five fields, e.g. "0 3 * * *")') from None
+    return cron
 
 
 def ensure_work_pool(pool: str, pool_type: str) -> str:
@@ -131,14 +171,14 @@ def deploy_all(
     image: str | None,
     cron: str | None,
 ) -> list[Any]:
-    """Ensure the pool, register the three deployments on it; returns their ids."""
+    """Ensure the pool, register the deployments on it; returns their ids."""
     from prefect import deploy
     from prefect.settings import PREFECT_API_URL
 
     if not PREFECT_API_URL.value():
         raise UserError("PREFECT_API_URL is not set: point it at your Prefect server (prefect server start)")
     ensure_work_pool(pool, pool_type)
-    deployments = build_deployments(params, overrides, pool, source, cron)
+    deployments = build_deployments(params, overrides, cron, pool=pool, source=source)
     return deploy(
         *deployments,
         work_pool_name=pool,
@@ -169,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             args.params, args.overrides, args.pool, args.pool_type, args.source, args.image, args.cron
         )
         print(
-            f"deployed {', '.join(ENTRYPOINTS)} ({len(ids)}) on work pool {args.pool!r}; start a worker with:"
+            f"deployed {', '.join(DEPLOYMENTS)} ({len(ids)}) on work pool {args.pool!r}; start a worker with:"
         )
         print(f"  prefect worker start --pool {args.pool}")
 

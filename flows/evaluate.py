@@ -8,13 +8,13 @@ What it does (ALGORITHM.md §13), read top to bottom:
   2. Code LLM on every ``data.eval_benchmarks`` entry (EvalPlus protocol, ``eval.n_samples`` samples,
      base and plus pass@k / avg@n);
   3. Test LLM on every ``eval.test_sources`` entry (pass@k, mut@k, Mul on the references), and
-     test-time collaboration on every ``eval.solve_benchmarks`` entry (``flows/solve.py``);
+     test-time collaboration on every ``eval.solve_benchmarks`` entry (``tasks/solve.py``);
   4. when the starting models ``model.code_path``/``model.test_path`` are local dirs other than the
      evaluated ones (the lab's warm start), evaluate them too with the same settings and seeds (cached
      under ``<eval.out_dir>/baseline_cache/`` by content hash) as ``warmstart/<key>``, and add
      ``delta/<key>`` = trained - warm start for every rate (``eval.baseline: false`` turns it off);
   5. write ``<eval.out_dir>/metrics.json`` (DVC metrics, flat keys such as ``code/humanevalplus/plus/pass@1``)
-     and ``report.html`` (plots embedded; training curves from ``<checkpoint_dir>/metrics.jsonl`` when
+     and ``report.html`` (plots embedded; training curves from ``<checkpoint_dir>/history.csv`` when
      present); log the same numbers to MLflow through ``tasks.tracking`` (``@`` becomes ``_at_`` there,
      as MLflow metric names cannot hold ``@``).
 
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,8 @@ from prefect import flow
 
 from codea1_core.config import Config
 from codea1_core.evaluation.report import render_report
-from flows.common import UserError, load_stage_config, run_user_errors
+from codea1_core.files import write_text_atomic
+from flows.common import UserError, flow_config, flow_run_name, load_stage_config, run_user_errors
 from flows.summary import HEADLINE_FILE, headline
 
 log = logging.getLogger(__name__)
@@ -82,41 +82,32 @@ def resolve_model_path(cfg: Config, role: str, override: str | None = None) -> s
     return start_path(cfg, role)
 
 
-def load_policy(cfg: Config, role: str, override: str | None = None) -> Any:
+def evaluated_policy(cfg: Config, role: str, override: str | None = None) -> Any:
     """The policy to evaluate (also for ``solve``/``attack``); a model that cannot be loaded is a UserError.
 
-    Generation follows ``rollout.backend`` through the same switch as training (``tasks.rollout.load_policy``):
+    Built like training's (:func:`codea1_core.models.loading.build_policy`, the one ``rollout.backend`` switch):
     vLLM serves the policy's adapter with the evaluation's sampling settings, HF ``generate`` otherwise.
     The evaluated code and test models are usually different exports, so on vLLM each role gets its own
     engine (half of ``rollout.gpu_memory_utilization`` each), its adapter versions under ``eval.out_dir``.
     """
-    from tasks.rollout import load_policy as load_with_backend
+    from codea1_core.models.loading import build_policy
 
     path = resolve_model_path(cfg, role, override)
     if cfg.rollout.backend == "vllm":
         cfg = cfg.replace(**{"rollout.shared_engine": False})
     adapters = Path(cfg.eval.out_dir) / "vllm_adapters"
     try:
-        return load_with_backend(path, cfg, role, total_steps=1, adapter_dir=str(adapters))
+        return build_policy(path, cfg, role, total_steps=1, adapter_dir=str(adapters))
     except OSError as exc:
         raise UserError(f"{exc} (train or warm-start first, or pass --{role}-model)") from None
 
 
 def load_history(cfg: Config) -> list[dict[str, Any]]:
-    """Training metrics history (one JSON object per iteration) from ``<checkpoint_dir>/metrics.jsonl``."""
-    path = Path(cfg.orchestration.checkpoint_dir) / "metrics.jsonl"
-    rows: list[dict[str, Any]] = []
-    if not path.is_file():
-        return rows
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        try:
-            row = json.loads(line) if line.strip() else None
-        except json.JSONDecodeError:
-            log.warning("%s:%d: skipping a malformed history line", path, line_no)
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    """Training history (one row per iteration) from ``<checkpoint_dir>/history.csv``, the train stage's file."""
+    from codea1_core.evaluation.comparison import parse_history
+
+    path = Path(cfg.orchestration.checkpoint_dir) / "history.csv"
+    return parse_history(path.read_text(encoding="utf-8")) if path.is_file() else []
 
 
 def read_metrics(path: str | Path) -> dict[str, Any]:
@@ -131,13 +122,6 @@ def read_metrics(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a JSON object of metrics, got {type(data).__name__}")
     return data
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -169,17 +153,21 @@ def _evaluate_models(
     cfg: Config, code_policy: Any, test_policy: Any, executor: Any, mutant_dir: str, solve: bool = True
 ) -> dict[str, float]:
     """Code LLM on ``data.eval_benchmarks``, Test LLM on ``eval.test_sources`` (+ solve benchmarks)."""
-    from tasks.evaluate import evaluate_code_task, evaluate_tests_task, load_benchmark
+    from codea1_core.evaluation.benchmarks import lab_subsets, load_benchmark
+    from tasks.evaluate import evaluate_code_task
+    from tasks.evaluate_tests import evaluate_tests_task
+    from tasks.solve import solve_benchmark
 
     metrics: dict[str, float] = {}
     for bench in cfg.data.eval_benchmarks:
-        metrics |= evaluate_code_task(code_policy(), load_benchmark(cfg, bench), cfg, executor, bench)
+        problems = load_benchmark(cfg, bench)
+        metrics |= evaluate_code_task(code_policy(), problems, cfg, executor, bench, lab_subsets(problems))
     for source in cfg.eval.test_sources if "test" in evaluated_roles(cfg) else []:
         problems = load_benchmark(cfg, source)
-        metrics |= evaluate_tests_task(test_policy(), problems, cfg, executor, source, mutant_dir)
+        metrics |= evaluate_tests_task(
+            test_policy(), problems, cfg, executor, source, mutant_dir, lab_subsets(problems)
+        )
     for bench in cfg.eval.solve_benchmarks if solve and "test" in evaluated_roles(cfg) else []:
-        from flows.solve import solve_benchmark
-
         metrics |= solve_benchmark(
             load_benchmark(cfg, bench), code_policy(), test_policy(), cfg, executor, bench
         )
@@ -192,7 +180,7 @@ def _lazy(policy: Any, cfg: Config, role: str, override: str | None) -> Any:
 
     def get() -> Any:
         if cache[0] is None:
-            cache[0] = load_policy(cfg, role, override)
+            cache[0] = evaluated_policy(cfg, role, override)
         return cache[0]
 
     return get
@@ -248,7 +236,7 @@ def baseline_metrics(cfg: Config, paths: dict[str, str], executor: Any, mutant_d
     code = _lazy(None, cfg, "code", paths["code"])
     test = _lazy(None, cfg, "test", paths.get("test"))  # never called in golden mode
     metrics = _evaluate_models(cfg, code, test, executor, mutant_dir, solve=False)
-    _write_atomic(cache, json.dumps(metrics, sort_keys=True) + "\n")
+    write_text_atomic(cache, json.dumps(metrics, sort_keys=True) + "\n")
     return metrics
 
 
@@ -262,8 +250,23 @@ def with_baseline(metrics: dict[str, float], base: dict[str, float]) -> dict[str
     return out
 
 
-@flow(name="evaluate", validate_parameters=False)
+@flow(name="evaluate", flow_run_name=flow_run_name)
 def evaluate_flow(
+    params: str = "params.yaml",
+    overrides: list[str] | None = None,
+    code_model: str = "",
+    test_model: str = "",
+    run_dir: str = "",
+) -> dict[str, float]:
+    """Prefect entry point (DVC stage, CLI, the ``evaluate/codea1-evaluate`` deployment): :func:`evaluate` with a
+    params file + overrides; ``code_model``/``test_model`` as ``--code-model``/``--test-model``. With ``run_dir``
+    that training run's models are evaluated into ``<run_dir>/eval``; ``run_dir="auto"`` evaluates the
+    workspace's models into a new run folder."""
+    cfg = flow_config(params, overrides, run_dir, keep_train_dir=True)
+    return evaluate(cfg, code_model or None, test_model or None)
+
+
+def _evaluate(
     cfg: Config,
     code_model: str | None = None,
     test_model: str | None = None,
@@ -305,26 +308,26 @@ def evaluate_flow(
         elif base_paths is not None:
             metrics = with_baseline(metrics, baseline_metrics(cfg, base_paths, executor, mutant_dir))
     finally:
-        if own_executor and hasattr(executor, "close"):
+        if own_executor:
             executor.close()
     # ---- Outputs --------------------------------------------------------------------------------
     metrics = {k: round(float(v), 4) for k, v in sorted(metrics.items())}
-    _write_atomic(out_dir / "metrics.json", json.dumps(metrics, indent=1, sort_keys=True) + "\n")
+    write_text_atomic(out_dir / "metrics.json", json.dumps(metrics, indent=1, sort_keys=True) + "\n")
     top = headline(metrics, cfg.eval.promote_metric)  # the learning table: DVC's `metrics` file
-    _write_atomic(out_dir / HEADLINE_FILE, json.dumps(top, indent=1) + "\n")
+    write_text_atomic(out_dir / HEADLINE_FILE, json.dumps(top, indent=1) + "\n")
     _learning_artifact(metrics, cfg.eval.promote_metric)
     report = out_dir / "report.html"
     notes = [f"code model: {code_label}", f"test model: {test_label}"]
     if base_paths:
         notes.append(f"baseline ({BASELINE_PREFIX}/...): {', '.join(base_paths.values())}")
-    _write_atomic(report, render_report(metrics, history=load_history(cfg), notes=notes))
+    write_text_atomic(report, render_report(metrics, history=load_history(cfg), notes=notes))
     if cfg.tracking.backend != "null":
         final = Path(cfg.orchestration.checkpoint_dir) / "final"
         _track(cfg, metrics, report, not injected and Path(code_label).parent == final)
     return metrics
 
 
-def run(
+def evaluate(
     cfg: Config,
     code_model: str | None = None,
     test_model: str | None = None,
@@ -333,13 +336,17 @@ def run(
     executor: Any = None,
     baseline_policies: tuple[Any, Any] | None = None,
 ) -> dict[str, float]:
-    """Run the evaluate flow; returns the flat metrics written to ``metrics.json``."""
+    """The evaluation of :func:`evaluate_flow` on a loaded config (policies/executor may be injected, as tests
+    do); returns the flat metrics written to ``metrics.json``."""
     try:
-        return evaluate_flow(
-            cfg, code_model, test_model, code_policy, test_policy, executor, baseline_policies
-        )
+        return _evaluate(cfg, code_model, test_model, code_policy, test_policy, executor, baseline_policies)
     except FileNotFoundError as exc:
         raise UserError(str(exc)) from None
+
+
+def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, float]:
+    """``codea1 evaluate`` (``flows.common.stage_main``): :func:`evaluate_flow` with the stage's arguments."""
+    return evaluate_flow(params, list(overrides or []))
 
 
 def compare(paths: list[str], out: str | Path) -> Path:
@@ -352,7 +359,7 @@ def compare(paths: list[str], out: str | Path) -> Path:
         runs[name if name not in runs else f"{name} ({len(runs)})"] = read_metrics(p)
     first = next(iter(runs.values()))
     out = Path(out)
-    _write_atomic(
+    write_text_atomic(
         out,
         render_report(first, runs=runs, title="codea1 run comparison", notes=[f"runs: {', '.join(runs)}"]),
     )
@@ -378,8 +385,10 @@ def main(argv: list[str] | None = None) -> int:
             out = args.out or "outputs/eval/compare.html"
             print(f"wrote {compare(args.compare, out)}")
             return
-        cfg = load_stage_config(args.params, list(args.overrides))
-        metrics = run(cfg, args.code_model, args.test_model)
+        cfg = load_stage_config(args.params, list(args.overrides))  # a bad file: one line, before Prefect
+        metrics = evaluate_flow(
+            args.params, list(args.overrides), args.code_model or "", args.test_model or ""
+        )
         for key, value in metrics.items():
             print(f"{key}: {value}")
         print(f"wrote {Path(cfg.eval.out_dir) / 'metrics.json'} and {Path(cfg.eval.out_dir) / 'report.html'}")

@@ -71,6 +71,7 @@ from codea1_core.evaluation.comparison import (
     rewards_chart,
     table_markdown,
 )
+from codea1_core.files import atomic_dir, write_bytes_atomic, write_text_atomic
 from flows.common import UserError, child_env, run_user_errors
 from flows.prefect_server import shared_api
 
@@ -258,12 +259,9 @@ def run_in_workspace(repo: Path, experiments: Sequence[Experiment], runs: Path, 
             if proc.returncode != 0:
                 log.write(f"# {exp.name} failed: exit {proc.returncode}\n")
                 continue
-            tmp = runs / f".{exp.name}.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            for rel in (EVAL_FILE, HISTORY_FILE):
-                shutil.copy2(repo / rel, tmp / Path(rel).name)
-            os.replace(tmp, runs / exp.name)  # complete or absent: what --resume relies on
+            with atomic_dir(runs / exp.name) as tmp:  # complete or absent: what --resume relies on
+                for rel in (EVAL_FILE, HISTORY_FILE):
+                    shutil.copy2(repo / rel, tmp / Path(rel).name)
     finally:
         restore_workspace(repo, new_dirs)
 
@@ -334,28 +332,22 @@ def collect(repo: Path, experiments: Sequence[Experiment]) -> list[RunResult]:
     return results
 
 
-def _write(path: Path, data: str | bytes) -> None:
-    """Atomic write (temp file in the same folder, then ``os.replace``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
-
-
 def write_outputs(out: Path, results: Sequence[RunResult], wall_s: float) -> str:
     """Write table.md/json, plots, report.html and runs/<name>/; return the markdown table."""
     table = aggregate(results)
     table_md = table_markdown(table, results)
     for res in results:
         if not res.error:
-            _write(out / "runs" / res.experiment.name / "metrics.json", json.dumps(res.metrics, indent=1))
-            _write(out / "runs" / res.experiment.name / "history.json", json.dumps(res.history))
+            write_text_atomic(
+                out / "runs" / res.experiment.name / "metrics.json", json.dumps(res.metrics, indent=1)
+            )
+            write_text_atomic(out / "runs" / res.experiment.name / "history.json", json.dumps(res.history))
     experiments = {
         r.experiment.name: {"mode": r.experiment.mode, "seed": r.experiment.seed,
                             "overrides": list(r.experiment.overrides), "error": r.error or None}
         for r in results
     }  # fmt: skip
-    _write(
+    write_text_atomic(
         out / "table.json",
         json.dumps(
             {
@@ -367,12 +359,12 @@ def write_outputs(out: Path, results: Sequence[RunResult], wall_s: float) -> str
             indent=1,
         ),
     )
-    _write(out / "table.md", table_md)
+    write_text_atomic(out / "table.md", table_md)
     charts = {"rewards": rewards_chart(results), "mistake_book": mistake_book_chart(results)}
     for name, png in charts.items():
-        _write(out / f"{name}.png", png)
+        write_bytes_atomic(out / f"{name}.png", png)
     notes = f"{len(results)} experiments, wall time {wall_s / 60:.1f} min; mean ± 95 % CI over seeds."
-    _write(out / "report.html", report_html(table_md, charts, results, notes))
+    write_text_atomic(out / "report.html", report_html(table_md, charts, results, notes))
     return table_md
 
 

@@ -29,9 +29,7 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import random
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -43,13 +41,15 @@ from codea1_core.config import Config, resolve_data_dir
 from codea1_core.data.dataset_types import DatasetError, SourceUnavailable
 from codea1_core.data.datasets import load_source
 from codea1_core.data.prepared import load_prepared, reference_exprs, resolve, save_prepared
+from codea1_core.files import write_bytes_atomic
 from codea1_core.types import CallOutcome, Problem
 from codea1_core.values import decode, encode
-from flows.common import UserError, stage_main
+from flows.common import UserError, flow_config, flow_run_name, stage_main
+from tasks.execute import run_jobs
 
 log = logging.getLogger(__name__)
 
-__all__ = ["load_prepared", "main", "prepare_flow", "run", "save_prepared"]
+__all__ = ["load_prepared", "main", "prepare", "prepare_flow", "run", "save_prepared"]
 
 CACHE_VERSION = 1
 BATCH_PROGRAMS = 64
@@ -126,18 +126,6 @@ def _cache_key(cfg: Config, program: str, exprs: list[str]) -> str:
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def _to_json(outcomes: list[CallOutcome]) -> bytes:
     rows = [
         [o.status, base64.b64encode(encode(o.value)).decode() if o.ok else None, o.error] for o in outcomes
@@ -186,15 +174,16 @@ def _run_references(
                 0, len(missing), BATCH_PROGRAMS
             ):  # cache each batch: an interrupted run resumes
                 batch = missing[start : start + BATCH_PROGRAMS]
-                ran = executor.run_many([(chunks[k][1], chunks[k][2]) for k in batch])
-                infra = [problems[chunks[k][0]].id for k, out in zip(batch, ran, strict=True)
-                         if any(o.status == "infra_error" for o in out)]  # fmt: skip
-                if infra:  # D4: never a score, never cached
-                    raise RuntimeError(
-                        f"prepare: sandbox infrastructure failure on {len(infra)} program(s), e.g. {infra[:3]}"
-                    )
+                ran = run_jobs(  # D4: any infra failure aborts (limit 0): never a score, never cached
+                    executor,
+                    [(chunks[k][1], chunks[k][2]) for k in batch],
+                    0.0,
+                    "prepare: reference programs",
+                    names=[problems[chunks[k][0]].id for k in batch],
+                    limit_key="prepare's limit",
+                )
                 for k, out in zip(batch, ran, strict=True):
-                    _write_atomic(chunks[k][3], _to_json(out))
+                    write_bytes_atomic(chunks[k][3], _to_json(out))
                     results[k] = out
                 log.info(
                     "reference programs: %d/%d done", min(start + BATCH_PROGRAMS, len(missing)), len(missing)
@@ -256,8 +245,13 @@ def _summary(report: dict[str, Any]) -> None:
           f"report: {report['report_path']}")  # fmt: skip
 
 
-@flow(name="prepare", validate_parameters=False)
-def prepare_flow(cfg: Config) -> dict[str, Any]:
+@flow(name="prepare", flow_run_name=flow_run_name)
+def prepare_flow(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
+    """Prefect entry point (DVC stage and CLI): :func:`prepare` with a params file + ``key=value`` overrides."""
+    return prepare(flow_config(params, overrides))
+
+
+def prepare(cfg: Config) -> dict[str, Any]:
     """Load, verify, gate and write the prepared sets; returns the report (also ``report.json``)."""
     from tasks.quality import validate_problems
 
@@ -288,17 +282,19 @@ def prepare_flow(cfg: Config) -> dict[str, Any]:
             (out_dir / f"{group}.parquet").unlink(missing_ok=True)
     report["seconds"] = round(time.monotonic() - t0, 2)
     report["report_path"] = str(out_dir / "report.json")
-    _write_atomic(out_dir / "report.json", json.dumps(report, indent=1, sort_keys=True, default=str).encode())
+    write_bytes_atomic(
+        out_dir / "report.json", json.dumps(report, indent=1, sort_keys=True, default=str).encode()
+    )
     _summary(report)
     return report
 
 
-def run(cfg: Config) -> dict[str, Any]:
+def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
     """Run the prepare flow; data mistakes become one-line :class:`UserError`."""
     from tasks.quality import DataQualityError
 
     try:
-        return prepare_flow(cfg)
+        return prepare_flow(params=params, overrides=list(overrides or []))
     except (DatasetError, DataQualityError) as exc:
         raise UserError(f"prepare: {exc}") from None
 

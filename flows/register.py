@@ -22,8 +22,8 @@ from typing import Any
 from prefect import flow
 
 from codea1_core.config import Config
-from flows.common import UserError, stage_main
-from tasks.checkpoint import write_json_atomic
+from codea1_core.files import write_json_atomic
+from flows.common import UserError, flow_config, flow_run_name, resolve_run_dir, stage_main
 from tasks.tracking import MODEL_NAMES, alias_info, latest_version, log_to_run, set_alias
 
 DECISION_PATH = Path("outputs/register.json")
@@ -67,10 +67,15 @@ def promote_metrics(cfg: Config) -> dict[str, str]:
     return {"code": cfg.eval.promote_metric, "test": test}
 
 
-@flow(name="register", flow_run_name="register-{config[mode]}-seed{config[seed]}")
-def register_flow(config: dict) -> dict[str, Any]:
-    """Prefect flow wrapping :func:`register`."""
-    return register(Config.from_dict(config, source="config"))
+@flow(name="register", flow_run_name=flow_run_name)
+def register_flow(
+    params: str = "params.yaml", overrides: list[str] | None = None, run_dir: str = ""
+) -> dict[str, Any]:
+    """Prefect entry point (DVC stage, CLI, the pipeline deployment): :func:`register`; with ``run_dir`` the
+    run folder's evaluation and training are judged and the decision is written to ``<run_dir>/register.json``."""
+    folder = resolve_run_dir(run_dir)
+    out_path = folder / DECISION_PATH.name if folder is not None else DECISION_PATH
+    return register(flow_config(params, overrides, str(folder or "")), out_path=out_path)
 
 
 def _versions(cfg: Config, done: dict[str, Any] | None) -> dict[str, str]:
@@ -137,13 +142,13 @@ def register(cfg: Config, eval_path: Path | None = None, out_path: Path = DECISI
         if m["champion_value"] is not None:
             numbers[f"register/{role}/champion"] = m["champion_value"]
     log_to_run(cfg, (done or {}).get("run_id"), numbers, decision, "register")
-    write_json_atomic(out_path, decision)
+    write_json_atomic(out_path, decision, fsync=True)
     return decision
 
 
-def run(cfg: Config) -> dict[str, Any]:
+def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
     """DVC/CLI entry point: one line per role with its metric, the numbers compared and the decision."""
-    decision = register_flow(config=cfg.to_dict())
+    decision = register_flow(params=params, overrides=list(overrides or []))
     for role, m in decision["models"].items():
         print(f"register {role}: {m['metric']} -> {m['alias']} ({m['reason']})")
     return decision

@@ -4,11 +4,10 @@ What it does: N candidate solutions from the Code LLM; for each distinct candida
 the Test LLM written against that candidate (white-box, the §4.2 prompt); every distinct test call runs
 on every candidate and every predicted answer is evaluated on its own, all in one sandbox batch. The
 candidate passing the most valid tests (tests whose answer evaluates) wins; ties go to the candidate
-whose outputs agree most with the other candidates', then to the earliest. The selection rule is ours
-(the paper does not publish it, §18.1 item 12).
-
-* ``codea1 solve --problem FILE`` prints the chosen code, its tests and the vote.
-* :func:`solve_benchmark` scores the chosen candidates of a benchmark (EvalPlus base/plus verdicts).
+whose outputs agree most with the other candidates', then to the earliest. The selection rule and its
+plan are the core's (:mod:`codea1_core.evaluation.solve`), the runs ``tasks/solve.py``'s; this file is
+the CLI: ``codea1 solve --problem FILE`` prints the chosen code, its tests and the vote.
+(``tasks.solve.solve_benchmark`` scores the chosen candidates of a benchmark for the evaluate stage.)
 
 Problem file formats (``--problem``):
   * ``.json`` / ``.yaml`` / ``.yml``: a mapping with ``entry_point`` (required), ``prompt`` (the
@@ -25,35 +24,13 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from codea1_core.config import Config
-from codea1_core.evaluation.verdicts import (
-    CandidateScore,
-    benchmark_calls,
-    judge_sample,
-    program_for,
-    score_candidates,
-    select_candidate,
-)
+from codea1_core.evaluation.solve import SolveResult
 from codea1_core.types import Problem
 from flows.common import UserError, load_stage_config, run_user_errors
-
-
-@dataclass(frozen=True)
-class SolveResult:
-    """The chosen candidate, the tests that voted and every candidate's score."""
-
-    code: str
-    chosen: int
-    candidates: tuple[str, ...]
-    tests: tuple[tuple[str, str, bool], ...]
-    """(call, predicted answer, chosen candidate passes) of every valid test."""
-    votes: tuple[CandidateScore, ...]
-
 
 # --------------------------------------------------------------------------------------------------
 # Problem files
@@ -131,77 +108,8 @@ def load_problem_file(path: str | Path, entry_point: str | None = None) -> Probl
 
 
 # --------------------------------------------------------------------------------------------------
-# Selection
+# Orchestration
 # --------------------------------------------------------------------------------------------------
-
-
-def select_many(
-    problems: Sequence[Problem],
-    candidates: Sequence[Sequence[str]],
-    test_policy: Any,
-    cfg: Config,
-    executor: Any,
-) -> list[SolveResult]:
-    """Write white-box tests for every distinct candidate, run them all in one batch, pick per problem."""
-    from codea1_core.method.parsing import extract_tests
-    from codea1_core.method.prompts import test_messages
-    from tasks.evaluate import eval_sampling
-
-    uniq = [list(dict.fromkeys(c for c in cands)) for cands in candidates]
-    flat = [(p, c) for p, cands in zip(problems, uniq, strict=True) for c in cands]
-    prompts = [test_messages(p, c, cfg.reward.k) for p, c in flat]
-    texts = (
-        [row[0].text for row in test_policy.generate(prompts, 1, eval_sampling(cfg, 1))] if prompts else []
-    )
-    jobs, plan, pos = [], [], 0
-    for problem, cands in zip(problems, uniq, strict=True):
-        pairs: dict[tuple[str, str], None] = {}
-        for text in texts[pos : pos + len(cands)]:
-            for t in extract_tests(text, problem.entry_point, cfg.tests.parse_mode).tests:
-                pairs[(t.call, t.answer)] = None
-        pos += len(cands)
-        calls = list(dict.fromkeys(c for c, _ in pairs))
-        answers = list(dict.fromkeys(a for _, a in pairs))
-        tests = [(calls.index(c), answers.index(a)) for c, a in pairs]
-        first = len(jobs)
-        jobs += [(program_for(problem, c), calls) for c in cands]
-        jobs.append(("\n".join(problem.imports) or "pass", answers))
-        plan.append((first, cands, calls, answers, tests))
-    results = executor.run_many(jobs) if jobs else []
-    out = []
-    for first, cands, calls, answers, tests in plan:
-        call_outs, answer_outs = results[first : first + len(cands)], results[first + len(cands)]
-        votes = score_candidates(
-            call_outs, answer_outs, tests, cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol
-        )
-        valid = [v for v in votes if parses(cands[v.index])]  # never choose code that is not Python
-        if not valid:
-            out.append(SolveResult("", -1, tuple(cands), (), tuple(votes)))
-            continue
-        best = select_candidate(valid)
-        rows = []
-        for c, a in tests:
-            if answer_outs[a].ok:
-                got = call_outs[best][c]
-                passed = got.ok and _equal(got.value, answer_outs[a].value, cfg)
-                rows.append((calls[c], answers[a], passed))
-        out.append(SolveResult(cands[best], best, tuple(cands), tuple(rows), tuple(votes)))
-    return out
-
-
-def parses(code: str) -> bool:
-    """Whether ``code`` is valid Python (a candidate that is not cannot be chosen, whatever its votes)."""
-    try:
-        ast.parse(code)
-    except (SyntaxError, ValueError):
-        return False
-    return bool(code.strip())
-
-
-def _equal(a: Any, b: Any, cfg: Config) -> bool:
-    from codea1_core.values import values_equal
-
-    return values_equal(a, b, cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol)
 
 
 def solve(
@@ -209,49 +117,10 @@ def solve(
 ) -> SolveResult:
     """Test-time collaboration on one problem (see the module docstring)."""
     from tasks.evaluate import generate_codes
+    from tasks.solve import select_many
 
     codes = generate_codes([problem], code_policy, cfg, n or cfg.eval.solve_candidates)
     return select_many([problem], codes, test_policy, cfg, executor)[0]
-
-
-def solve_benchmark(
-    problems: Sequence[Problem],
-    code_policy: Any,
-    test_policy: Any,
-    cfg: Config,
-    executor: Any,
-    bench: str = "humanevalplus",
-) -> dict[str, float]:
-    """Pass rate (percent) of the chosen candidates, next to the candidates' mean and best-of-N."""
-    from tasks.evaluate import generate_codes
-
-    codes = generate_codes(problems, code_policy, cfg, cfg.eval.solve_candidates)
-    chosen = select_many(problems, codes, test_policy, cfg, executor)
-    jobs = [
-        (program_for(p, c), benchmark_calls(p))
-        for p, r in zip(problems, chosen, strict=True)
-        for c in r.candidates
-    ]
-    results = executor.run_many(jobs) if jobs else []
-    rel, abs_ = cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol
-    chosen_ok, base_ok, mean_ok, any_ok, pos = [], [], [], [], 0
-    for i, (p, r) in enumerate(zip(problems, chosen, strict=True)):
-        verdicts = [judge_sample(p, res, rel, abs_) for res in results[pos : pos + len(r.candidates)]]
-        pos += len(r.candidates)
-        by_code = dict(zip(r.candidates, verdicts, strict=True))
-        per_sample = [by_code[c].plus for c in codes[i]]
-        chosen_ok.append(r.chosen >= 0 and verdicts[r.chosen].plus)  # -1: no candidate parsed
-        base_ok.append(r.chosen >= 0 and verdicts[r.chosen].base)
-        mean_ok.append(sum(per_sample) / len(per_sample) if per_sample else 0.0)
-        any_ok.append(any(v.plus for v in verdicts))
-    n = max(len(problems), 1)
-    prefix = f"solve/{bench}"
-    return {
-        f"{prefix}/pass@1": 100.0 * sum(chosen_ok) / n,
-        f"{prefix}/base/pass@1": 100.0 * sum(base_ok) / n,
-        f"{prefix}/candidates/pass@1": 100.0 * sum(mean_ok) / n,
-        f"{prefix}/candidates/best_of_n": 100.0 * sum(any_ok) / n,
-    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -294,19 +163,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def go() -> None:
-        from flows.evaluate import load_policy
+        from flows.evaluate import evaluated_policy
         from sandbox import make_executor
 
         problem = load_problem_file(args.problem, args.entry_point)
         cfg = load_stage_config(args.params, list(args.overrides))
-        code = load_policy(cfg, "code", args.code_model)
-        test = load_policy(cfg, "test", args.test_model)
-        executor = make_executor(cfg.sandbox)
-        try:
+        code = evaluated_policy(cfg, "code", args.code_model)
+        test = evaluated_policy(cfg, "test", args.test_model)
+        with make_executor(cfg.sandbox) as executor:
             print(format_result(solve(problem, code, test, cfg, executor, args.n)))
-        finally:
-            if hasattr(executor, "close"):
-                executor.close()
 
     return run_user_errors(go)
 

@@ -138,7 +138,7 @@ def main(params: str = "params.yaml") -> int:
         return 2
     train_dir = Path(cfg.orchestration.checkpoint_dir)
     eval_metrics = _read_json(Path("outputs/eval/metrics.json"))
-    train_summary = _read_json(train_dir / "summary.json")
+    train_summary = _read_json(train_dir / "metrics.json")  # the last training iteration (train stage)
     register = _read_json(Path("outputs/register.json"))
 
     print("\n=== codea1: results ===")

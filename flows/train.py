@@ -10,8 +10,10 @@ last complete iteration with the same MLflow run; no step is logged twice.
 What it does not: prepare data, warm-start, or run the benchmark evaluation (other stages).
 
 Outputs (``orchestration.checkpoint_dir``, default ``outputs/train``): ``checkpoints/`` (it_N + LATEST),
-``mistake_book.json``, ``outcomes/it_N.parquet``, ``history.csv`` (plots), ``metrics.json``, ``final/{code,test}``
-(exported HF dirs for the evaluate stage).
+``mistake_book.json``, ``outcomes/it_N.parquet``, ``history.csv`` (plots, the evaluate report), ``metrics.json``
+(the last row), ``final/{code,test}`` (exported HF dirs for the evaluate stage). The history is recorded once per
+iteration, in the checkpoint (``state.json``: what resume reads); ``history.csv`` and ``metrics.json`` are derived
+from it by :func:`finish` (and on SIGTERM).
 
 Faults (issue 21): one run per workspace (``train.lock``); before the flow starts, checkpoints are verified
 (fallback to the newest intact one) and the MLflow store is probed, so these fail in one line. ``finish()`` is
@@ -19,7 +21,8 @@ idempotent and rewrites every non-persistent DVC out from the last checkpoint (D
 re-run: a resumed run with nothing left to do must still complete the stage), and registers one model version
 per completed run. SIGTERM stops the run after the current task (the last checkpoint stands; exit 143).
 
-Run: ``python -m flows.train [--params params.yaml] [key=value ...]`` or ``codea1 train``.
+Run: ``python -m flows.train [--params params.yaml] [key=value ...]`` or ``codea1 train``; the same
+``train_flow(params, overrides, run_dir)`` is the ``train/codea1-train`` deployment.
 """
 
 from __future__ import annotations
@@ -41,8 +44,10 @@ from typing import Any
 from prefect import flow
 
 from codea1_core.config import Config, ConfigError, load_config
+from codea1_core.files import write_bytes_atomic, write_json_atomic
 from codea1_core.method import loop
-from flows.common import UserError, stage_main
+from codea1_core.models.loading import build_policy
+from flows.common import UserError, flow_config, flow_run_name, run_label, stage_main
 from tasks import checkpoint as ckpt
 from tasks.execute import execute, execute_golden
 from tasks.mistake_book import merge_mistake_book, retrieve_replay
@@ -50,7 +55,6 @@ from tasks.rollout import (
     drop_overlong_problems,
     extract_codes,
     gate_tests,
-    load_policy,
     rollout_code,
     rollout_tests,
 )
@@ -111,43 +115,18 @@ def as_function(task: Any, *args: Any, **kwargs: Any) -> Any:
     return getattr(task, "fn", task)(*args, **kwargs)
 
 
-def flow_config(
-    params: str = "params.yaml",
-    overrides: list[str] | None = None,
-    config: dict | None = None,
-    mode: str = "",
-) -> Config:
-    """The config a ``train_flow`` run trains with: ``config``, else the params file + overrides; ``mode`` wins."""
-    cfg = Config.from_dict(config, source="config") if config else load_config(params, overrides or [])
-    return Config.from_dict({**cfg.to_dict(), "mode": mode}, source="mode") if mode else cfg
-
-
 def run_name(cfg: Config) -> str:
-    """``train-<mode>-seed<seed>-alpha<α>[-no-book]``: MLflow and Prefect runs that differ are told apart."""
-    book = "" if cfg.mistake_book.enabled or cfg.mode == "golden" else "-no-book"
-    alpha = "" if cfg.mode == "golden" else f"-alpha{cfg.reward.alpha:g}"
-    return f"train-{cfg.mode}-seed{cfg.seed}{alpha}{book}"
+    """``train-<mode>-seed<seed>-alpha<α>[-no-book]``: the MLflow run's name (runs that differ are told apart)."""
+    return f"train-{run_label(cfg)}"
 
 
-def _flow_run_name() -> str:
-    from prefect.runtime import flow_run
-
-    try:
-        return run_name(flow_config(**dict(flow_run.get_parameters() or {})))
-    except Exception:  # a bad parameter fails in the flow itself, with its own message
-        return "train-invalid-config"
-
-
-@flow(name="train", flow_run_name=_flow_run_name, log_prints=True)
+@flow(name="train", flow_run_name=flow_run_name, log_prints=True)
 def train_flow(
-    params: str = "params.yaml",
-    overrides: list[str] | None = None,
-    config: dict | None = None,
-    mode: str = "",
+    params: str = "params.yaml", overrides: list[str] | None = None, run_dir: str = ""
 ) -> dict[str, Any]:
-    """Prefect entry point: a params file + ``key=value`` overrides, or a full config dict; ``mode`` (when
-    given) overrides the config's."""
-    return train(flow_config(params, overrides, config, mode))
+    """Prefect entry point (DVC stage, CLI and the ``train/codea1-train`` deployment): a params file +
+    ``key=value`` overrides (``mode=golden``, ...), trained into ``run_dir`` when given (``flows.common``)."""
+    return train(flow_config(params, overrides, run_dir))
 
 
 class Stopped(Exception):
@@ -195,10 +174,13 @@ def train(cfg: Config) -> dict[str, Any]:
                     iteration(run, it)
                 summary = finish(run)
         except Stopped:
+            ckpt.write_history(run.out_dir, run.history)  # the iterations done stay visible (dvc plots)
             run.tracker.end("KILLED")
             done = int(run.history[-1]["iteration"]) if run.history else 0
             return {"stopped": True, "iteration": done}
         except BaseException:
+            with contextlib.suppress(Exception):  # best effort: never hides the failure itself
+                ckpt.write_history(run.out_dir, run.history)
             run.tracker.end("FAILED")  # a re-run resumes the same MLflow run
             raise
     run.tracker.end("FINISHED")
@@ -207,7 +189,7 @@ def train(cfg: Config) -> dict[str, Any]:
 
 def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     """Problems, resume state, tracker, policies (restored from the last checkpoint) and the Mistake Book."""
-    from codea1_core.method.mistake_book import MistakeBook
+    from codea1_core.method.mistake_book import starting_book
     from codea1_core.method.parsing import silence_parse_warnings
 
     silence_parse_warnings()  # SyntaxWarnings about generated text stay off the console
@@ -218,14 +200,7 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     if dropped:
         log.warning("train: %d problems dropped, code prompt > data.max_prompt_tokens=%d tokens (first: %s)",
                     len(dropped), cfg.data.max_prompt_tokens, ", ".join(dropped[:5]))  # fmt: skip
-    total = loop.total_steps(
-        len(train_set), cfg.data.train_batch_size, cfg.data.epochs, cfg.orchestration.max_steps
-    )
-    if total < 1:
-        raise UserError(
-            f"no training step: {len(train_set)} problems, data.train_batch_size={cfg.data.train_batch_size}, "
-            f"data.epochs={cfg.data.epochs}, orchestration.max_steps={cfg.orchestration.max_steps}"
-        )
+    total = training_steps(cfg, len(train_set))
     fingerprint = loop.config_fingerprint(cfg.flat())
     state = ckpt.resume_or_start(out_dir, cfg.orchestration.resume, fingerprint)
     tracker = tracker_factory(cfg, run_id=state["run_id"], run_name=run_name(cfg))
@@ -233,17 +208,10 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     for row in state["history"]:  # backfill iterations checkpointed before a kill but not yet logged
         log_iteration.fn(tracker, int(row["iteration"]), row)
     seed_everything(cfg.seed)  # adapter initialisation is part of the run's identity
-    policies = {"code": load_policy(cfg.model.code_path, cfg, "code", total)}
+    policies = {"code": build_policy(cfg.model.code_path, cfg, "code", total)}
     if cfg.mode == "codea1":  # selfplay: one model plays both roles; golden: no Test LLM
-        policies["test"] = load_policy(cfg.model.test_path, cfg, "test", total)
-    book = None
-    if cfg.mistake_book.enabled and cfg.mode != "golden":
-        mb = cfg.mistake_book
-        book = MistakeBook.from_config(mb)
-        if state["book"]:
-            book = MistakeBook.from_dict(
-                state["book"], mb.top_k, mb.tie_break, mb.max_per_problem, mb.enabled
-            )
+        policies["test"] = build_policy(cfg.model.test_path, cfg, "test", total)
+    book = starting_book(cfg, state["book"])
     if state["path"] is not None:
         for role, pol in policies.items():
             pol.load(state["path"] / role)
@@ -305,8 +273,7 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
     parquet = write_outcomes(run.out_dir / "outcomes" / f"it_{it:06d}.parquet", outcomes)
     times["time/iteration_s"] = time.perf_counter() - t_iter
     row = {"iteration": it, **metrics, **sm, **sb, **times}
-    run.history.append(row)
-    ckpt.write_history(run.out_dir, run.history, row)
+    run.history.append(row)  # recorded once, in the checkpoint's state (history.csv is derived at the end)
     state = {"fingerprint": run.fingerprint, "run_id": run.tracker.run_id, "history": run.history}
     book = run.book.to_dict() if run.book is not None else None
     call(ckpt.checkpoint, str(run.out_dir), it, run.policies, book, state, cfg.orchestration.keep_checkpoints)
@@ -370,6 +337,19 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def training_steps(cfg: Config, n_problems: int) -> int:
+    """The run's number of steps (``loop.total_steps``); a config with none is a one-line UserError."""
+    total = loop.total_steps(
+        n_problems, cfg.data.train_batch_size, cfg.data.epochs, cfg.orchestration.max_steps
+    )
+    if total < 1:
+        raise UserError(
+            f"no training step: {n_problems} problems, data.train_batch_size={cfg.data.train_batch_size}, "
+            f"data.epochs={cfg.data.epochs}, orchestration.max_steps={cfg.orchestration.max_steps}"
+        )
+    return total
+
+
 def load_problems(cfg: Config) -> tuple[list[Any], list[Any]]:
     """Prepared train/val problems (``data/prepared``); lab-only configs fall back to generating them."""
     prepared = Path(cfg.data.prepared_dir)
@@ -406,16 +386,15 @@ def finish(run: TrainRun) -> dict[str, Any]:
 
     final = run.out_dir / "final"
     done = final / "DONE.json"
-    summary = dict(run.history[-1]) if run.history else {"iteration": 0}
-    ckpt.write_history(run.out_dir, run.history, summary)
+    summary = ckpt.write_history(run.out_dir, run.history)
     book = run.book if run.book is not None else MistakeBook(enabled=False)
-    ckpt.write_json_atomic(run.out_dir / "mistake_book.json", book.to_dict())
+    write_json_atomic(run.out_dir / "mistake_book.json", book.to_dict(), fsync=True)
     fault_point("finish:history")
     if _done_matches(done, run) and all((final / role).is_dir() for role in run.policies):
         return summary
     png = training_chart(run.history)
     if png is not None:  # reward curves + Mistake Book dynamics, also in the MLflow run
-        ckpt.write_bytes_atomic(final.parent / "plots" / "training.png", png)
+        write_bytes_atomic(final.parent / "plots" / "training.png", png)
         run.tracker.log_file(final.parent / "plots" / "training.png", "plots")
     versions = {}
     for role, pol in run.policies.items():
@@ -423,7 +402,9 @@ def finish(run: TrainRun) -> dict[str, Any]:
         fault_point(f"finish:export_{role}")
         versions[role] = run.tracker.register(role, final / role, run.total)
         fault_point(f"finish:register_{role}")
-    ckpt.write_json_atomic(done, {"iteration": run.total, "versions": versions, "run_id": run.tracker.run_id})
+    write_json_atomic(
+        done, {"iteration": run.total, "versions": versions, "run_id": run.tracker.run_id}, fsync=True
+    )
     fault_point("finish:done")
     return summary
 
@@ -445,13 +426,7 @@ def preflight(cfg: Config) -> None:
     from tasks.tracking import probe_store
 
     out_dir = Path(cfg.orchestration.checkpoint_dir)
-    n_train = len(
-        load_problems(cfg)[0]
-    )  # cheap (parquet or in-memory lab); setup() checks again after filtering
-    if loop.total_steps(n_train, cfg.data.train_batch_size, cfg.data.epochs, cfg.orchestration.max_steps) < 1:
-        raise UserError(
-            f"no training step: {n_train} problems < data.train_batch_size={cfg.data.train_batch_size}"
-        )
+    training_steps(cfg, len(load_problems(cfg)[0]))  # cheap (parquet or lab); setup() checks after filtering
     same = ckpt.stored_fingerprint(out_dir) == loop.config_fingerprint(cfg.flat())
     if cfg.orchestration.resume == "auto" and same:
         ckpt.select_checkpoint(out_dir)
@@ -459,18 +434,21 @@ def preflight(cfg: Config) -> None:
         probe_store(cfg)
 
 
-def run(cfg: Config) -> dict[str, Any]:
-    """DVC/CLI entry point (``flows.common.stage_main``): lock, preflight, the flow; user errors in one line
-    (a config that cannot fit its GPU stops first, ``flows.plan``)."""
+def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
+    """DVC/CLI entry point (``flows.common.stage_main``): lock, preflight, then :func:`train_flow` with the same
+    ``params`` and ``overrides``; user errors in one line (a config that cannot fit its GPU stops first,
+    ``flows.plan``)."""
     from flows.plan import check_training_fits
     from tasks.tracking import TrackingUnavailable
 
+    overrides = list(overrides or [])
+    cfg = load_config(params, overrides)
     check_training_fits(cfg)
     quiet_user_error_tracebacks()
     try:
         with ckpt.WorkspaceLock(cfg.orchestration.checkpoint_dir):
             preflight(cfg)
-            summary = train_flow(config=cfg.to_dict())
+            summary = train_flow(params=params, overrides=overrides)
     except (ckpt.WorkspaceLockedError, ckpt.CheckpointError, TrackingUnavailable) as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:

@@ -4,8 +4,9 @@ What it does: trains a BPE tokenizer and a random-init tiny Qwen2 model on the l
 (``codea1_core.data.lab.tokenizer_corpus``), then fine-tunes it (TRL SFT) into the Code LLM (correct and
 buggy solutions, ``lab.buggy_fraction``, on the training problems plus fresh parameter sets up to
 ``lab.warmstart_code_problems_per_family``, so it learns to copy constants rather than memorize them) and
-the Test LLM (imperfect white-box test suites on the training problems), so RL has room to improve both. ``selfplay`` mode trains one model on code and black-box test conversations;
-``golden`` mode trains only the Code LLM. Everything is written to a temporary folder and moved into
+the Test LLM (imperfect white-box test suites on the training problems), so RL has room to improve both.
+``selfplay`` mode trains one model on code and black-box test conversations; ``golden`` mode trains only
+the Code LLM. Everything is written to a temporary folder and moved into
 ``outputs/warmstart/`` (``base``, the role folders named by ``model.code_path`` / ``model.test_path``,
 ``metrics.json``) in one rename.
 What it does not: touch user models. When ``model.code_path`` (and ``test_path``) are not inside
@@ -17,9 +18,7 @@ Run: ``python -m flows.warmstart [--params params.yaml] [key=value ...]`` or ``c
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
@@ -28,8 +27,9 @@ from typing import Any
 from prefect import flow
 
 from codea1_core.config import Config, load_config
+from codea1_core.files import replace_dir, temp_dir_for, write_json_atomic
 from codea1_core.types import Problem
-from flows.common import stage_main
+from flows.common import flow_config, flow_run_name, stage_main
 
 log = logging.getLogger("codea1.warmstart")
 
@@ -66,21 +66,8 @@ def training_problems(cfg: Config) -> list[Problem]:
     return lab_problems(cfg.lab, "train")
 
 
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
-def _swap_in(tmp: Path, root: Path) -> None:
-    """Replace ``root`` by the finished ``tmp`` folder (the old one is removed only after the rename)."""
-    old = root.with_name(root.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if root.exists():
-        os.replace(root, old)
-    os.replace(tmp, root)
-    shutil.rmtree(old, ignore_errors=True)
+def _write_metrics(path: Path, metrics: dict[str, Any]) -> None:
+    write_json_atomic(path, metrics, indent=2, default=None, newline=True)
 
 
 def _param_count(model_dir: Path) -> int:
@@ -99,13 +86,13 @@ def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
     t0 = time.perf_counter()
     dirs = role_dirs(cfg, root)
     lab, k = cfg.lab, cfg.reward.k
-    tmp = root.with_name(root.name + ".tmp")
+    tmp = temp_dir_for(root)  # built whole, then swapped in: a failed run leaves the previous outputs
     shutil.rmtree(tmp, ignore_errors=True)
     if not dirs:  # user models: nothing to build; stale tiny models must not linger beside this verdict
         metrics = {"skipped": True, "reason": f"model.code_path/test_path are not inside {root}",
                    "code_path": cfg.model.code_path, "test_path": cfg.model.test_path}  # fmt: skip
-        _write_json_atomic(tmp / "metrics.json", metrics)
-        _swap_in(tmp, root)
+        _write_metrics(tmp / "metrics.json", metrics)
+        replace_dir(tmp, root)
         return metrics
     try:
         base = build_tiny_model(
@@ -131,21 +118,18 @@ def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
             metrics |= {f"{role}/{key}": v for key, v in stats.items() if isinstance(v, int | float | str)}
             metrics[f"time/sft_{role}_s"] = time.perf_counter() - t_role
         metrics["time/total_s"] = time.perf_counter() - t0
-        _write_json_atomic(tmp / "metrics.json", metrics)
-        _swap_in(tmp, root)
+        _write_metrics(tmp / "metrics.json", metrics)
+        replace_dir(tmp, root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return metrics
 
 
-@flow(name="warmstart")  # no log_prints: datasets prints dis() output into a captured stdout
-def warmstart_flow(
-    params: str = "params.yaml", overrides: list[str] | None = None, config: dict | None = None
-) -> dict[str, Any]:
-    """Prefect entry point: a params file + ``key=value`` overrides, or a full config dict."""
-    cfg = Config.from_dict(config, source="config") if config else load_config(params, overrides or [])
-    return warm_start(cfg)
+@flow(name="warmstart", flow_run_name=flow_run_name)  # no log_prints: datasets prints dis() into stdout
+def warmstart_flow(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
+    """Prefect entry point (DVC stage and CLI): a params file + ``key=value`` overrides."""
+    return warm_start(flow_config(params, overrides))
 
 
 def summary_line(metrics: dict[str, Any]) -> str:
@@ -157,13 +141,14 @@ def summary_line(metrics: dict[str, Any]) -> str:
             f"{metrics['time/total_s']:.0f} s -> {WARMSTART_DIR}/")  # fmt: skip
 
 
-def run(cfg: Config) -> dict[str, Any]:
+def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
     """DVC/CLI entry point (``flows.common.stage_main``): run the flow, print a summary."""
     from codea1_core.data.lab import check_lab_config
 
+    cfg = load_config(params, list(overrides or []))
     if role_dirs(cfg):
         check_lab_config(cfg.lab)  # a bad lab.* value: one line before any Prefect run starts
-    metrics = warmstart_flow(config=cfg.to_dict())
+    metrics = warmstart_flow(params=params, overrides=list(overrides or []))
     print(summary_line(metrics))
     return metrics
 

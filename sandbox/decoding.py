@@ -15,7 +15,8 @@ decoder does not need for trusted bytes:
     of a million empty sets is 5 MB but would be 216 MB of objects).
 
 Rejections raise :class:`ResultRejected` (the call is ``unsupported_output``); malformed bytes raise
-``ValueError`` as in ``values.decode``. What it does not do: encode, compare, or run any code of the
+``ValueError`` as in ``values.decode``. :func:`outcomes_of` turns one program's reported calls into
+``CallOutcome`` objects this way (shared by the process and Docker backends). What it does not do: encode, compare, or run any code of the
 program (no ``__hash__``/``__eq__`` of user classes can be reached: only plain types are built).
 """
 
@@ -24,7 +25,9 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from codea1_core.types import CallOutcome
 from codea1_core.values import MAX_DEPTH
+from sandbox.limits import ExecLimits
 
 MAX_SAME_HASH = 32
 """Most keys of one set/frozenset/dict allowed to share one hash value (natural data: 1 or 2)."""
@@ -147,3 +150,22 @@ def _check_hash_spread(keys: list) -> None:
         if c > MAX_SAME_HASH:
             raise ResultRejected(f"hash-colliding set/dict keys (more than {MAX_SAME_HASH} share one hash)")
         counts[h] = c
+
+
+def outcomes_of(calls: list[tuple], limits: ExecLimits) -> list[CallOutcome]:
+    """Decode one program's reported calls, all charged to one decode budget (bounded parent memory)."""
+    budget = DecodeBudget(limits.max_result_bytes)
+    return [_to_outcome(c, budget) for c in calls]
+
+
+def _to_outcome(call: tuple, budget: DecodeBudget | None = None) -> CallOutcome:
+    status, payload, error, dur_s = call
+    if status != "ok":
+        return CallOutcome(status, None, error, dur_s)
+    try:
+        value = decode_result(payload, budget or DecodeBudget(ExecLimits().max_result_bytes))
+        return CallOutcome("ok", value, "", dur_s)
+    except ResultRejected as exc:
+        return CallOutcome("unsupported_output", None, f"UnsupportedValue: {exc}", dur_s)
+    except ValueError as exc:  # only a forged frame can carry bytes our encoder did not write
+        return CallOutcome("error", None, f"SandboxViolation: {exc}", dur_s)

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from codea1_core.types import CallOutcome
-from sandbox.executor import SandboxUnavailable, outcomes_of
+from sandbox.decoding import outcomes_of
+from sandbox.errors import SandboxUnavailable
 from sandbox.limits import ExecLimits
 
 _ROOT_IN_CONTAINER = "/codea1"
@@ -69,6 +70,7 @@ class DockerExecutor:
             pids_limit,
         )
         self._uid = 65534 if drop_privileges else None
+        self._own_client = client is None
         self.client = client if client is not None else _connect()
         self.stats: dict[str, float] = dict.fromkeys(
             ("programs", "calls", "timeouts", "infra_errors", "retries", "seconds"), 0
@@ -86,6 +88,17 @@ class DockerExecutor:
     def run(self, program: str, calls: list[str]) -> list[CallOutcome]:
         """Run ``program`` then evaluate each call expression in its namespace; one outcome per call."""
         return self.run_many([(program, calls)])[0]
+
+    def close(self) -> None:
+        """Nothing runs between calls (a container lives for one program); close a client we opened."""
+        if self._own_client:
+            self.client.close()
+
+    def __enter__(self) -> DockerExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def run_many(self, jobs: list[tuple[str, list[str]]]) -> list[list[CallOutcome]]:
         """Run many programs, ``workers`` containers at a time; results in the order of ``jobs``."""

@@ -84,8 +84,12 @@ parent memory of a batch grows with the number of programs (the bound is per pro
 there is no uid drop, no namespaces and no cgroup (``network_isolation="auto"`` records this in
 ``ex.isolation``; ``"require"`` refuses to start); bubblewrap is not used.
 
-Run its tests: ``pytest tests/test_sandbox.py tests/test_sandbox_hostile.py``; the benchmark:
-``python bench/sandbox_bench.py``.
+Cost: per program, one fork of the zygote, one job message, one reap round trip; every step that is
+the same for all children is done once by the zygote (``sandbox/child.py``, ``_prepare_zygote``),
+because a forked child pays a copy-on-write page fault for every page it writes.
+
+Run its tests: ``pytest tests/test_sandbox.py tests/test_sandbox_hostile.py tests/test_sandbox_cost.py``;
+the benchmark: ``python bench/sandbox_bench.py``.
 """
 
 from __future__ import annotations
@@ -106,7 +110,8 @@ from typing import Any
 
 from codea1_core.types import CallOutcome
 from sandbox.child import write_msg
-from sandbox.decoding import DecodeBudget, ResultRejected, decode_result
+from sandbox.decoding import outcomes_of
+from sandbox.errors import SandboxUnavailable
 from sandbox.limits import (
     ExecLimits,
     default_hide_paths,
@@ -118,10 +123,6 @@ from sandbox.limits import (
 _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from sandbox.child import worker_main; worker_main()"
 _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 _START_TIMEOUT_S = 60.0
-
-
-class SandboxUnavailable(RuntimeError):
-    """The sandbox cannot provide what the configuration requires (fail closed, at start-up)."""
 
 
 class _Worker:
@@ -411,56 +412,3 @@ class ProcessExecutor:
 
 def _job_bytes(job: tuple[str, list[str]]) -> int:
     return len(job[0]) * 4 + sum(len(c) * 4 + 8 for c in job[1]) + 256  # upper bound of the marshal size
-
-
-def outcomes_of(calls: list[tuple], limits: ExecLimits) -> list[CallOutcome]:
-    """Decode one program's reported calls, all charged to one decode budget (bounded parent memory)."""
-    budget = DecodeBudget(limits.max_result_bytes)
-    return [_to_outcome(c, budget) for c in calls]
-
-
-def _to_outcome(call: tuple, budget: DecodeBudget | None = None) -> CallOutcome:
-    status, payload, error, dur_s = call
-    if status != "ok":
-        return CallOutcome(status, None, error, dur_s)
-    try:
-        value = decode_result(payload, budget or DecodeBudget(ExecLimits().max_result_bytes))
-        return CallOutcome("ok", value, "", dur_s)
-    except ResultRejected as exc:
-        return CallOutcome("unsupported_output", None, f"UnsupportedValue: {exc}", dur_s)
-    except ValueError as exc:  # only a forged frame can carry bytes our encoder did not write
-        return CallOutcome("error", None, f"SandboxViolation: {exc}", dur_s)
-
-
-def make_executor(sandbox_cfg: Any) -> Any:
-    """Build the configured executor from ``codea1_core.config.SandboxConfig``."""
-    limits = ExecLimits(
-        call_timeout_s=sandbox_cfg.call_timeout_s,
-        program_timeout_s=sandbox_cfg.program_cap_s,
-        memory_mb=sandbox_cfg.memory_mb,
-        max_output_bytes=sandbox_cfg.max_output_bytes,
-    )
-    common = {
-        "workers": sandbox_cfg.workers,
-        "limits": limits,
-        "network_isolation": sandbox_cfg.network_isolation,
-        "drop_privileges": sandbox_cfg.drop_privileges,
-        "infra_retries": sandbox_cfg.infra_retries,
-    }
-    if sandbox_cfg.backend == "docker":
-        from sandbox.docker_executor import DockerExecutor
-
-        return DockerExecutor(image=sandbox_cfg.docker_image, **common)
-    if sandbox_cfg.backend == "ray":
-        from sandbox.ray_executor import RayExecutor
-
-        common.pop("workers")
-        return RayExecutor(
-            address=sandbox_cfg.ray_address,
-            actors_per_node=sandbox_cfg.ray_actors_per_node,
-            workers_per_actor=sandbox_cfg.ray_workers_per_actor,
-            **common,
-        )
-    if sandbox_cfg.backend != "process":
-        raise ValueError(f"sandbox.backend: expected process, docker or ray, got {sandbox_cfg.backend!r}")
-    return ProcessExecutor(**common)

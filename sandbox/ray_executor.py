@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from codea1_core.types import CallOutcome
-from sandbox.executor import _REPO_ROOT, SandboxUnavailable
+from sandbox.errors import SandboxUnavailable
+from sandbox.executor import _REPO_ROOT
 from sandbox.limits import ExecLimits
 
 Job = tuple[str, list[str]]

@@ -32,6 +32,8 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from codea1_core.files import atomic_dir, write_json_atomic, write_text_atomic
+
 STATE_SCHEMA = "codea1.train_state/1"
 MANIFEST = "MANIFEST.json"
 MANIFEST_SCHEMA = "codea1.checkpoint_manifest/1"
@@ -52,36 +54,6 @@ def ckpt_root(checkpoint_dir: str | Path) -> Path:
     return Path(checkpoint_dir) / "checkpoints"
 
 
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write JSON to ``path`` via a temp file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True, default=str)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write text via a temp file and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def write_bytes_atomic(path: str | Path, data: bytes) -> None:
-    """Write bytes via a temp file and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def save_checkpoint(
     checkpoint_dir: str | Path,
     iteration: int,
@@ -95,21 +67,16 @@ def save_checkpoint(
 
     root = ckpt_root(checkpoint_dir)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"it_{iteration:06d}"
-    tmp = root / f".it_{iteration:06d}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for role, policy in policies.items():
-        policy.save(tmp / role)
-    if book is not None:
-        write_json_atomic(tmp / "mistake_book.json", book)
-    torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
-    full_state = dict(state, schema=STATE_SCHEMA, iteration=iteration, python_rng=_py_rng_state())
-    write_json_atomic(tmp / "state.json", full_state)
-    write_manifest(tmp)  # last: a checkpoint without a matching manifest is never trusted
-    if final.exists():  # a re-run of an iteration that completed but whose LATEST write was lost
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    final = root / f"it_{iteration:06d}"  # built as .it_NNNNNN.tmp; replaces a re-run iteration's folder
+    with atomic_dir(final) as tmp:
+        for role, policy in policies.items():
+            policy.save(tmp / role)
+        if book is not None:
+            write_json_atomic(tmp / "mistake_book.json", book, fsync=True)
+        torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
+        full_state = dict(state, schema=STATE_SCHEMA, iteration=iteration, python_rng=_py_rng_state())
+        write_json_atomic(tmp / "state.json", full_state, fsync=True)
+        write_manifest(tmp)  # last: a checkpoint without a matching manifest is never trusted
     write_text_atomic(root / "LATEST", final.name)
     _prune(root, keep, final.name)
     return final
@@ -125,7 +92,7 @@ def _prune(root: Path, keep: int, current: str) -> None:
     for old in done[: max(0, len(done) - max(keep, 1))]:
         if old.name != current:
             shutil.rmtree(old, ignore_errors=True)
-    for stale in root.glob(".it_*.tmp"):
+    for stale in [*root.glob(".it_*.tmp"), *root.glob(".it_*.old")]:  # left by a kill mid-write / mid-swap
         shutil.rmtree(stale, ignore_errors=True)
 
 
@@ -144,7 +111,7 @@ def write_manifest(folder: Path) -> None:
         for p in sorted(folder.rglob("*"))
         if p.is_file() and p.name != MANIFEST
     }
-    write_json_atomic(folder / MANIFEST, {"schema": MANIFEST_SCHEMA, "files": files})
+    write_json_atomic(folder / MANIFEST, {"schema": MANIFEST_SCHEMA, "files": files}, fsync=True)
 
 
 _VERIFIED: dict[str, int] = {}  # folder -> manifest mtime_ns: verified once per process (hashing is I/O)
@@ -302,12 +269,24 @@ def stored_fingerprint(checkpoint_dir: str | Path) -> str | None:
 
 def save_run_info(checkpoint_dir: str | Path, fingerprint: str, run_id: str | None) -> None:
     """Record the config fingerprint and MLflow run id before the first iteration (atomic)."""
-    write_json_atomic(ckpt_root(checkpoint_dir) / "run.json", {"fingerprint": fingerprint, "run_id": run_id})
+    write_json_atomic(
+        ckpt_root(checkpoint_dir) / "run.json", {"fingerprint": fingerprint, "run_id": run_id}, fsync=True
+    )
 
 
-def write_history(checkpoint_dir: str | Path, history: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-    """``history.csv`` (``dvc plots``), ``metrics.jsonl`` (one JSON object per iteration, read by the evaluate
-    stage's report) and ``metrics.json`` (the latest values, DVC metrics); each written atomically."""
+HISTORY_FILE = "history.csv"
+"""The training history users see: one row per iteration (``dvc plots``, the evaluate report, lab-compare)."""
+LAST_ROW_FILE = "metrics.json"
+
+
+def write_history(checkpoint_dir: str | Path, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Derive the history's files from the checkpointed history (the one record written per iteration, in
+    ``state.json``): ``history.csv`` (read back by ``codea1_core.evaluation.comparison.parse_history``) and
+    ``metrics.json`` (the last row; ``{"iteration": 0}`` before the first), each atomically; returns the last row.
+
+    Why not per iteration: the checkpoint already holds the history atomically with the weights it belongs to
+    (resume reads it there); rewriting two more copies every iteration only cost time.
+    """
     import csv
     import io
 
@@ -320,10 +299,10 @@ def write_history(checkpoint_dir: str | Path, history: list[dict[str, Any]], sum
     writer.writeheader()
     for row in history:
         writer.writerow(row)
-    write_text_atomic(Path(checkpoint_dir) / "history.csv", buf.getvalue())
-    lines = "".join(json.dumps(row, sort_keys=True, default=str) + "\n" for row in history)
-    write_text_atomic(Path(checkpoint_dir) / "metrics.jsonl", lines)
-    write_json_atomic(Path(checkpoint_dir) / "metrics.json", summary)
+    write_text_atomic(Path(checkpoint_dir) / HISTORY_FILE, buf.getvalue())
+    last = dict(history[-1]) if history else {"iteration": 0}
+    write_json_atomic(Path(checkpoint_dir) / LAST_ROW_FILE, last, fsync=True)
+    return last
 
 
 # --------------------------------------------------------------------------------------------------

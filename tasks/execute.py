@@ -1,6 +1,8 @@
 """Execution task: run a step's programs in the sandbox in two phases and assemble the outcome matrices.
 
-What it does (ALGORITHM.md §3 step 8, §6, D1-D4): phase 1 runs every problem's reference job in ONE
+What it does (ALGORITHM.md §3 step 8, §6, D1-D4): :func:`run_jobs` is the one function through which every
+sandbox use runs its jobs, with the one infrastructure guard (training, evaluation, ``solve``, ``attack``,
+prepare). The ``execute`` task: phase 1 runs every problem's reference job in ONE
 ``run_many`` (the executor shards it across its warm pool); phase 2 runs every candidate job of every
 problem in ONE ``run_many``; each (program, call) runs exactly once. Jobs whose outcome contains
 ``infra_error`` are retried once more as a batch; if the share of calls still failing for infrastructure
@@ -13,6 +15,7 @@ trusted parent).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from prefect import task
@@ -22,7 +25,14 @@ from codea1_core.config import Config
 
 
 class InfraFailure(RuntimeError):
-    """Too many calls of a step failed for infrastructure reasons (D4): the step is aborted, not scored."""
+    """Too many calls failed for infrastructure reasons (D4): the step or benchmark is aborted, not scored.
+
+    The one exception of the one guard (:func:`run_jobs`) every sandbox use goes through: training,
+    evaluation, ``solve``, ``attack`` and the prepare stage's reference runs.
+    """
+
+
+MAX_INFRA_KEY = "sandbox.max_infra_failure_frac"
 
 
 def _infra_count(outcomes: list[list[Any]]) -> tuple[int, int]:
@@ -31,24 +41,52 @@ def _infra_count(outcomes: list[list[Any]]) -> tuple[int, int]:
     return infra, calls
 
 
+def check_infra(
+    outcomes: list[list[Any]],
+    max_infra_frac: float,
+    label: str,
+    names: Sequence[str] | None = None,
+    limit_key: str = MAX_INFRA_KEY,
+) -> int:
+    """Count ``infra_error`` calls; raise :class:`InfraFailure` when their share exceeds ``max_infra_frac``.
+
+    The message says what failed (``label``, up to three job ``names``, the first error), how many calls
+    and the limit (``limit_key``, the setting that holds it).
+    """
+    infra, calls = _infra_count(outcomes)
+    if calls and infra / calls > max_infra_frac:
+        hit = [i for i, o in enumerate(outcomes) if any(c.status == "infra_error" for c in o)]
+        first = next(c.error for c in outcomes[hit[0]] if c.status == "infra_error")
+        where = f" in {len(hit)} program(s), e.g. {[names[i] for i in hit[:3]]}" if names else ""
+        raise InfraFailure(
+            f"{label}: {infra}/{calls} calls hit sandbox infrastructure errors{where} "
+            f"(> {limit_key}={max_infra_frac}); first error: {first or '(no message)'}; "
+            "aborted, nothing scored"
+        )
+    return infra
+
+
 def run_jobs(
-    executor: Any, jobs: list[tuple[str, list[str]]], max_infra_frac: float, label: str
+    executor: Any,
+    jobs: list[tuple[str, list[str]]],
+    max_infra_frac: float,
+    label: str,
+    names: Sequence[str] | None = None,
+    limit_key: str = MAX_INFRA_KEY,
 ) -> list[list[Any]]:
-    """``run_many`` with one batch retry of the jobs that hit infra errors, then the D4 abort rule."""
+    """THE way sandbox jobs run: ``run_many``, one batch retry of the jobs that hit infra errors, then
+    the D4 abort rule (:func:`check_infra`). ``names`` (one per job) name the failing programs."""
     if not jobs:
         return []
+    if names is not None and len(names) != len(jobs):
+        raise ValueError(f"{label}: {len(names)} names for {len(jobs)} jobs")
     outcomes = list(executor.run_many(jobs))
     retry = [i for i, o in enumerate(outcomes) if any(c.status == "infra_error" for c in o)]
     if retry:
         again = executor.run_many([jobs[i] for i in retry])
         for i, o in zip(retry, again, strict=True):
             outcomes[i] = o
-    infra, calls = _infra_count(outcomes)
-    if calls and infra / calls > max_infra_frac:
-        raise InfraFailure(
-            f"{label}: {infra}/{calls} calls hit sandbox infrastructure errors "
-            f"(> sandbox.max_infra_failure_frac={max_infra_frac}); step aborted, nothing scored"
-        )
+    check_infra(outcomes, max_infra_frac, label, names, limit_key)
     return outcomes
 
 

@@ -16,7 +16,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from codea1_core.config import Config
-from tasks.checkpoint import write_json_atomic
+from codea1_core.files import write_json_atomic
 
 
 def retrieve_replay(book: Any, problems: list[Any], cfg: Config) -> list[list[Any]]:
@@ -39,7 +39,7 @@ def merge_mistake_book(
         if path is not None:
             from codea1_core.method.mistake_book import MistakeBook
 
-            write_json_atomic(path, MistakeBook(enabled=False).to_dict())
+            write_json_atomic(path, MistakeBook(enabled=False).to_dict(), fsync=True)
         return {}
     totals: dict[str, float] = {}
     replayed = passed = 0
@@ -65,5 +65,5 @@ def merge_mistake_book(
     # nothing replayed (early in the first epoch): not a rate of 0 — NaN, like code/pass_hist (§14)
     metrics["mistake_book/replay_pass_rate"] = passed / replayed if replayed else float("nan")
     if path is not None:
-        write_json_atomic(path, book.to_dict())
+        write_json_atomic(path, book.to_dict(), fsync=True)
     return metrics

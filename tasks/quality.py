@@ -33,10 +33,7 @@ How to run: ``gate_tests.fn(rows, cfg.tests, report_path)``; ``pytest tests/test
 from __future__ import annotations
 
 import ast
-import json
-import os
 import re
-import tempfile
 import threading
 import unicodedata
 from collections import Counter
@@ -51,6 +48,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from codea1_core.config import TestsConfig
+from codea1_core.files import write_json_atomic
 from codea1_core.types import Problem, literal_value
 
 DEFAULT_REPORT_DIR = Path("outputs/quality")
@@ -155,19 +153,6 @@ def _gx() -> _Gx:
     return _GX
 
 
-def _write_json(data: dict[str, Any], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=True, default=str)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
-
-
 # --------------------------------------------------------------------------------------------------
 # Problems
 # --------------------------------------------------------------------------------------------------
@@ -215,7 +200,7 @@ def validate_problems(problems: list[Problem], report_path: str | Path | None = 
     failed = _gx().run("problems", _problem_expectations(), frame)
     failures = {code: [str(frame.at[i, "id"]) for i in rows] for code, rows in failed.items() if rows}
     report = {"n_problems": len(problems), "success": not failures, "failures": failures}
-    path = _write_json(report, Path(report_path)) if report_path else None
+    path = write_json_atomic(report_path, report, indent=2) if report_path else None
     if failures:
         detail = "; ".join(
             f"{code}: {', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}" for code, ids in failures.items()
@@ -394,7 +379,7 @@ def gate_tests(
         Path(report_path) if report_path else (DEFAULT_REPORT_DIR / "gate_tests.json" if too_many else None)
     )
     if path is not None:
-        _write_json(report, path)
+        write_json_atomic(path, report, indent=2)
     if too_many:
         raise DataQualityError(
             f"generated-test gate: {rate:.1%} of {n} rows rejected (> tests.max_rejected_frac="

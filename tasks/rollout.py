@@ -1,11 +1,13 @@
-"""Rollout tasks: load the policies, sample code and tests, parse them, gate the generated tests.
+"""Rollout tasks: sample code and tests, parse them, gate the generated tests.
 
 What it does: thin Prefect tasks around ``Policy.generate`` (ALGORITHM.md §3 steps 2-6), the parsers of
 ``codea1_core.method.parsing`` and the data engineer's GX gate (``tasks.quality.gate_tests``). Sampling seeds are
 derived from (cfg.seed, iteration, role), so a resumed run samples what the uninterrupted run sampled.
 What it does not: execute anything or compute rewards.
 
-The rollout backend is chosen in ONE place, :func:`load_policy` (``rollout.backend: hf | vllm``).
+The policies are built (and the rollout backend chosen) in ONE place,
+:func:`codea1_core.models.loading.build_policy`; the sampling settings come from
+:func:`codea1_core.models.sampling.sampling_params`.
 """
 
 from __future__ import annotations
@@ -18,39 +20,8 @@ from prefect.cache_policies import NO_CACHE
 
 from codea1_core.config import Config
 from codea1_core.method.loop import iteration_seed
+from codea1_core.models.sampling import sampling_params
 from codea1_core.types import Problem
-
-
-def load_policy(path: str, cfg: Config, role: str, total_steps: int, adapter_dir: str | None = None) -> Any:
-    """A trainable policy for ``role``; with ``rollout.backend: vllm`` generation goes through vLLM.
-
-    The one backend switch of the product: training, evaluation, ``solve`` and ``attack`` all load here.
-    ``adapter_dir``: where vLLM adapter versions go (default ``<orchestration.checkpoint_dir>/vllm_adapters``).
-    """
-    from codea1_core.models.policy import Policy
-
-    policy = Policy(path, cfg, role=role, total_steps=total_steps)
-    if cfg.rollout.backend == "vllm":
-        from codea1_core.models import vllm_engine
-
-        policy = vllm_engine.attach(policy, cfg, adapter_dir=adapter_dir)
-    return policy
-
-
-def sampling(cfg: Config, iteration: int, role: str) -> Any:
-    """Training-rollout sampling parameters (§3 step 2: temperature 1.0, top-p 1.0, no top-k)."""
-    from codea1_core.models.policy import SamplingParams
-
-    max_new = cfg.rollout.max_new_tokens_code if role == "code" else cfg.rollout.max_new_tokens_test
-    max_prompt = cfg.rollout.max_prompt_tokens_test if role == "test" else 0  # code prompts: filtered upfront
-    return SamplingParams(
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        top_k=cfg.rollout.top_k,
-        max_new_tokens=max_new,
-        seed=iteration_seed(cfg.seed, iteration, role),
-        max_prompt_tokens=max_prompt,
-    )
 
 
 def drop_overlong_problems(problems: list[Problem], cfg: Config) -> tuple[list[Problem], list[str]]:
@@ -84,7 +55,8 @@ def rollout_code(policy: Any, problems: list[Problem], cfg: Config, iteration: i
     from codea1_core.method.prompts import code_messages
 
     prompts = [code_messages(p) for p in problems]
-    return policy.generate(prompts, cfg.rollout.n_code, sampling(cfg, iteration, "code"))
+    sp = sampling_params(cfg, "rollout", "code", iteration_seed(cfg.seed, iteration, "code"))
+    return policy.generate(prompts, cfg.rollout.n_code, sp)
 
 
 @task(name="rollout_tests", task_run_name="rollout_tests[it={iteration}]", cache_policy=NO_CACHE)
@@ -100,7 +72,8 @@ def rollout_tests(
         for p, row in zip(problems, codes, strict=True)
         for code in row
     ]
-    flat = policy.generate(prompts, cfg.rollout.n_tests, sampling(cfg, iteration, "test"))
+    sp = sampling_params(cfg, "rollout", "test", iteration_seed(cfg.seed, iteration, "test"))
+    flat = policy.generate(prompts, cfg.rollout.n_tests, sp)
     out, i = [], 0
     for row in codes:
         out.append(flat[i : i + len(row)])
@@ -151,7 +124,7 @@ def gate_tests(
                     where.append((b, m, n, t))
     if not rows:
         return suites, {"test/rejected_rate": 0.0}
-    gate = getattr(gx_gate, "fn", gx_gate)(rows, cfg.tests)
+    gate = gx_gate.fn(rows, cfg.tests)  # inside this task: the GX gate's body, not a nested task run
     rejected: dict[tuple[int, int, int], dict[int, str]] = {}
     for (b, m, n, t), ok, reason in zip(where, gate.accepted_mask, gate.reasons, strict=True):
         if not ok:

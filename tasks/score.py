@@ -2,15 +2,14 @@
 
 What it does: ``score`` turns a step's outcome matrices into rewards and masks with the pure
 ``codea1_core.method.rewards`` functions (ALGORITHM.md §7, D4, D7) and averages their metrics; ``evaluate`` runs the
-periodic Code-LLM validation (§3 step 16) through the evaluation engineer's ``tasks.evaluate.evaluate_code``
-when it exists, else a minimal golden-test pass rate (greedy, one sample per problem).
+periodic Code-LLM validation (§3 step 16) with the benchmark protocol, ``tasks.evaluate.evaluate_code``
+(the Code-LLM half of evaluation only: the train stage does not depend on the mutant generator).
 What it does not: execute code or touch the Mistake Book.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from codea1_core.config import Config
+from codea1_core.files import atomic_path
+from tasks.evaluate import evaluate_code
 
 
 @task(name="score", task_run_name="score[it={iteration}]", cache_policy=NO_CACHE)
@@ -36,14 +37,7 @@ def evaluate(
     policy: Any, problems: list[Any], cfg: Config, executor: Any, iteration: int
 ) -> dict[str, float]:
     """Validate the Code LLM on the held-out ``val`` problems; metrics are ``code/val/...``."""
-    try:
-        from tasks.evaluate import evaluate_code
-    except ImportError:  # the evaluation engineer's module is optional for training
-        evaluate_code = None
-    if evaluate_code is not None:
-        result = evaluate_code(policy, problems, cfg, executor, "val")
-    else:
-        result = {f"code/val/{k}": v for k, v in golden_pass_rate(policy, problems, cfg, executor).items()}
+    result = evaluate_code(policy, problems, cfg, executor, "val")
     return {k: float(v) for k, v in result.items() if _num(v)}
 
 
@@ -51,30 +45,8 @@ def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def golden_pass_rate(policy: Any, problems: list[Any], cfg: Config, executor: Any) -> dict[str, float]:
-    """Minimal validation: one greedy sample per problem, share of problems passing all golden tests."""
-    from codea1_core.evaluation.verdicts import build_code_jobs, verdicts_for
-    from codea1_core.method.parsing import extract_code
-    from codea1_core.method.prompts import code_messages
-    from codea1_core.models.policy import SamplingParams
-
-    if not problems:
-        return {}
-    sp = SamplingParams(
-        temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=cfg.rollout.max_new_tokens_code, seed=0
-    )
-    outs = policy.generate([code_messages(p) for p in problems], 1, sp)
-    codes = [[extract_code(o[0].text)] for o in outs]
-    jobs = build_code_jobs(problems, codes)
-    outcomes = executor.run_many(jobs.jobs)
-    verdicts = verdicts_for(problems, jobs, outcomes, cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol)
-    judged = [v[0] for v in verdicts if not v[0].infra]
-    passed = [v.plus for v in judged]
-    return {"pass@1_greedy": sum(passed) / len(passed) if passed else 0.0, "problems": float(len(passed))}
-
-
 def write_outcomes(path: str | Path, matrices: list[Any]) -> Path:
-    """The step's outcome rows as parquet (temp file + ``os.replace``) so every reward can be re-derived."""
+    """The step's outcome rows as parquet (written atomically) so every reward can be re-derived."""
     import pandas as pd
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -82,7 +54,6 @@ def write_outcomes(path: str | Path, matrices: list[Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [row for m in matrices for row in _rows(m)]
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     try:  # lists stay parquet lists, so ``OutcomeMatrix.from_rows`` reads the rows back unchanged
         table = pa.Table.from_pylist(rows)
     except (pa.ArrowInvalid, pa.ArrowTypeError):  # a row shape parquet cannot hold: nested -> JSON text
@@ -91,8 +62,8 @@ def write_outcomes(path: str | Path, matrices: list[Any]) -> Path:
             if frame[col].map(lambda v: isinstance(v, (list, dict, tuple))).any():
                 frame[col] = frame[col].map(lambda v: json.dumps(v, default=str))
         table = pa.Table.from_pandas(frame, preserve_index=False)
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
     return path
 
 

@@ -93,10 +93,13 @@ def test_corrupt_pointer_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_history_files(tmp_path: Path) -> None:
-    ckpt.write_history(
-        tmp_path, [{"iteration": 1, "code/reward_mean": 0.5}, {"iteration": 2, "x": 1}], {"a": 1}
-    )
+    from codea1_core.evaluation.comparison import parse_history
+
+    history = [{"iteration": 1, "code/reward_mean": 0.5}, {"iteration": 2, "x": 1}]
+    assert ckpt.write_history(tmp_path, history) == {"iteration": 2, "x": 1}
     lines = (tmp_path / "history.csv").read_text().splitlines()
     assert lines[0] == "iteration,code/reward_mean,x"
     assert lines[1:] == ["1,0.5,", "2,,1"]
-    assert json.loads((tmp_path / "metrics.json").read_text()) == {"a": 1}
+    assert parse_history((tmp_path / "history.csv").read_text()) == history  # what the evaluate report reads
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {"iteration": 2, "x": 1}
+    assert ckpt.write_history(tmp_path / "none", []) == {"iteration": 0}

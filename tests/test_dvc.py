@@ -220,6 +220,32 @@ def test_stage_deps_cover_the_code_the_stage_imports(repo_root: Path, stage: str
     assert not missing, f"dvc.yaml stage {stage!r}: imported but not in deps: {missing}"
 
 
+CODE_DIRS = ("codea1_core", "tasks", "flows", "sandbox")
+
+
+@pytest.mark.parametrize("stage", ["prepare", "warmstart", "train", "evaluate", "register"])
+def test_stage_deps_list_no_code_the_stage_does_not_import(repo_root: Path, stage: str) -> None:
+    """Regression (issue 15): the train stage listed ``mutants.py``, ``report.py`` and ``benchmarks.py``
+    (through a ``tasks/evaluate.py`` it no longer needs), so editing the mutant generator re-ran training.
+    Every listed code dep (a module of the four packages, or ``sandbox/`` as a whole) must be imported."""
+    spec = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"][stage]
+    module = repo_root / spec["cmd"].split("-m ")[1].split()[0].replace(".", "/")
+    imported = _closure(module.with_suffix(".py"), repo_root)
+    code = [d for d in spec.get("deps", []) if d.split("/")[0] in CODE_DIRS]
+    extra = sorted(d for d in code if repo_root / d not in imported)
+    assert not extra, f"dvc.yaml stage {stage!r}: listed in deps but not imported: {extra}"
+
+
+def test_train_stage_does_not_depend_on_the_test_llm_evaluation(repo_root: Path) -> None:
+    """Regression (issue 15): ``tasks/score.py`` (in-training validation) imported ``tasks/evaluate.py``
+    whole, mutants and benchmark loaders included, so editing the mutant generator re-ran training."""
+    spec = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]["train"]
+    imported = _closure(repo_root / "flows/train.py", repo_root)
+    evaluation_only = ["codea1_core/evaluation/mutants.py", "codea1_core/evaluation/benchmarks.py"]
+    evaluation_only += ["tasks/evaluate_tests.py", "codea1_core/evaluation/suites.py"]
+    assert not [p for p in evaluation_only if repo_root / p in imported or p in spec["deps"]]
+
+
 def test_golden_tests_coverage_reprepares_the_data(repo_root: Path) -> None:
     """Issue 17: ``lab.golden_tests`` decides the prepared training problems, so prepare must track it
     (warmstart tracks the whole ``lab`` section; train and evaluate follow through ``data/prepared``)."""

@@ -48,12 +48,13 @@ def requests_sent() -> list:
 
 def test_evaluate_solve_and_attack_generate_only_through_vllm(fake_vllm, no_hf_generate, tiny_dir, tmp_path):  # noqa: F811
     from flows.attack import attack
-    from flows.evaluate import load_policy
+    from flows.evaluate import evaluated_policy
     from flows.solve import solve
-    from tasks.evaluate import evaluate_code, generate_suites
+    from tasks.evaluate import evaluate_code
+    from tasks.evaluate_tests import generate_suites
 
     cfg = eval_cfg(tmp_path, tiny_dir, "vllm")
-    code, test = load_policy(cfg, "code"), load_policy(cfg, "test")
+    code, test = evaluated_policy(cfg, "code"), evaluated_policy(cfg, "test")
     assert isinstance(code, vllm_engine.VllmPolicy) and isinstance(test, vllm_engine.VllmPolicy)
     problems = lab_problems(cfg.lab, "test")[:2]
     evaluate_code(code, problems, cfg, FakeExecutor(), "lab")
@@ -71,7 +72,7 @@ def test_evaluate_solve_and_attack_generate_only_through_vllm(fake_vllm, no_hf_g
 
 
 def test_hf_backend_loads_plain_policies(tiny_dir, tmp_path):
-    from flows.evaluate import load_policy
+    from flows.evaluate import evaluated_policy
 
-    policy = load_policy(eval_cfg(tmp_path, tiny_dir, "hf"), "code")
+    policy = evaluated_policy(eval_cfg(tmp_path, tiny_dir, "hf"), "code")
     assert type(policy) is Policy

@@ -79,7 +79,7 @@ def _golden_suites(problems):
 
 @pytest.mark.parametrize("n", [15])
 def test_golden_mbpp_asserts_pass5_100(n, shared_data_dir, executor, tmp_path):
-    from tasks.evaluate import score_suites
+    from tasks.evaluate_tests import score_suites
 
     cfg = Config.from_dict({"eval": {"max_mutants": 10}})
     problems = load_source("mbpp_val", "val", cfg, shared_data_dir)[:n]

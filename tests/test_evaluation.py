@@ -19,8 +19,8 @@ from codea1_core.evaluation.benchmarks import (
     load_bigcodebench,
     load_unleakedtestbench,
 )
+from codea1_core.evaluation.solve import CandidateScore, score_candidates, select_candidate
 from codea1_core.evaluation.verdicts import (
-    CandidateScore,
     SampleVerdict,
     SuiteRecord,
     TestVerdict,
@@ -31,11 +31,9 @@ from codea1_core.evaluation.verdicts import (
     judge_reference,
     judge_sample,
     mutant_killed,
-    program_for,
-    score_candidates,
-    select_candidate,
     verdicts_for,
 )
+from codea1_core.method.outcomes import candidate_program
 from codea1_core.types import CallOutcome, Problem, TestCase
 
 OK = lambda v: CallOutcome("ok", v)  # noqa: E731
@@ -114,9 +112,50 @@ def test_build_code_jobs_dedupes_identical_samples_per_problem():
     assert jobs.jobs[0][1] == ["add(1, 2)", "add(5, 5)"]  # base then plus
 
 
-def test_program_for_prepends_imports_and_appends_test_program():
+def test_candidate_program_prepends_imports_and_appends_test_program():
     p = problem(imports=("import math",), metadata={"test_program": "X = 1"})
-    assert program_for(p, "def add(a, b): pass") == "import math\ndef add(a, b): pass\nX = 1"
+    assert candidate_program(p, "def add(a, b): pass") == "import math\ndef add(a, b): pass\nX = 1"
+
+
+FUTURE_SAMPLE = "from __future__ import annotations\n\ndef add(a: List[int], b) -> int:\n    return a + b\n"
+DOC_SAMPLE = '"""Module doc."""\ndef add(a, b):\n    return a + b\n'
+
+
+def _typed_problem() -> Problem:
+    """A prompt import (``List``) and a reference import (``math``) the prompt does not have."""
+    return problem(
+        imports=("from typing import List",), reference="import math\n\ndef add(a, b):\n    return a + b\n"
+    )
+
+
+def test_training_and_evaluation_run_the_same_program_text():
+    """Regression (issue 15): ``verdicts.program_for`` (evaluation) and ``outcomes.candidate_program``
+    (training) built a sample's program differently — evaluation left out the reference's imports and put
+    its import lines before a ``from __future__`` line — so a code was judged on another program than
+    the one it was trained on. Training, golden mode, evaluation and ``solve`` now run one text."""
+    from codea1_core.method.outcomes import plan_golden, plan_problem
+    from codea1_core.types import ParsedSuite
+
+    p = _typed_problem()
+    for code in ("def add(a, b):\n    return a + b", FUTURE_SAMPLE, DOC_SAMPLE, "def add(a, b) return"):
+        evaluated = build_code_jobs([p], [[code]]).jobs[0][0]
+        golden = plan_golden(p, [code]).jobs()[0][0]
+        plan = plan_problem(p, [code], [[ParsedSuite()]])
+        trained = plan.candidate_jobs(FakeExecutor().run(*plan.reference_job()))[0][0]
+        assert evaluated == trained == golden, code
+        from codea1_core.evaluation.solve import plan_solve
+
+        assert plan_solve([p], [[code]], [""], "strict").jobs()[0][0] == trained, code
+
+
+def test_an_evaluated_sample_may_start_with_a_future_import():
+    """Regression (issue 15): evaluation put the prompt's imports before the sample's
+    ``from __future__`` line, a SyntaxError, so a correct sample failed every call (program_error)."""
+    p = _typed_problem()
+    jobs = build_code_jobs([p], [[FUTURE_SAMPLE]])
+    assert jobs.jobs[0][0].startswith("from __future__ import annotations\n")
+    verdicts = verdicts_for([p], jobs, FakeExecutor().run_many(jobs.jobs), 1e-6, 1e-6)
+    assert verdicts == [[SampleVerdict(True, True)]]
 
 
 def test_judge_sample_plus_requires_base_and_plus():
@@ -329,7 +368,7 @@ def test_evaluate_code_oracle_100_pass_policy_0_and_one_batch(tmp_path):
 
 
 def test_score_suites_pass_mut_mul_with_golden_suite(tmp_path):
-    from tasks.evaluate import score_suites
+    from tasks.evaluate_tests import score_suites
 
     ref = "def clamp(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n    return x\n"
     p = problem("c", entry="clamp", reference=ref, tests=(), plus=())
@@ -347,7 +386,7 @@ def test_score_suites_pass_mut_mul_with_golden_suite(tmp_path):
 
 def test_cached_mutants_are_reused_from_disk(tmp_path, monkeypatch):
     import codea1_core.evaluation.mutants as mutants_mod
-    from tasks.evaluate import cached_mutants
+    from tasks.evaluate_tests import cached_mutants
 
     src = "def f(x):\n    return x + 1 if x > 0 else x - 1\n"
     first = cached_mutants(src, 5, 0, tmp_path)
@@ -361,12 +400,43 @@ def test_cached_mutants_are_reused_from_disk(tmp_path, monkeypatch):
 
 
 def test_check_infra_raises_over_threshold(tmp_path):
-    from tasks.evaluate import SandboxInfraError, check_infra
+    from tasks.execute import InfraFailure, check_infra
+
+    frac = small_cfg(tmp_path).sandbox.max_infra_failure_frac
+    assert frac == 0.1
+    assert check_infra([[OK(1)] * 19 + [INFRA]], frac, "x") == 1  # 5 % <= 10 %
+    with pytest.raises(InfraFailure, match="x: 2/4 calls"):
+        check_infra([[OK(1), INFRA], [INFRA, OK(1)]], frac, "x")
+
+
+class FlakyExecutor(FakeExecutor):
+    """``infra_error`` on every call of the first ``bad_rounds`` ``run_many`` calls (a broken worker pool)."""
+
+    def __init__(self, bad_rounds: int) -> None:
+        super().__init__()
+        self.bad_rounds, self.rounds = bad_rounds, 0
+
+    def run_many(self, jobs):
+        self.rounds += 1
+        if self.rounds <= self.bad_rounds:
+            return [[INFRA for _ in exprs] for _, exprs in jobs]
+        return super().run_many(jobs)
+
+
+def test_evaluation_runs_through_the_training_guard_retry_then_abort(tmp_path):
+    """Regression (issue 15): evaluation had its own infra guard (``tasks/evaluate.check_infra``, raising
+    ``SandboxInfraError``) without training's batch retry, so one worker-pool hiccup aborted a benchmark
+    that training would have recovered from. Both now go through ``tasks.execute.run_jobs``."""
+    from tasks.evaluate import score_codes
+    from tasks.execute import InfraFailure
 
     cfg = small_cfg(tmp_path)
-    assert check_infra([[OK(1)] * 19 + [INFRA]], cfg, "x") == 1  # 5 % <= 10 %
-    with pytest.raises(SandboxInfraError, match="x: 2/4 calls"):
-        check_infra([[OK(1), INFRA], [INFRA, OK(1)]], cfg, "x")
+    codes = [["def add(a, b):\n    return a + b"]]
+    ex = FlakyExecutor(bad_rounds=1)
+    m = score_codes([problem()], codes, cfg, ex, "toy")
+    assert ex.rounds == 2 and m["code/toy/pass@1"] == 100.0 and m["code/toy/infra_errors"] == 0
+    with pytest.raises(InfraFailure, match=r"code/toy: 2/2 calls .* e\.g\. \['t/1'\] \(> sandbox\.max_infra"):
+        score_codes([problem()], codes, cfg, FlakyExecutor(bad_rounds=2), "toy")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -392,8 +462,8 @@ def test_bigcodebench_adapter_runs_unittest_through_the_check_call(tmp_path):
     ps = load_bigcodebench(path, max_problems=1)
     assert len(ps) == 1 and ps[0].tests[0].call == BCB_CHECK_CALL and ps[0].imports == ("import math",)
     ex = FakeExecutor()
-    good = ex.run(program_for(ps[0], ps[0].reference_solution), [BCB_CHECK_CALL])
-    bad = ex.run(program_for(ps[0], "def task_func(x):\n    return x"), [BCB_CHECK_CALL])
+    good = ex.run(candidate_program(ps[0], ps[0].reference_solution), [BCB_CHECK_CALL])
+    bad = ex.run(candidate_program(ps[0], "def task_func(x):\n    return x"), [BCB_CHECK_CALL])
     assert good[0].value is True and bad[0].value is False
     assert load_bigcodebench(path, split="instruct")[0].prompt == BCB_ROW["instruct_prompt"]
 

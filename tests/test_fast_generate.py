@@ -203,3 +203,94 @@ def test_models_off_the_cpu_fall_back_to_generate(tiny_dir):
     """The equality is checked on the CPU only; a model elsewhere (here: the meta device) keeps HF generate."""
     model = AutoModelForCausalLM.from_pretrained(tiny_dir).to("meta")
     assert "device meta" in fast_generate.unsupported_reason(model)
+
+
+STEP_CONFIGS = {
+    "lab": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+            "intermediate_size": 256, "vocab_size": 1529},
+    "gqa": {"hidden_size": 96, "num_hidden_layers": 3, "num_attention_heads": 6, "num_key_value_heads": 2,
+            "intermediate_size": 200, "vocab_size": 777, "rope_theta": 1000000.0},
+    "eager": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "intermediate_size": 128, "vocab_size": 400, "attn_implementation": "eager"},
+}  # fmt: skip
+
+
+def random_qwen2(name: str, lora: bool = False):
+    """A random-init Qwen2ForCausalLM of ``STEP_CONFIGS[name]``; with ``lora``, PEFT LoRA on every projection."""
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    raw = dict(STEP_CONFIGS[name])
+    attn = raw.pop("attn_implementation", "sdpa")
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(**raw, pad_token_id=0, eos_token_id=1, bos_token_id=0))
+    model.config._attn_implementation = attn
+    model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=1, pad_token_id=0)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+        for name_, p in model.named_parameters():
+            if "lora_B" in name_:  # non-zero B so the LoRA branch changes the logits
+                torch.nn.init.normal_(p, std=0.05)
+    return model.eval()
+
+
+@pytest.mark.parametrize(("name", "lora", "padded"), [("lab", False, True), ("lab", False, False),
+                                                      ("gqa", False, True), ("gqa", False, False),
+                                                      ("eager", False, True), ("eager", False, False),
+                                                      ("gqa", True, True)])  # fmt: skip
+def test_hand_written_decode_step_equals_hf_forward(name, lora, padded):
+    """DecodeStep's logits are bitwise HF's forward with its DynamicCache (what ``generate`` runs), 4 steps.
+
+    Guards the hand-written decode step (issue 20): any op that differs from modeling_qwen2's in order,
+    dtype or shape shows up as a changed float32 logit. Configs: the lab's, GQA, eager attention, LoRA.
+    """
+    from codea1_core.models import decode_step
+
+    model = random_qwen2(name, lora)
+    base = fast_generate._base_model(model)
+    assert fast_generate.unsupported_reason(model) is None
+    vocab = base.config.vocab_size
+    ids = torch.randint(2, vocab, (6, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, :3], mask[4, :1] = 0, 0
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        ref_cache = out.cache
+        cache = fast_generate._ViewCache(ref_cache, ids.shape[1] + 4)
+        step = decode_step.DecodeStep(base, cache, fast_generate._decode_mask(mask, ids.shape[1] + 4))
+        position, full_mask = positions[:, -1:], mask
+        tokens = out.logits[:, -1].argmax(-1)
+        for t in range(4):
+            position, full_mask = position + 1, torch.cat([full_mask, torch.ones_like(mask[:, :1])], 1)
+            ref = model(input_ids=tokens[:, None], attention_mask=full_mask, position_ids=position,
+                        cache=ref_cache, use_cache=True).logits[:, -1].float()  # fmt: skip
+            cache.length = ids.shape[1] + t
+            got = step(tokens, position)
+            assert torch.equal(got, ref), f"step {t}: max diff {(got - ref).abs().max().item()}"
+            tokens = torch.multinomial(torch.softmax(ref, -1), 1, generator=torch.Generator().manual_seed(t))[
+                :, 0
+            ]
+
+
+@pytest.mark.parametrize("name", ["gqa", "eager"])
+def test_gqa_and_eager_sampling_equal_generate(name, monkeypatch):
+    """Padded prompts on a GQA and an eager-attention model: sample() gives generate's tokens and log-probs.
+
+    Guards the eager path's mask: HF's eager attention adds a 0 / dtype-min float mask, not the boolean one.
+    """
+    monkeypatch.setattr(fast_generate, "_spare_core", lambda device: False)
+    model = random_qwen2(name)
+    ids = torch.tensor([[0, 0, 5, 9, 11, 4], [3, 4, 5, 6, 7, 8], [0, 0, 0, 0, 9, 9]])
+    mask = (ids != 0).long()
+    eos_ids = [1, 2]
+    torch.manual_seed(5)
+    new, lps = reference_generate(model, ids, mask, 3, eos_ids, 12)
+    torch.manual_seed(5)
+    out = fast_generate.sample(
+        model, ids, mask, n=3, max_new_tokens=12, eos_ids=eos_ids, pad_id=0, do_sample=True
+    )
+    assert torch.equal(out.tokens, new) and torch.equal(out.logprobs, lps)

@@ -21,7 +21,8 @@ from test_evaluation import FakeExecutor, TextPolicy, fenced, problem
 
 from codea1_core.config import Config, LabConfig
 from codea1_core.data.lab import lab_problems
-from tasks.evaluate import lab_subsets, score_codes
+from codea1_core.evaluation.benchmarks import lab_subsets
+from tasks.evaluate import score_codes
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -66,16 +67,19 @@ def _cfg(tmp_path: Path, **eval_kw) -> Config:
 
 
 def test_evaluate_reports_warmstart_and_delta(tmp_path, prefect_harness):
-    from codea1_core.data.prepared import save_prepared
-    from flows.evaluate import run
+    from prefect import flow
 
+    from codea1_core.data.prepared import save_prepared
+    from flows.evaluate import evaluate
+
+    evaluate = flow(name="evaluate-injected", validate_parameters=False)(evaluate)  # a run, as the stage has
     ps = [problem("a")]
     save_prepared(ps, tmp_path / "prepared" / "eval_toy.parquet")
     oracle = TextPolicy(lambda text: fenced(ps[0].reference_solution))
     wrong = TextPolicy(lambda text: fenced("def add(a, b):\n    return 0\n"))
     golden = TextPolicy(lambda text: fenced("assert add(1, 2) == 3\nassert add(-1, 1) == 0"))
     silly = TextPolicy(lambda text: fenced("assert add(1, 2) == 4"))
-    m = run(_cfg(tmp_path), code_policy=oracle, test_policy=golden, executor=FakeExecutor(),
+    m = evaluate(_cfg(tmp_path), code_policy=oracle, test_policy=golden, executor=FakeExecutor(),
             baseline_policies=(wrong, silly))  # fmt: skip
     assert m["code/toy/base/pass@1"] == 100.0 and m["warmstart/code/toy/base/pass@1"] == 0.0
     assert m["delta/code/toy/base/pass@1"] == 100.0
@@ -83,7 +87,7 @@ def test_evaluate_reports_warmstart_and_delta(tmp_path, prefect_harness):
     assert "delta/code/toy/n_problems" not in m  # deltas only for rates
     on_disk = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert on_disk == m
-    off = run(_cfg(tmp_path, baseline=False), code_policy=oracle, test_policy=golden,
+    off = evaluate(_cfg(tmp_path, baseline=False), code_policy=oracle, test_policy=golden,
               executor=FakeExecutor(), baseline_policies=(wrong, silly))  # fmt: skip
     assert not any(k.startswith(("warmstart/", "delta/")) for k in off)
 

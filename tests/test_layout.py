@@ -117,3 +117,24 @@ def test_cli_help_lists_every_subcommand() -> None:
         "plan",
     ]:
         assert sub in proc.stdout, sub
+
+
+def test_readme_layout_names_every_module(repo_root: Path) -> None:
+    """README's Layout section matches the tree: every module and core sub-package is named there, and every
+    name it gives under codea1_core/, sandbox/, tasks/ and flows/ exists."""
+    import re
+
+    readme = (repo_root / "README.md").read_text()
+    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    words = set(re.findall(r"[a-z_][a-z0-9_]*", block))
+    missing = []
+    for top in ["codea1_core", "sandbox", "tasks", "flows"]:
+        for path in (repo_root / top).rglob("*.py"):
+            name = path.parent.name if path.name == "__init__.py" else path.stem
+            if path.name == "__init__.py" and path.parent.name == top:
+                continue
+            if name not in words:
+                missing.append(str(path.relative_to(repo_root)))
+    assert not missing, f"README's Layout section does not mention: {missing}"
+    for sub in re.findall(r"^  ([a-z_]+)/", block, flags=re.M):
+        assert (repo_root / "codea1_core" / sub / "__init__.py").is_file(), f"Layout names codea1_core/{sub}/"

@@ -6,6 +6,7 @@ above the sandbox. One test at the end runs the same plan through the real ``san
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -104,15 +105,16 @@ def test_candidate_jobs_keep_calls_that_ran_on_gt_replay_first_each_once():
 
 def test_candidate_program_keeps_docstring_and_future_imports_first():
     code = '"""Doc."""\nfrom __future__ import annotations\nimport os\n\ndef f(x: List[int]) -> int:\n    return 1'
-    program = candidate_program(code, ["from typing import List"])
+    typed = dataclasses.replace(PROBLEM, imports=("from typing import List",), reference_solution=GOOD)
+    program = candidate_program(typed, code)
     assert program.splitlines()[:3] == [
         '"""Doc."""',
         "from __future__ import annotations",
         "from typing import List",
     ]
     assert local_run((program, ["f([1])"]))[0].value == 1
-    assert candidate_program("x = 1", []) == "x = 1"
-    assert candidate_program(BROKEN, ["import math"]) == "import math\n" + BROKEN
+    assert candidate_program(dataclasses.replace(PROBLEM, reference_solution=GOOD), "x = 1") == "x = 1"
+    assert candidate_program(PROBLEM, BROKEN) == "import math\n" + BROKEN  # the reference's import
 
 
 # --------------------------------------------------------------------------------------------------

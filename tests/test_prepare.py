@@ -14,7 +14,7 @@ from codea1_core.data.dataset_types import is_pending
 from codea1_core.data.datasets import load_humaneval
 from codea1_core.data.prepared import load_prepared
 from codea1_core.values import values_equal
-from flows.prepare import main, run
+from flows.prepare import main, prepare
 
 
 def _cfg(tmp_path: Path, **data) -> Config:
@@ -35,7 +35,7 @@ def _mbpp_row(task_id: int, code: str, asserts: list[str]) -> dict:
 
 def test_prepare_offline_lab_and_humaneval_then_cached_rerun(tmp_path, prefect_harness, capsys):
     cfg = _cfg(tmp_path, eval_benchmarks=["lab_heldout", "humaneval", "humanevalplus"])
-    report = run(cfg)
+    report = prepare(cfg)
     out = Path(cfg.data.prepared_dir)
     assert "no humanevalplus/HumanEvalPlus" in report["skipped_sources"]["eval_humanevalplus/humanevalplus"]
     assert sorted(p.name for p in out.glob("*.parquet")) == [
@@ -60,7 +60,7 @@ def test_prepare_offline_lab_and_humaneval_then_cached_rerun(tmp_path, prefect_h
     assert checked >= 4
     assert all(p.tests and p.split == "train" for p in load_prepared(out / "train.parquet"))
 
-    again = run(cfg)  # same inputs: everything comes from the expected-value cache
+    again = prepare(cfg)  # same inputs: everything comes from the expected-value cache
     assert again["sandbox_programs"] == 0 and again["cache_hits"] == report["sandbox_programs"]
     assert load_prepared(out / "eval_humaneval.parquet") == humaneval
 
@@ -89,7 +89,7 @@ def test_prepare_excludes_and_rejects_with_reasons(tmp_path, prefect_harness):
     (tmp_path / "kod.jsonl").write_text(json.dumps(kod) + "\n", encoding="utf-8")
     cfg = _cfg(tmp_path, data_dir=str(data_dir), train_sources=["mbpp", "kodcode"], max_problems_per_source=0,
                reference_call_timeout_s=1.0, kodcode_path=str(tmp_path / "kod.jsonl"))  # fmt: skip
-    report = run(cfg)
+    report = prepare(cfg)
     kept = {p.id: p for p in load_prepared(Path(cfg.data.prepared_dir) / "train.parquet")}
     assert sorted(kept) == ["kodcode/Q_1", "mbpp/601", "mbpp/603", "mbpp/604"]
     assert kept["kodcode/Q_1"].tests[0].expected == 2 and report["sources"]["train/kodcode"]["kept"] == 1
@@ -123,7 +123,7 @@ def test_prepare_bad_input_is_one_line_error_and_writes_nothing(tmp_path, prefec
 def test_prepare_shared_data_subset(tmp_path, shared_data_dir, prefect_harness):
     cfg = _cfg(tmp_path, data_dir=str(shared_data_dir), train_sources=["mbpp"], val_sources=["mbpp"],
                eval_benchmarks=["humanevalplus", "mbppplus"], max_problems_per_source=1)  # fmt: skip
-    report = run(cfg)
+    report = prepare(cfg)
     out = Path(cfg.data.prepared_dir)
     assert report["rejected"] == [] and report["skipped_sources"] == {}
     for name, prefix in (
@@ -143,7 +143,36 @@ def test_prepare_full_evalplus_and_mbpp(tmp_path, shared_data_dir, prefect_harne
     cfg = _cfg(tmp_path, data_dir=str(shared_data_dir), train_sources=["mbpp"], val_sources=["mbpp"],
                eval_benchmarks=["humanevalplus", "mbppplus"], max_problems_per_source=0,
                reference_call_timeout_s=20.0)  # fmt: skip
-    report = run(cfg)
+    report = prepare(cfg)
     outputs = report["outputs"]
     assert outputs["eval_humanevalplus"]["problems"] == 164 and outputs["eval_mbppplus"]["problems"] == 378
     assert outputs["train"]["problems"] >= 370 and outputs["val"]["problems"] >= 88
+
+
+def test_prepare_reference_infra_failure_aborts_through_the_one_guard(tmp_path, monkeypatch):
+    """Regression (issue 15): prepare had its own copy of the infra guard (a bare RuntimeError, no retry);
+    it now goes through ``tasks.execute.run_jobs`` (limit 0: nothing with an infra failure is cached)."""
+    import flows.prepare as prepare
+    from codea1_core.data.lab import lab_problems
+    from codea1_core.types import CallOutcome
+    from tasks.execute import InfraFailure
+
+    class Broken:
+        rounds = 0
+
+        def run_many(self, jobs):
+            Broken.rounds += 1
+            return [[CallOutcome("infra_error", error="worker died") for _ in e] for _, e in jobs]
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(prepare, "_reference_executor", lambda cfg: Broken())
+    cfg = _cfg(tmp_path)
+    problems = lab_problems(cfg.lab, "val")[:2]
+    cache = tmp_path / "cache"
+    with pytest.raises(
+        InfraFailure, match=r"prepare: reference programs: .* e\.g\. \['lab/.*prepare's limit=0\.0"
+    ):
+        prepare._run_references(cfg, problems, cache, {})
+    assert Broken.rounds == 2 and not list(cache.rglob("*.json"))  # retried once, nothing cached

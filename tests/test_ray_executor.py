@@ -12,7 +12,6 @@ Skips (with the reason) only when ``ray`` is not importable: ``pip install -e '.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -227,8 +226,9 @@ def test_a_training_step_on_the_ray_backend_matches_the_process_backend(
     """One tiny Code-A1 step through the real flow on each backend, same seed: the outcome matrices the
     rewards are computed from (the step's outcome parquet) are identical, and so are the rewards."""
     import pandas as pd
-    from test_train_flow import build_tiny, tiny_config
+    from test_train_flow import build_tiny, tiny_config, write_params
 
+    from codea1_core.evaluation.comparison import parse_history
     from flows.train import train_flow
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -239,12 +239,11 @@ def test_a_training_step_on_the_ray_backend_matches_the_process_backend(
             tmp_path / backend, model,
             **{"orchestration.max_steps": 1, "sandbox.backend": backend, "sandbox.ray_workers_per_actor": 1},
         )  # fmt: skip
-        state = train_flow(config=cfg.to_dict(), return_state=True)
+        state = train_flow(write_params(cfg, tmp_path / backend / "params.yaml"), return_state=True)
         assert state.is_completed(), state
         out = tmp_path / backend / "train"
         outcomes[backend] = pd.read_parquet(out / "outcomes" / "it_000001.parquet")
-        (line,) = (out / "metrics.jsonl").read_text().splitlines()
-        metrics[backend] = json.loads(line)
+        (metrics[backend],) = parse_history((out / "history.csv").read_text())
     pd.testing.assert_frame_equal(outcomes["process"], outcomes["ray"])
     assert metrics["ray"]["sandbox/infra_errors"] == 0 and metrics["ray"]["sandbox/calls"] > 0
     for key in ("code/reward_mean", "test/reward_mean", "sandbox/calls"):

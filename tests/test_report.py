@@ -74,17 +74,17 @@ def test_compare_writes_report_and_rejects_bad_files(tmp_path):
 
 
 def test_evaluate_flow_writes_metrics_and_report(tmp_path, prefect_harness, monkeypatch):
+    from prefect import flow
+
     from codea1_core.data.prepared import save_prepared
-    from flows.evaluate import run
+    from flows.evaluate import evaluate
+    from tasks.checkpoint import write_history
 
     ps = [problem("a"), problem("b")]
     prepared = tmp_path / "prepared"
     save_prepared(ps, prepared / "eval_toy.parquet")
     train_dir = tmp_path / "train"
-    train_dir.mkdir()
-    (train_dir / "metrics.jsonl").write_text(
-        "\n".join(json.dumps({"iteration": i, "code/reward_mean": 0.2 * i}) for i in range(3)) + "\n"
-    )
+    write_history(train_dir, [{"iteration": i, "code/reward_mean": 0.2 * i} for i in range(3)])
     cfg = Config.from_dict(
         {
             "data": {"eval_benchmarks": ["toy"], "prepared_dir": str(prepared)},
@@ -106,7 +106,8 @@ def test_evaluate_flow_writes_metrics_and_report(tmp_path, prefect_harness, monk
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     oracle = TextPolicy(lambda text: fenced(ps[0].reference_solution))
     golden = TextPolicy(lambda text: fenced("assert add(1, 2) == 3\nassert add(-1, 1) == 0"))
-    metrics = run(cfg, code_policy=oracle, test_policy=golden, executor=FakeExecutor())
+    in_flow = flow(name="evaluate-injected", validate_parameters=False)(evaluate)  # the artifact needs a run
+    metrics = in_flow(cfg, code_policy=oracle, test_policy=golden, executor=FakeExecutor())
     assert metrics["code/toy/plus/pass@1"] == 100.0 and metrics["test/toy/pass@5"] == 100.0
     assert metrics["solve/toy/pass@1"] == 100.0
     on_disk = json.loads((tmp_path / "eval" / "metrics.json").read_text())

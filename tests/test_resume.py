@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_train_flow import build_tiny, tiny_config
+from test_train_flow import build_tiny, tiny_config, write_params
 
 from codea1_core.config import Config
 
@@ -31,11 +31,16 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _stable(history: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if not k.startswith(VOLATILE)} for row in history]
+    """The history without timings; NaN (nothing replayed) as a string, as NaN is unequal to itself."""
+    return [
+        {k: "nan" if v != v else v for k, v in row.items() if not k.startswith(VOLATILE)} for row in history
+    ]
 
 
 def _history(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    from codea1_core.evaluation.comparison import parse_history
+
+    return parse_history((out / "history.csv").read_text())
 
 
 def _spawn(params: Path, repo_root: Path) -> subprocess.Popen:
@@ -71,8 +76,9 @@ def _reference(cfg: Config) -> list[dict]:
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the subprocess runs with OMP_NUM_THREADS=1
+    params = write_params(cfg, Path(cfg.orchestration.checkpoint_dir).parent / "reference_params.yaml")
     try:
-        train_flow(config=cfg.to_dict())
+        train_flow(params)
     finally:
         torch.set_num_threads(threads)
     return _history(Path(cfg.orchestration.checkpoint_dir))

@@ -21,30 +21,68 @@ import yaml
 from test_train_flow import build_tiny, tiny_config
 
 from codea1_core.config import ConfigError
-from flows.serve import (
+from flows.deploy import (
+    DEPLOYMENTS,
     EVALUATE_DEPLOYMENT,
     PIPELINE_DEPLOYMENT,
     TRAIN_DEPLOYMENT,
     build_deployments,
-    train_deployment_flow,
 )
 from flows.serve import main as serve_main
+from flows.train import train_flow
 
 
 def test_deployment_objects(tmp_path: Path, repo_root: Path) -> None:
+    """Issue 15: serve and deploy built their deployments separately, through adapter flows; now both build
+    :data:`DEPLOYMENTS` with the stages' own flows, whose parameters are the one flow signature."""
     params = tmp_path / "p.yaml"
     params.write_text("mode: golden\n")
     train, evaluate, pipeline = build_deployments(str(params), ["reward.alpha=0.25"], cron="0 3 * * *")
     assert (train.name, train.flow_name) == (TRAIN_DEPLOYMENT, "train")
-    assert (evaluate.name, evaluate.flow_name) == (EVALUATE_DEPLOYMENT, "evaluate-params")
+    assert (evaluate.name, evaluate.flow_name) == (EVALUATE_DEPLOYMENT, "evaluate")
     assert (pipeline.name, pipeline.flow_name) == (PIPELINE_DEPLOYMENT, "pipeline")
-    assert train.parameters == {"params": str(params), "overrides": ["reward.alpha=0.25"]}
-    assert train.schedules and train.schedules[0].schedule.cron == "0 3 * * *"
+    assert train.parameters == {"params": str(params), "overrides": ["reward.alpha=0.25"], "run_dir": "auto"}
+    assert train.schedules and train.schedules[0].schedule.cron == "0 3 * * *" and not evaluate.schedules
     for dep in (train, evaluate, pipeline):  # every parameter the UI shows is one the flow honours
-        assert set(dep._parameter_openapi_schema.properties) == {"params", "overrides", "mode", "run_dir"}
-    assert train.entrypoint.endswith("flows/serve.py:train_deployment_flow")
+        extra = {"code_model", "test_model"} if dep is evaluate else set()
+        assert set(dep._parameter_openapi_schema.properties) == {"params", "overrides", "run_dir"} | extra
+        assert dep.entrypoint.endswith(DEPLOYMENTS[dep.name][0])
+    assert train.entrypoint.endswith("flows/train.py:train_flow")  # the DVC stage's flow, no adapter
     with pytest.raises(ConfigError, match="reward.alpha"):
         build_deployments(str(params), ["reward.alpha=high"])
+
+
+def test_every_flow_takes_params_and_overrides() -> None:
+    """Issue 15: flows took their config three ways (a dict, a ``Config`` with ``validate_parameters=False``, an
+    adapter's ``mode``); every flow now starts with ``(params="params.yaml", overrides=None)``, JSON-friendly."""
+    import inspect
+
+    from flows.deploy import pipeline_flow
+    from flows.evaluate import evaluate_flow
+    from flows.prepare import prepare_flow
+    from flows.register import register_flow
+    from flows.warmstart import warmstart_flow
+
+    for fl in (prepare_flow, warmstart_flow, train_flow, evaluate_flow, register_flow, pipeline_flow):
+        sig = inspect.signature(fl.fn)
+        names = list(sig.parameters)
+        assert names[:2] == ["params", "overrides"], (fl.name, names)
+        assert (
+            sig.parameters["params"].default == "params.yaml" and sig.parameters["overrides"].default is None
+        )
+        assert set(names[2:]) <= {"run_dir", "code_model", "test_model"}, (fl.name, names)
+        assert fl.should_validate_parameters, fl.name
+
+
+def test_every_stage_entry_takes_params_and_overrides() -> None:
+    """``codea1 <stage>`` and ``python -m flows.<stage>`` call ``<module>.run`` through ``stage_main`` with the
+    params file and overrides, which ``run`` passes on to its flow (``codea1 evaluate`` needs one too)."""
+    import importlib
+    import inspect
+
+    for stage in ("prepare", "warmstart", "train", "evaluate", "register"):
+        run = importlib.import_module(f"flows.{stage}").run
+        assert list(inspect.signature(run).parameters) == ["params", "overrides"], stage
 
 
 def test_bad_cron_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -56,9 +94,9 @@ def test_bad_cron_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert err == ["error: --cron 'bad': not a cron expression (five fields, e.g. \"0 3 * * *\")"]
 
 
-def test_mode_parameter_is_honoured_and_writes_to_the_run_folder(tmp_path: Path) -> None:
-    """Regression (issue 18): the train deployment's `mode` parameter was never applied (golden trained codea1)
-    and its runs wrote into the workspace's DVC outputs."""
+def test_mode_override_is_honoured_and_writes_to_the_run_folder(tmp_path: Path) -> None:
+    """Regression (issue 18): the train deployment's mode was never applied (golden trained codea1) and its
+    runs wrote into the workspace's DVC outputs."""
     from mlflow.tracking import MlflowClient
 
     model = build_tiny(tmp_path / "model")
@@ -66,7 +104,7 @@ def test_mode_parameter_is_honoured_and_writes_to_the_run_folder(tmp_path: Path)
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(cfg.to_dict()))
     run_dir = tmp_path / "runs" / "r1"
-    train_deployment_flow.fn(str(params), ["seed=3"], mode="golden", run_dir=str(run_dir))
+    train_flow.fn(str(params), ["seed=3", "mode=golden"], run_dir=str(run_dir))
     done = json.loads((run_dir / "train" / "final" / "DONE.json").read_text())
     assert set(done["versions"]) == {"code"}  # golden trains no Test LLM
     assert not Path(
@@ -86,10 +124,14 @@ def test_pipeline_deployment_trains_evaluates_and_registers_in_its_run_folder(tm
 
     from codea1_core.data.lab import lab_problems
     from codea1_core.data.prepared import save_prepared
-    from flows.serve import pipeline_flow
+    from flows.deploy import pipeline_flow
 
     model = build_tiny(tmp_path / "model")
-    cfg = tiny_config(tmp_path, model, **{"orchestration.max_steps": 1, "mode": "golden"})
+    cfg = tiny_config(
+        tmp_path,
+        model,
+        **{"orchestration.max_steps": 1, "mode": "golden", "eval.out_dir": str(tmp_path / "eval")},
+    )  # the params file's eval folder in tmp_path: the relative default (outputs/eval) exists in a checkout
     save_prepared(lab_problems(cfg.lab, "test")[:3], Path(cfg.data.prepared_dir) / "eval_lab_heldout.parquet")
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(cfg.to_dict()))
@@ -174,7 +216,7 @@ def test_serve_end_to_end(tmp_path: Path, repo_root: Path) -> None:
             [sys.executable, "-m", "flows.serve", "--params", str(params)], cwd=work, env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )  # fmt: skip
-        run = asyncio.run(_trigger(api, f"train/{TRAIN_DEPLOYMENT}", serving, {"mode": "golden"}))
+        run = asyncio.run(_trigger(api, f"train/{TRAIN_DEPLOYMENT}", serving, {"overrides": ["mode=golden"]}))
         assert run.state.is_completed(), run.state
         assert run.name == "train-golden-seed1"
         client = MlflowClient(tracking_uri=cfg.tracking.tracking_uri)

@@ -15,8 +15,9 @@ from codea1_core.config import Config
 from flows.attack import attack, format_report, load_target
 from flows.attack import main as attack_main
 from flows.common import UserError
-from flows.solve import format_result, load_problem_file, select_many, solve, solve_benchmark
+from flows.solve import format_result, load_problem_file, solve
 from flows.solve import main as solve_main
+from tasks.solve import select_many, solve_benchmark
 
 CFG = Config.from_dict({"eval": {"solve_candidates": 3}, "tracking": {"backend": "null"}})
 GOOD = "def add(a, b):\n    return a + b"
@@ -191,3 +192,37 @@ def test_attack_says_when_the_lab_toy_meets_a_function_outside_its_training():
 
     lab_name = training_family_names(Config().lab)[0]
     assert toy_model_note(Config(), lab_name, None) == ""
+
+
+class _BrokenSandbox:
+    """Every call fails for infrastructure reasons (a dead worker pool), however often it is retried."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+
+    def run_many(self, jobs):
+        from codea1_core.types import CallOutcome
+
+        self.rounds += 1
+        return [[CallOutcome("infra_error", error="worker died") for _ in exprs] for _, exprs in jobs]
+
+
+def test_solve_and_attack_abort_on_infra_failures_instead_of_scoring_them(tmp_path):
+    """Regression (issue 15): ``solve`` ran the sandbox without any infra guard, so a dead worker pool
+    counted as failed tests and failed samples (a score); ``attack`` had its own copy of the guard
+    (a bare RuntimeError, no retry). Both now go through ``tasks.execute.run_jobs``."""
+    from tasks.execute import InfraFailure
+
+    ex = _BrokenSandbox()
+    with pytest.raises(InfraFailure, match=r"solve: \d+/\d+ calls hit sandbox infrastructure errors"):
+        select_many([problem()], [[GOOD, BUGGY]], TESTER, CFG, ex)
+    assert ex.rounds == 2  # retried once, as training does
+    with pytest.raises(InfraFailure, match="solve"):
+        solve_benchmark([problem()], CyclePolicy([GOOD]), TESTER, CFG, _BrokenSandbox(), "toy")
+    f = tmp_path / "sut.py"
+    f.write_text(SUT)
+    tester = TextPolicy(lambda text: fenced("assert median([3, 1, 2]) == 2"))
+    with pytest.raises(
+        InfraFailure, match=r"attack on median: .*attack's limit=0\.0\); first error: worker died"
+    ):
+        attack(load_target(f"{f}::median"), tester, CFG, _BrokenSandbox())

@@ -40,6 +40,21 @@ def test_iteration_seed_and_fingerprint() -> None:
     assert loop.config_fingerprint(dict(base, **{"reward.alpha": 0.25})) != fp
 
 
+def test_starting_book_per_mode_and_resume() -> None:
+    """§8: no book in golden mode or when disabled; the checkpoint's on resume; else an empty one."""
+    from codea1_core.method.mistake_book import MistakeBook, starting_book
+    from codea1_core.types import TestCase
+
+    cfg = Config()
+    assert starting_book(cfg.replace(mode="golden"), None) is None
+    assert starting_book(cfg.replace(**{"mistake_book.enabled": False}), None) is None
+    fresh = starting_book(cfg, None)
+    assert isinstance(fresh, MistakeBook) and fresh.size() == 0
+    fresh.update("p", [TestCase("f(1)", 2)], [], 1)
+    again = starting_book(cfg, fresh.to_dict())
+    assert again.to_dict() == fresh.to_dict() and again.size() == 1
+
+
 @dataclass
 class _Comp:
     prompt_ids: list[int]
@@ -201,6 +216,15 @@ def tiny_config(tmp: Path, model: Path, **overrides: object) -> Config:
     return Config().replace(**base)
 
 
+def write_params(cfg: Config, path: Path) -> str:
+    """``cfg`` as a params file: every flow takes ``(params, overrides)`` and loads its config itself."""
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg.to_dict()), encoding="utf-8")
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny(tmp_path_factory.mktemp("tiny") / "model")
@@ -215,6 +239,13 @@ def _task_run_names(flow_run_id: object) -> set[str]:
     return {r.name for r in runs}
 
 
+def _flow_run_name(flow_run_id: object) -> str:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id).name
+
+
 def _mlflow(cfg: Config):
     from mlflow.tracking import MlflowClient
 
@@ -227,8 +258,10 @@ def test_codea1_flow_end_to_end(prefect_harness: None, tiny_model: Path, tmp_pat
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = tiny_config(tmp_path, tiny_model)
-    state = train_flow(config=cfg.to_dict(), return_state=True)
+    params = write_params(cfg, tmp_path / "params.yaml")
+    state = train_flow(params, return_state=True)
     assert state.is_completed(), state
+    assert _flow_run_name(state.state_details.flow_run_id) == "train-codea1-seed1-alpha0.5"
     names = _task_run_names(state.state_details.flow_run_id)
     for it in (1, 2):
         for task in ("rollout_code", "rollout_tests", "gate_tests", "execute", "score", "merge_mistake_book",
@@ -241,7 +274,13 @@ def test_codea1_flow_end_to_end(prefect_harness: None, tiny_model: Path, tmp_pat
     assert (out / "final" / "code" / "config.json").is_file() and (
         out / "outcomes" / "it_000002.parquet"
     ).is_file()
-    assert [json.loads(x)["iteration"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    from codea1_core.evaluation.comparison import parse_history
+
+    assert [r["iteration"] for r in parse_history((out / "history.csv").read_text())] == [1, 2]
+    assert (
+        json.loads((out / "metrics.json").read_text())["iteration"] == 2
+        and not (out / "metrics.jsonl").exists()
+    )
     done = json.loads((out / "final" / "DONE.json").read_text())
     client = _mlflow(cfg)
     run = client.get_run(done["run_id"])
@@ -253,7 +292,7 @@ def test_codea1_flow_end_to_end(prefect_harness: None, tiny_model: Path, tmp_pat
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"samples", "outcomes", "mistake_book"}
 
     # a second run of the same config resumes, finds nothing to do, and logs nothing twice
-    again = train_flow(config=cfg.to_dict())
+    again = train_flow(params)
     assert again["iteration"] == 2
     assert [m.step for m in client.get_metric_history(run.info.run_id, "code/reward_mean")] == [1, 2]
     assert len(client.search_model_versions("name='codea1-code'")) == 1
@@ -272,7 +311,7 @@ def test_modes_and_ablations(prefect_harness, tiny_model, tmp_path, monkeypatch,
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = tiny_config(tmp_path, tiny_model, mode=mode, **{"orchestration.max_steps": 1, **extra})
-    state = train_flow(config=cfg.to_dict(), return_state=True)
+    state = train_flow(write_params(cfg, tmp_path / "params.yaml"), return_state=True)
     summary = state.result()
     names = _task_run_names(state.state_details.flow_run_id)
     ckpt = tmp_path / "train" / "checkpoints" / "it_000001"
@@ -294,6 +333,41 @@ def test_modes_and_ablations(prefect_harness, tiny_model, tmp_path, monkeypatch,
     assert (book["problems"] == {}) or has_book
 
 
+def test_history_is_recorded_once_per_iteration_and_derived_once(
+    prefect_harness, tiny_model, tmp_path, monkeypatch
+) -> None:
+    """Regression (issue 15): the history was rewritten in three formats (history.csv, metrics.jsonl,
+    metrics.json) every iteration and read back in two. The checkpoint's state holds it (what resume reads);
+    history.csv and metrics.json are derived from it once, when the run finishes, and read back the same."""
+    import math
+
+    from codea1_core.evaluation.comparison import parse_history
+    from flows.train import train_flow
+    from tasks import checkpoint as ckpt
+
+    written: list[int] = []
+    real = ckpt.write_history
+    monkeypatch.setattr(ckpt, "write_history", lambda d, h, *a: written.append(len(h)) or real(d, h, *a))
+    cfg = tiny_config(tmp_path, tiny_model, mode="golden", **{"tracking.backend": "null"})
+    train_flow(write_params(cfg, tmp_path / "params.yaml"))
+    assert written == [2]  # once, with both iterations (not once per iteration plus once at the end)
+    out = Path(cfg.orchestration.checkpoint_dir)
+    state = json.loads((out / "checkpoints" / "it_000002" / "state.json").read_text())
+
+    def plain(rows: list[dict]) -> list[dict]:  # NaN (nothing replayed) compares unequal to itself
+        return [
+            {k: "nan" if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()} for r in rows
+        ]
+
+    assert plain(parse_history((out / "history.csv").read_text())) == plain(state["history"])
+    assert json.loads((out / "metrics.json").read_text()) == json.loads(json.dumps(state["history"][-1]))
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == [
+        "history.csv",
+        "metrics.json",
+        "mistake_book.json",
+    ]
+
+
 def test_missing_prepared_data_is_a_user_error(tmp_path: Path) -> None:
     from flows.common import UserError
     from flows.train import load_problems
@@ -312,7 +386,8 @@ def test_overlong_code_prompts_are_filtered_and_test_prompts_limited(
     from codea1_core.data.lab import lab_problems
     from codea1_core.method.prompts import code_messages
     from codea1_core.models.policy import prompt_lengths
-    from tasks.rollout import drop_overlong_problems, sampling
+    from codea1_core.models.sampling import sampling_params
+    from tasks.rollout import drop_overlong_problems
 
     cfg = tiny_config(tmp_path, tiny_model)
     problems = lab_problems(cfg.lab, "train")
@@ -323,5 +398,9 @@ def test_overlong_code_prompts_are_filtered_and_test_prompts_limited(
     assert [p.id for p in kept] == [p.id for p, n in zip(problems, lengths, strict=True) if n <= limit]
     assert dropped == [p.id for p, n in zip(problems, lengths, strict=True) if n > limit] != []
     assert drop_overlong_problems(problems, cfg.replace(**{"data.max_prompt_tokens": 0})) == (problems, [])
-    assert sampling(cfg, 1, "test").max_prompt_tokens == cfg.rollout.max_prompt_tokens_test == 8192
-    assert sampling(cfg, 1, "code").max_prompt_tokens == 0
+    assert (
+        sampling_params(cfg, "rollout", "test", 1).max_prompt_tokens
+        == cfg.rollout.max_prompt_tokens_test
+        == 8192
+    )
+    assert sampling_params(cfg, "rollout", "code", 1).max_prompt_tokens == 0

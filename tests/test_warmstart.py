@@ -117,9 +117,11 @@ def test_short_warm_start_models_load_and_generate(tmp_path, monkeypatch):
 
 
 def test_flow_runs_under_prefect(tmp_path, monkeypatch, prefect_harness, capsys):
+    from test_train_flow import write_params
+
     monkeypatch.chdir(tmp_path)
     cfg = _cfg(model={"code_path": "/models/coder", "test_path": "/models/tester"})
-    metrics = warmstart.run(cfg)
+    metrics = warmstart.run(write_params(cfg, tmp_path / "params.yaml"))
     assert metrics["skipped"] is True
     assert "warmstart: skipped" in capsys.readouterr().out
 

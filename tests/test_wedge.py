@@ -12,7 +12,6 @@ params typo fails a start; after each, the next ``dvc repro`` must complete with
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -22,6 +21,8 @@ import pytest
 import yaml
 from test_train_flow import build_tiny, tiny_config
 
+from codea1_core.evaluation.comparison import parse_history
+
 KILL_POINTS = ["finish:history", "finish:export_code", "finish:register_code", "finish:export_test",
                "finish:register_test", "finish:done"]  # fmt: skip
 OUTS = [
@@ -29,7 +30,6 @@ OUTS = [
     {"outputs/train/outcomes": {"persist": True}},
     {"outputs/train/mistake_book.json": {"persist": True}},
     "outputs/train/final",
-    {"outputs/train/metrics.jsonl": {"cache": False}},
 ]
 
 
@@ -99,7 +99,7 @@ def test_kills_inside_finish_and_a_failed_start_never_wedge_dvc_repro(prefect_ha
     done = repro(repo, env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = repo / "outputs" / "train"
-    assert [json.loads(x)["iteration"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert [r["iteration"] for r in parse_history((out / "history.csv").read_text())] == [1, 2]
     assert (out / "final" / "code" / "config.json").is_file() and (out / "final" / "DONE.json").is_file()
     assert versions(repo, "codea1-code") == [1] and versions(repo, "codea1-test") == [1]
 
@@ -112,7 +112,7 @@ def test_kills_inside_finish_and_a_failed_start_never_wedge_dvc_repro(prefect_ha
     (repo / "params.yaml").write_text(params)
     fixed = repro(repo, env)
     assert fixed.returncode == 0, fixed.stdout[-3000:] + fixed.stderr[-3000:]
-    assert (out / "metrics.jsonl").is_file() and (out / "final" / "test" / "config.json").is_file()
+    assert (out / "history.csv").is_file() and (out / "final" / "test" / "config.json").is_file()
     assert versions(repo, "codea1-code") == [1] and versions(repo, "codea1-test") == [1]
     status = subprocess.run(["dvc", "status"], cwd=repo, env=env, capture_output=True, text=True)
     assert "up to date" in status.stdout, status.stdout

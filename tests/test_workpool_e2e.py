@@ -24,39 +24,34 @@ from test_train_flow import build_tiny, tiny_config
 from codea1_core.config import ConfigError
 from flows.deploy import (
     DEFAULT_POOL,
-    ENTRYPOINTS,
+    DEPLOYMENTS,
+    TRAIN_DEPLOYMENT,
     build_deployments,
     main,
-    pipeline_command,
 )
-from flows.serve import TRAIN_DEPLOYMENT
 
 
 def test_deployments_target_the_pool_with_code_from_the_checkout(repo_root: Path) -> None:
     train, evaluate, pipeline = build_deployments(
-        "params.yaml", ["reward.alpha=0.25"], "pool-x", str(repo_root), cron="0 3 * * *"
+        "params.yaml", ["reward.alpha=0.25"], cron="0 3 * * *", pool="pool-x", source=str(repo_root)
     )
-    assert [d.name for d in (train, evaluate, pipeline)] == list(ENTRYPOINTS)
-    assert [d.flow_name for d in (train, evaluate, pipeline)] == ["train", "evaluate-params", "pipeline"]
+    assert [d.name for d in (train, evaluate, pipeline)] == list(DEPLOYMENTS)
+    assert [d.flow_name for d in (train, evaluate, pipeline)] == ["train", "evaluate", "pipeline"]
     assert {d.work_pool_name for d in (train, evaluate, pipeline)} == {"pool-x"}
-    assert train.parameters == {"params": "params.yaml", "overrides": ["reward.alpha=0.25"]}
-    assert pipeline.parameters == {"overrides": ["reward.alpha=0.25"]}
-    assert (
-        train.entrypoint == "flows/train.py:train_flow"
-        and pipeline.entrypoint == "flows/deploy.py:pipeline_flow"
-    )
+    for dep in (train, evaluate, pipeline):  # the same parameters as `codea1 serve`'s (one builder)
+        assert dep.parameters == {
+            "params": "params.yaml",
+            "overrides": ["reward.alpha=0.25"],
+            "run_dir": "auto",
+        }
+    assert [d.entrypoint for d in (train, evaluate, pipeline)] == [
+        "flows/train.py:train_flow", "flows/evaluate.py:evaluate_flow", "flows/deploy.py:pipeline_flow",
+    ]  # fmt: skip
     assert train.schedules and train.schedules[0].schedule.cron == "0 3 * * *" and not evaluate.schedules
     steps = train.storage.to_pull_step()  # the worker runs the flow in the checkout
     assert steps["prefect.deployments.steps.set_working_directory"]["directory"] == str(repo_root)
     with pytest.raises(ConfigError, match="reward.alpha"):
-        build_deployments("params.yaml", ["reward.alpha=high"], "pool-x", str(repo_root))
-
-
-def test_pipeline_is_make_runs_pipeline_or_an_experiment_with_overrides() -> None:
-    assert pipeline_command([])[1:] == ["-m", "flows.pipeline"]
-    assert pipeline_command(["reward.alpha=0.25", "seed=2"])[3:] == [
-        "exp", "run", "-S", "reward.alpha=0.25", "-S", "seed=2",
-    ]  # fmt: skip
+        build_deployments("params.yaml", ["reward.alpha=high"], pool="pool-x", source=str(repo_root))
 
 
 def test_deploy_without_a_server_is_one_clear_line(monkeypatch, capsys, repo_root: Path) -> None:
@@ -109,7 +104,8 @@ def test_a_run_triggered_through_the_api_is_executed_by_a_process_worker(
             cwd=repo_root, env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-        flow_run = asyncio.run(_trigger(api, f"train/{TRAIN_DEPLOYMENT}"))
+        run_dir = tmp_path / "run"  # not the default runs/<name> under the checkout (the worker's cwd)
+        flow_run = asyncio.run(_trigger(api, f"train/{TRAIN_DEPLOYMENT}", {"run_dir": str(run_dir)}))
         worker = start("prefect", "worker", "start", "--pool", pool, "--run-once")
         final = asyncio.run(_wait_final(api, flow_run.id, worker, 600))
         assert final.state.is_completed(), (final.state, tail("worker"))
@@ -118,19 +114,21 @@ def test_a_run_triggered_through_the_api_is_executed_by_a_process_worker(
         exp = client.get_experiment_by_name(cfg.tracking.experiment)
         (mlrun,) = client.search_runs([exp.experiment_id])
         assert [m.step for m in client.get_metric_history(mlrun.info.run_id, "code/reward_mean")] == [1]
-        assert {d.name for d in asyncio.run(_deployments(api))} == set(ENTRYPOINTS)
+        assert (run_dir / "train" / "final" / "DONE.json").is_file()  # the run's folder, not the workspace
+        assert not Path(cfg.orchestration.checkpoint_dir).exists()
+        assert {d.name for d in asyncio.run(_deployments(api))} == set(DEPLOYMENTS)
     finally:
         for proc in reversed(procs):
             _stop(proc)
 
 
-async def _trigger(api: str, name: str):
+async def _trigger(api: str, name: str, parameters: dict | None = None):
     """Create a flow run of the deployment through the API (no waiting: no worker is polling yet)."""
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings({PREFECT_API_URL: api}):
-        return await run_deployment(name, timeout=0)
+        return await run_deployment(name, parameters=parameters, timeout=0)
 
 
 async def _wait_final(api: str, flow_run_id, worker: subprocess.Popen, timeout_s: float):

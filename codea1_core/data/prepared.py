@@ -7,7 +7,7 @@ What it does:
   :func:`resolve` fills the expected values from those outcomes and drops (with a reason) the tests the
   reference cannot run or whose dataset claim disagrees with it.
 * :func:`save_prepared` / :func:`load_prepared`: one parquet file of problems per split; expected values
-  are ``values.encode`` bytes (never pickle); writes are atomic (temp file, then ``os.replace``).
+  are ``values.encode`` bytes (never pickle); writes are atomic (``codea1_core.files``).
 
 What it does not: run code (the ``prepare`` flow does, in the sandbox) or read raw sources
 (``codea1_core.data.datasets``). How to run: ``load_prepared("data/prepared/train.parquet")``; tests in
@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from codea1_core.data.dataset_types import DatasetError, is_pending
+from codea1_core.files import atomic_path
 from codea1_core.types import Problem, TestCase
 
 # --------------------------------------------------------------------------------------------------
@@ -126,7 +125,7 @@ def _schema() -> Any:
 
 
 def save_prepared(problems: list[Problem], path: str | Path) -> Path:
-    """Write problems to parquet atomically (temp file, then ``os.replace``).
+    """Write problems to parquet atomically (:func:`codea1_core.files.atomic_path`).
 
     Raises:
         DatasetError: A test's expected value is still :class:`Pending` or not encodable.
@@ -160,14 +159,8 @@ def save_prepared(problems: list[Problem], path: str | Path) -> Path:
             cols[f"{key}_expected"].append(expected(p, tests))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(pa.table(cols, schema=_schema()), tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return path
 
 

@@ -9,7 +9,7 @@ its rows into :class:`~codea1_core.types.Problem` objects the evaluator understa
   input/output pairs, so each problem gets one synthetic call, ``__codea1_bcb_check__()``, that runs the
   test class after the candidate and returns ``True`` when every test passed. The unittest source is
   appended to the program through ``Problem.metadata["test_program"]`` (see
-  :func:`codea1_core.evaluation.verdicts.program_for`). ``split="complete"`` prompts with ``complete_prompt``
+  :func:`codea1_core.method.outcomes.candidate_program`). ``split="complete"`` prompts with ``complete_prompt``
   (the paper's setting), ``"instruct"`` with ``instruct_prompt``. The reference is
   ``code_prompt + canonical_solution``. Many tasks need third-party libraries (``libs``) and more time
   than the default per-call limit: raise ``sandbox.call_timeout_s`` for it.
@@ -21,6 +21,8 @@ its rows into :class:`~codea1_core.types.Problem` objects the evaluator understa
 
 What it does not: download anything (pass a path to a local copy) or run code.
 
+Also :func:`load_benchmark` (any evaluation set by name) and :func:`lab_subsets` (the lab's seen/unseen split).
+
 How to run: ``load_bigcodebench(path)`` / ``load_unleakedtestbench(path)``; tests in
 ``tests/test_evaluation.py`` write tiny fixtures in the public formats.
 """
@@ -29,9 +31,11 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from codea1_core.config import Config
 from codea1_core.types import Problem, TestCase
 
 BCB_CHECK_CALL = "__codea1_bcb_check__()"
@@ -180,3 +184,54 @@ def load_unleakedtestbench(path: str | Path, max_problems: int = 0) -> list[Prob
         if max_problems and len(problems) >= max_problems:
             break
     return problems
+
+
+# --------------------------------------------------------------------------------------------------
+# Benchmarks by name, and the lab's subsets
+# --------------------------------------------------------------------------------------------------
+
+
+def load_benchmark(cfg: Config, name: str) -> list[Problem]:
+    """Problems of a benchmark by name, capped at ``eval.max_problems``.
+
+    ``bigcodebench`` and ``unleakedtestbench`` read ``eval.bigcodebench_path`` / ``eval.ult_path``;
+    every other name reads ``<data.prepared_dir>/eval_<name>.parquet`` (written by the prepare stage).
+    """
+    from codea1_core.data.prepared import load_prepared
+
+    cap = cfg.eval.max_problems
+    if name == "bigcodebench":
+        if not cfg.eval.bigcodebench_path:
+            raise FileNotFoundError("benchmark bigcodebench: set eval.bigcodebench_path to a local copy")
+        return load_bigcodebench(cfg.eval.bigcodebench_path, max_problems=cap)
+    if name == "unleakedtestbench":
+        if not cfg.eval.ult_path:
+            raise FileNotFoundError("benchmark unleakedtestbench: set eval.ult_path to a local ULT.jsonl")
+        return load_unleakedtestbench(cfg.eval.ult_path, max_problems=cap)
+    path = Path(cfg.data.prepared_dir) / f"eval_{name}.parquet"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"benchmark {name}: {path} not found (run the prepare stage: python -m flows.prepare)"
+        )
+    problems = load_prepared(path)
+    return problems[:cap] if cap else problems
+
+
+def lab_subsets(problems: Sequence[Problem]) -> dict[str, list[int]]:
+    """``seen`` / ``unseen`` problem indices of a lab set (training vs held-out families); ``{}`` otherwise.
+
+    ``seen`` problems are new parameters of training families; ``unseen`` ones belong to families never
+    trained on (``codea1_core.data.lab``). Sets with any non-lab problem, or with only one kind, get no
+    subsets. Both evaluations report them as ``<bench>_seen`` / ``<bench>_unseen`` from the same samples.
+    """
+    from codea1_core.data.lab import FAMILIES
+
+    kinds = []
+    for p in problems:
+        family = FAMILIES.get(str((p.metadata or {}).get("family", "")))
+        if family is None or not p.id.startswith("lab/"):
+            return {}
+        kinds.append("unseen" if family.heldout else "seen")
+    if len(set(kinds)) < 2:
+        return {}
+    return {name: [i for i, k in enumerate(kinds) if k == name] for name in ("seen", "unseen")}

@@ -1,4 +1,4 @@
-"""Benchmark evaluation, pure parts: job building, verdicts, aggregation and selection rules.
+"""Benchmark evaluation, pure parts: job building, verdicts and aggregation.
 
 What it does:
   * Code LLM (ALGORITHM.md §13.1, EvalPlus protocol): one sandbox program per *distinct* sample of a
@@ -9,14 +9,16 @@ What it does:
   * Test LLM (ALGORITHM.md §13.2, UnLeakedTestBench definitions): the first ``k`` asserts of one suite per
     problem are checked on the reference (pass@k), the suites that fully pass it are run on mutants of the
     reference (mut@k), and Mul = pass@k × mut@k / 100.
-  * Test-time collaboration: candidate scoring by the tests the Test LLM wrote (most passed tests wins,
-    ties broken by output agreement with the other candidates).
+    The two-phase plan of that check (reference, then mutants) is :mod:`codea1_core.evaluation.suites`;
+    test-time collaboration (``solve``) is :mod:`codea1_core.evaluation.solve`.
 
 What it does not: generate text, run code (the caller passes executor outcomes in), touch files, or
 import prefect/mlflow/sandbox. Infrastructure failures (``infra_error``) are never scored: affected
 samples and mutants are dropped from the denominators and counted (ALGORITHM.md D4).
 
-How to run: imported by ``tasks/evaluate.py``, ``flows/solve.py`` and ``flows/attack.py``; unit tests in
+A sample runs as :func:`codea1_core.method.outcomes.candidate_program`, the program training runs it as.
+
+How to run: imported by ``tasks/evaluate.py`` and the other ``codea1_core.evaluation`` plans; unit tests in
 ``tests/test_evaluation.py``.
 """
 
@@ -26,20 +28,14 @@ import ast
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from codea1_core.evaluation.metrics import pass_at_k
+from codea1_core.method.outcomes import candidate_program
 from codea1_core.types import CallOutcome, Problem
 from codea1_core.values import values_equal
 
 INFRA = "infra_error"
-
-
-class Generator(Protocol):
-    """What evaluation needs from a policy (``codea1_core.models.policy.Policy`` satisfies it)."""
-
-    def generate(self, prompts: list, n: int, sampling: Any) -> list[list[Any]]:  # items have ``.text``
-        ...
 
 
 # --------------------------------------------------------------------------------------------------
@@ -67,19 +63,6 @@ class CodeJobs:
     sample_job: list[list[int]] = field(default_factory=list)
 
 
-def program_for(problem: Problem, code: str) -> str:
-    """The program of one sample: the problem's import lines, then the extracted code.
-
-    The imports make ``List``/``math`` available as in the HumanEval prompt the model completed; a
-    sample that re-imports them is unaffected. ``metadata["test_program"]`` (BigCodeBench's unittest
-    class and its check function) is appended after the code.
-    """
-    header = "\n".join(problem.imports)
-    program = f"{header}\n{code}" if header else code
-    suffix = problem.metadata.get("test_program", "")
-    return f"{program}\n{suffix}" if suffix else program
-
-
 def benchmark_calls(problem: Problem) -> list[str]:
     """Every call of a problem: base inputs first, then EvalPlus plus inputs.
 
@@ -102,7 +85,7 @@ def build_code_jobs(problems: Sequence[Problem], codes: Sequence[Sequence[str]])
         calls = benchmark_calls(problem)
         row = []
         for code in samples:
-            program = program_for(problem, code)
+            program = candidate_program(problem, code)
             if program not in seen:
                 seen[program] = len(out.jobs)
                 out.jobs.append((program, calls))
@@ -279,6 +262,22 @@ def aggregate_code(
     return out
 
 
+def code_metrics(
+    bench: str,
+    problems: Sequence[Problem],
+    verdicts: Sequence[Sequence[SampleVerdict]],
+    k_list: Sequence[int],
+    subsets: dict[str, list[int]] | None = None,
+) -> dict[str, float]:
+    """:func:`aggregate_code` of a benchmark, and again of each subset (name -> problem indices) as
+    ``<bench>_<name>`` from the same verdicts (no extra generation or execution)."""
+    metrics = aggregate_code(bench, problems, verdicts, k_list)
+    for name, idx in (subsets or {}).items():
+        sub = [problems[i] for i in idx]
+        metrics |= aggregate_code(f"{bench}_{name}", sub, [verdicts[i] for i in idx], k_list)
+    return metrics
+
+
 # --------------------------------------------------------------------------------------------------
 # Test LLM: pass@k on the reference, mut@k on mutants, Mul
 # --------------------------------------------------------------------------------------------------
@@ -407,64 +406,11 @@ def _mut_all(bench: str, records: Sequence[SuiteRecord], k: int) -> dict[str, fl
     }
 
 
-# --------------------------------------------------------------------------------------------------
-# Test-time collaboration: score candidates by generated tests
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CandidateScore:
-    """Vote of one candidate: valid tests passed, and output agreement with the other candidates."""
-
-    index: int
-    passed: int
-    valid: int
-    agreement: int
-
-
-def score_candidates(
-    call_outcomes: Sequence[Sequence[CallOutcome]],
-    answer_outcomes: Sequence[CallOutcome],
-    tests: Sequence[tuple[int, int]],
-    rel_tol: float,
-    abs_tol: float,
-) -> list[CandidateScore]:
-    """Score candidates on generated tests.
-
-    Args:
-        call_outcomes: ``[candidate][call]`` outcomes of every distinct call on every candidate.
-        answer_outcomes: outcome of every distinct predicted answer, evaluated without any candidate.
-        tests: ``(call index, answer index)`` pairs; a test is valid when its answer evaluates.
-        rel_tol: relative float tolerance.
-        abs_tol: absolute float tolerance.
-
-    Returns:
-        One score per candidate, in input order. Agreement counts, per call, the other candidates whose
-        output equals this one's (the tie-break of :func:`select_candidate`).
-    """
-    valid = [(c, a) for c, a in tests if answer_outcomes[a].ok]
-    scores = []
-    for i, outs in enumerate(call_outcomes):
-        passed = sum(
-            1
-            for c, a in valid
-            if outs[c].ok and values_equal(outs[c].value, answer_outcomes[a].value, rel_tol, abs_tol)
-        )
-        agreement = 0
-        for j, other in enumerate(call_outcomes):
-            if j == i:
-                continue
-            agreement += sum(
-                1
-                for o, q in zip(outs, other, strict=True)
-                if o.ok and q.ok and values_equal(o.value, q.value, rel_tol, abs_tol)
-            )
-        scores.append(CandidateScore(index=i, passed=passed, valid=len(valid), agreement=agreement))
-    return scores
-
-
-def select_candidate(scores: Sequence[CandidateScore]) -> int:
-    """Most valid tests passed wins; ties: most agreement with other candidates; then the lowest index."""
-    if not scores:
-        raise ValueError("no candidates to select from")
-    return max(scores, key=lambda s: (s.passed, s.agreement, -s.index)).index
+def suite_metrics(
+    bench: str, records: Sequence[SuiteRecord], k: int, subsets: dict[str, list[int]] | None = None
+) -> dict[str, float]:
+    """:func:`aggregate_tests` of a benchmark, and again of each subset as ``<bench>_<name>``."""
+    metrics = aggregate_tests(bench, records, k)
+    for name, idx in (subsets or {}).items():
+        metrics |= aggregate_tests(f"{bench}_{name}", [records[i] for i in idx], k)
+    return metrics

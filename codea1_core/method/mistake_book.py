@@ -337,3 +337,14 @@ def _entry_from_row(pid: str, i: int, row: Any) -> Entry:
         row["first_seen"],
         row["last_seen"],
     )
+
+
+def starting_book(cfg: Any, saved: dict[str, Any] | None) -> MistakeBook | None:
+    """The Mistake Book a training run starts with (§8): None in ``golden`` mode or with
+    ``mistake_book.enabled: false``; the checkpoint's book (``saved``) on resume; else an empty one."""
+    mb = cfg.mistake_book
+    if not mb.enabled or cfg.mode == "golden":
+        return None
+    if saved:
+        return MistakeBook.from_dict(saved, mb.top_k, mb.tie_break, mb.max_per_problem, mb.enabled)
+    return MistakeBook.from_config(mb)

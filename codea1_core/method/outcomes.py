@@ -28,6 +28,7 @@ How to run: ``tests/test_outcomes.py``.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,17 +55,21 @@ SENTINEL_EXPR = "None"
 # --------------------------------------------------------------------------------------------------
 
 
-def _top_level_imports(source: str) -> list[str]:
-    """Source lines of the top-level ``import`` / ``from ... import`` statements of ``source``."""
+@functools.lru_cache(maxsize=4096)
+def _top_level_imports(source: str) -> tuple[str, ...]:
+    """Source lines of the top-level ``import`` / ``from ... import`` statements of ``source``.
+
+    Cached by source text: every candidate of a problem shares the reference, parsed once.
+    """
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return []
-    return [
+        return ()
+    return tuple(
         ast.unparse(node)
         for node in tree.body
         if isinstance(node, (ast.Import, ast.ImportFrom)) and getattr(node, "module", "") != "__future__"
-    ]
+    )
 
 
 def problem_imports(problem: Problem) -> list[str]:
@@ -72,12 +77,22 @@ def problem_imports(problem: Problem) -> list[str]:
     return sorted(set(problem.imports) | set(_top_level_imports(problem.reference_solution)))
 
 
-def candidate_program(code: str, imports: Sequence[str]) -> str:
-    """``code`` preceded by ``imports``, so a candidate may use modules the reference imports (§6.2 step 1).
+def candidate_program(problem: Problem, code: str) -> str:
+    """THE program a candidate runs as, in training and in evaluation alike (§6.2 step 1).
 
-    The candidate's own imports stay in place (re-importing is harmless). A leading docstring and
-    ``from __future__`` imports of the candidate stay first, where Python requires them.
+    ``code`` is preceded by :func:`problem_imports`, so a candidate may use modules the problem's prompt
+    or its reference imports (a candidate's own imports stay in place: re-importing is harmless). A
+    leading docstring and ``from __future__`` imports of the candidate stay first, where Python requires
+    them. ``metadata["test_program"]`` (BigCodeBench's unittest class and its check function) is appended
+    after the code. One function on purpose: training and evaluation must judge the same program.
     """
+    program = _with_header(code, problem_imports(problem))
+    suffix = (problem.metadata or {}).get("test_program", "")
+    return f"{program}\n{suffix}" if suffix else program
+
+
+def _with_header(code: str, imports: Sequence[str]) -> str:
+    """``code`` with ``imports`` inserted after its leading docstring and ``from __future__`` lines."""
     header = "\n".join(imports)
     if not header:
         return code
@@ -146,7 +161,6 @@ class ProblemPlan:
         self.codes = tuple(codes)
         self.suites = tuple(tuple(row) for row in suites)
         self.replay = tuple(replay)
-        self.imports = problem_imports(problem)
         exprs = [e for row in self.suites for s in row for t in s.tests for e in (t.call, t.answer)]
         self._ref_exprs = _unique(exprs) or [SENTINEL_EXPR]
 
@@ -209,7 +223,7 @@ class ProblemPlan:
         ref = self._ref_map(ref_outcomes)
         problem_error = self._problem_error(ref)
         return [
-            (candidate_program(code, self.imports), self._code_calls(m, ref, problem_error))
+            (candidate_program(self.problem, code), self._code_calls(m, ref, problem_error))
             for m, code in enumerate(self.codes)
         ]
 
@@ -310,12 +324,11 @@ class GoldenPlan:
         self.problem = problem
         self.codes = tuple(codes)
         self.tests = tuple(problem.tests if tests is None else tests)
-        self.imports = problem_imports(problem)
         self._exprs = _unique([t.call for t in self.tests]) or [SENTINEL_EXPR]
 
     def jobs(self) -> list[Job]:
         """One job per code: imports + code, evaluating every unique golden call."""
-        return [(candidate_program(code, self.imports), list(self._exprs)) for code in self.codes]
+        return [(candidate_program(self.problem, code), list(self._exprs)) for code in self.codes]
 
     def assemble(
         self, outcomes: Sequence[Sequence[CallOutcome]], rel_tol: float, abs_tol: float

@@ -15,9 +15,10 @@ the same torch RNG state. It differs only in bookkeeping that does not touch the
   when a core is left over by the intra-op threads, its Exp(1) noise is drawn one step ahead by a worker
   thread from a copy of the generator (:class:`_NoiseStream`), overlapping the next forward.
 
-The decode forward is still the model's own ``forward`` (its attention, rotary, norms and MLP code), fed a
-tiny cache object and a prepared mask, so the arithmetic is HF's. ``tests/test_fast_generate.py`` compares
-tokens and log-probs for exact equality with ``generate``.
+The decode step is :class:`codea1_core.models.decode_step.DecodeStep`: HF's Qwen2 ops in HF's order on the
+model's tensors (its rotary and attention functions called directly), without the forward's per-token
+plumbing. ``tests/test_fast_generate.py`` compares its logits bitwise with HF's forward, and tokens and
+log-probs for exact equality with ``generate``.
 
 What it does not: run on GPUs (not checked there: HF ``generate`` or vLLM), beam search, assisted
 decoding, repetition penalties or any other logits processor, sliding-window or linear-attention caches,
@@ -36,6 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from codea1_core.models import decode_step
 
 SUPPORTED_MODEL_TYPES: frozenset[str] = frozenset({"qwen2"})
 """Model families whose HF forward accepts ``cache`` + a prepared mask dict, checked by the equality test."""
@@ -115,7 +118,7 @@ def unsupported_reason(model: Any) -> str | None:
     extra = set(base.generation_config.to_diff_dict()) - _ALLOWED_GENERATION_KEYS
     if extra:
         return f"generation_config sets {sorted(extra)} (could add processors)"
-    return None
+    return decode_step.unsupported_reason(base)
 
 
 def _decode_mask(attention_mask: torch.Tensor, total_len: int) -> torch.Tensor | None:
@@ -249,7 +252,8 @@ def sample(
     eos = torch.tensor(list(eos_ids), device=device)
     tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device)
-    unfinished = torch.ones(rows, dtype=torch.long, device=device)
+    unfinished = torch.ones(rows, dtype=torch.bool, device=device)
+    step = decode_step.DecodeStep(base, cache, mask)
     noise = _NoiseStream(tuple(logits.shape), logits.dtype) if do_sample and _spare_core(device) else None
     steps = 0
     try:
@@ -258,7 +262,9 @@ def sample(
             scores = logits
             for warp in warpers:
                 scores = warp(tokens[:, :t], scores)
-            nxt = _draw(scores, noise, do_sample) * unfinished + pad_id * (1 - unfinished)
+            nxt = torch.where(
+                unfinished, _draw(scores, noise, do_sample), pad_id
+            )  # generate's pad of done rows
             tokens[:, t] = nxt
             logprobs[:, t] = step_logprobs.gather(1, nxt[:, None]).squeeze(1)
             steps = t + 1
@@ -267,25 +273,8 @@ def sample(
                 break
             cache.length = prompt_len + t
             position = position + 1
-            logits = _decode_step(base, nxt, cache, position, mask)
+            logits = step(nxt, position)
     finally:
         if noise is not None:
             noise.close()
     return Sampled(tokens[:, :steps].cpu(), logprobs[:, :steps].cpu())
-
-
-def _decode_step(
-    base: Any, tokens: torch.Tensor, cache: _ViewCache, position: torch.Tensor, mask: torch.Tensor | None
-) -> torch.Tensor:
-    """One token per row through the model's own forward; float32 logits ``[rows, vocab]``."""
-    step_mask = None if mask is None else mask[:, :, :, : cache.length + 1]
-    out = base(
-        input_ids=tokens[:, None],
-        attention_mask={"full_attention": step_mask},
-        position_ids=position,
-        cache=cache,
-        use_cache=False,
-        logits_to_keep=1,
-        return_dict=True,
-    )
-    return out.logits[:, -1].to(copy=True, dtype=torch.float32)

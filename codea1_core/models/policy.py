@@ -31,24 +31,12 @@ import torch
 
 from codea1_core.config import Config, ConfigError
 from codea1_core.models import policy_io
+from codea1_core.models.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
 LOGPROB_BLOCK_TOKENS = 1024
 """Completion tokens per LM-head block in the update: a block's float32 logits are its only vocab-sized tensor."""
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Sampling settings for one :meth:`Policy.generate` call (temperature 0 = greedy)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 256
-    seed: int = 0
-    max_prompt_tokens: int = 0
-    """Prompt length limit in tokens (0 = none); a longer prompt raises :class:`PromptTooLongError`."""
 
 
 class PromptTooLongError(ConfigError):
@@ -547,7 +535,7 @@ class Policy:
 
     def load(self, path: str | Path) -> None:
         """Restore a :meth:`save` checkpoint into this policy (built on the same base model and config)."""
-        policy_io.load_policy(self, Path(path))
+        policy_io.restore_policy(self, Path(path))
 
     def export(self, path: str | Path) -> Path:
         """A standalone HF model directory (LoRA merged into a copy) + tokenizer, written atomically."""

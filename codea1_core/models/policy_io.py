@@ -1,8 +1,8 @@
 """Checkpoint I/O of :class:`codea1_core.models.policy.Policy`: resumable save/load and merged export.
 
 What it does: writes a policy's adapter (LoRA) or weights (full) with its tokenizer under ``model/`` and
-the optimizer, scheduler, RNG and step state in ``state.pt``; every directory is written to ``<dir>.tmp``
-first and moved into place with ``os.replace``, so a crash never leaves a half-written checkpoint.
+the optimizer, scheduler, RNG and step state in ``state.pt``; every directory is built as ``.<dir>.tmp``
+and swapped in whole (:func:`codea1_core.files.atomic_dir`), so a crash never leaves a half-written checkpoint.
 What it does not: decide when or where to checkpoint (the pipeline's checkpoint task does).
 
 Run: ``pytest tests/test_policy.py -k save``.
@@ -11,38 +11,36 @@ Run: ``pytest tests/test_policy.py -k save``.
 from __future__ import annotations
 
 import copy
-import os
 import random
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from codea1_core.files import atomic_dir
+
 
 def save_policy(pol: Any, path: Path) -> Path:
     """Write ``pol`` to ``path`` atomically (see the module docstring)."""
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    pol.model.save_pretrained(tmp / "model")
-    pol.tokenizer.save_pretrained(tmp / "model")
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
-    state = {
-        "role": pol.role,
-        "finetune": pol.cfg.model.finetune,
-        "step_count": pol.step_count,
-        "optimizer": pol.optimizer.state_dict(),
-        "scheduler": pol.scheduler.state_dict(),
-        "rng": rng,
-    }
-    torch.save(state, tmp / "state.pt")
-    replace_dir(tmp, path)
+    with atomic_dir(path) as tmp:
+        pol.model.save_pretrained(tmp / "model")
+        pol.tokenizer.save_pretrained(tmp / "model")
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        state = {
+            "role": pol.role,
+            "finetune": pol.cfg.model.finetune,
+            "step_count": pol.step_count,
+            "optimizer": pol.optimizer.state_dict(),
+            "scheduler": pol.scheduler.state_dict(),
+            "rng": rng,
+        }
+        torch.save(state, tmp / "state.pt")
     return path
 
 
-def load_policy(pol: Any, path: Path) -> None:
+def restore_policy(pol: Any, path: Path) -> None:
     """Restore a :func:`save_policy` checkpoint into ``pol`` (same base model and config)."""
     if not (path / "state.pt").is_file():
         raise FileNotFoundError(f"{path}: not a policy checkpoint (state.pt missing)")
@@ -75,23 +73,8 @@ def load_policy(pol: Any, path: Path) -> None:
 
 def export_policy(pol: Any, path: Path) -> Path:
     """Write a standalone HF model directory (LoRA merged into a copy) + tokenizer to ``path`` atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
     model = copy.deepcopy(pol.model).merge_and_unload() if pol.ref_model is None else pol.model
-    model.save_pretrained(tmp)
-    pol.tokenizer.save_pretrained(tmp)
-    replace_dir(tmp, path)
+    with atomic_dir(path) as tmp:
+        model.save_pretrained(tmp)
+        pol.tokenizer.save_pretrained(tmp)
     return path
-
-
-def replace_dir(tmp: Path, path: Path) -> None:
-    """Move the finished ``tmp`` folder to ``path``, replacing an older one (never a half-written dir)."""
-    if path.exists():
-        old = path.with_name(path.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, path)

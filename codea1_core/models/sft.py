@@ -17,7 +17,6 @@ Run: ``pytest tests/test_sft.py``.
 from __future__ import annotations
 
 import logging
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -115,7 +114,7 @@ def supervised_finetune(
     Args:
         model_dir: An HF causal LM directory (or hub id).
         examples: Conversational examples; the final message is the assistant answer trained on.
-        out_dir: Target directory, replaced atomically (written to ``<out_dir>.tmp`` first).
+        out_dir: Target directory, replaced atomically (written to ``.<out_dir>.tmp`` first).
         epochs: Training epochs.
         lr: Peak learning rate (linear decay, no warm-up).
         seed: Seed of initialisation-independent randomness (data order, dropout).
@@ -134,7 +133,7 @@ def supervised_finetune(
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
-    from codea1_core.models.policy_io import replace_dir
+    from codea1_core.files import atomic_dir
 
     if not examples:
         raise ValueError("examples: empty, nothing to fine-tune on")
@@ -180,12 +179,10 @@ def supervised_finetune(
         finally:
             if not bars_were_off:
                 datasets.enable_progress_bars()
-        tmp = out_dir.with_name(out_dir.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        trainer.model.save_pretrained(tmp)
-        tokenizer.padding_side = "left"
-        tokenizer.save_pretrained(tmp)
-        replace_dir(tmp, out_dir)
+        with atomic_dir(out_dir) as tmp:
+            trainer.model.save_pretrained(tmp)
+            tokenizer.padding_side = "left"
+            tokenizer.save_pretrained(tmp)
     metrics = {
         "train_loss": float(result.training_loss),
         "runtime_s": time.perf_counter() - t0,

@@ -17,10 +17,11 @@ Run: ``python -c "from codea1_core.models.tiny_model import build_tiny_model; bu
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from codea1_core.files import atomic_dir
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 """Qwen-style special tokens, in the order they get the lowest ids after the byte alphabet."""
@@ -69,22 +70,6 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
     "Qwen/Qwen2.5-Coder-1.5B-Instruct": QWEN25_CODER_1P5B_CONFIG,
     "Qwen/Qwen2.5-Coder-1.5B": QWEN25_CODER_1P5B_CONFIG,
 }
-
-
-def _atomic_dir(out_dir: Path, write: Any) -> Path:
-    """Call ``write(tmp_dir)`` and move the finished folder to ``out_dir`` (replacing it); no half-written dirs."""
-    from codea1_core.models.policy_io import replace_dir
-
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        write(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    replace_dir(tmp, out_dir)
-    return out_dir
 
 
 def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048) -> Any:
@@ -145,7 +130,7 @@ def build_tiny_model(
     """Write a random-init tiny Qwen2 model and a locally trained tokenizer to ``out_dir``.
 
     Args:
-        out_dir: Target model directory (written atomically via ``out_dir.tmp``).
+        out_dir: Target model directory (written atomically via ``.<out_dir>.tmp``).
         corpus: Texts for the BPE tokenizer (problem statements, code, tests).
         hidden_size: Model width.
         num_layers: Decoder layers.
@@ -185,11 +170,10 @@ def build_tiny_model(
         bos_token_id=pad_id, eos_token_id=[eos_id, pad_id], pad_token_id=pad_id
     )
 
-    def write(tmp: Path) -> None:
+    with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-
-    return _atomic_dir(Path(out_dir), write)
+    return Path(out_dir)
 
 
 def random_init_like(
@@ -239,9 +223,8 @@ def random_init_like(
     finally:
         torch.set_default_dtype(previous)
 
-    def write(tmp: Path) -> None:
+    with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-
-    return _atomic_dir(Path(out_dir), write)
+    return Path(out_dir)

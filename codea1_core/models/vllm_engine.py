@@ -14,7 +14,8 @@ with half of ``rollout.gpu_memory_utilization`` in ``codea1`` mode. ``max_model_
 ``data_parallel_size`` (multi-GPU engines; the latter only when > 1). The training step shares the GPU: lower
 ``rollout.gpu_memory_utilization`` (e.g. 0.4) to leave room for the two policies' updates.
 
-Entry point for the pipeline: :func:`attach` (``tasks/rollout.py`` calls it when ``rollout.backend: vllm``).
+Entry point for the pipeline: :func:`attach` (``codea1_core.models.loading.build_policy`` calls it when
+``rollout.backend: vllm``).
 
 What it does not: full fine-tuning (weights would have to be pushed into the engine after every step; use
 ``rollout.backend=hf`` with ``model.finetune=full``), nor any training. ``vllm`` is imported only here, only
@@ -32,14 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from codea1_core.config import Config
+from codea1_core.files import atomic_dir
 from codea1_core.models.policy import (
     Completion,
-    SamplingParams,
     check_prompt_lengths,
     render_messages,
     uses_chat_template,
 )
-from codea1_core.models.policy_io import replace_dir
+from codea1_core.models.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -163,10 +164,8 @@ class VllmRollout:
         self._check_role(policy.role)
         version = self.versions[policy.role] + 1
         path = self.adapter_dir / policy.role / f"v{version:05d}"
-        tmp = path.with_name(path.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        policy.model.save_pretrained(tmp)
-        replace_dir(tmp, path)
+        with atomic_dir(path) as tmp:
+            policy.model.save_pretrained(tmp)
         old = self.adapter_dir / policy.role / f"v{version - 2:05d}"
         shutil.rmtree(old, ignore_errors=True)  # keep the served version and the one before it
         self.lora_requests[policy.role] = LoRARequest(

@@ -1,0 +1,157 @@
+"""One Qwen2 decode step (one new token per row) on the model's own tensors, without HF's forward plumbing.
+
+Why: at the lab's shapes a decode step is dozens of tiny ops; HF's ``Qwen2ForCausalLM.forward`` wraps them in
+output-capture and kwargs decorators, ``nn.Module.__call__`` hook dispatch per submodule, a mask dict and
+output dataclasses, once per token. :class:`DecodeStep` runs the same torch ops, in the same order, on the
+same shapes and dtypes as ``transformers``' ``modeling_qwen2`` code (read from transformers 5.24):
+
+* RMSNorm: upcast to float32, ``pow(2).mean`` variance, ``rsqrt(var + eps)``, cast back, times the weight;
+* projections: ``F.linear`` on the module's weight and bias when it is a plain ``nn.Linear`` without hooks,
+  else the module itself (a PEFT LoRA layer keeps its own forward, so its arithmetic is exact by construction);
+* rotary and attention: HF's own functions (the model's ``rotary_emb`` module once per step,
+  ``apply_rotary_pos_emb`` and the ``ALL_ATTENTION_FUNCTIONS`` interface of the configured
+  ``attn_implementation``), fed the same mask HF builds for one query token;
+* SiLU MLP, residual adds, final norm and ``lm_head`` as HF writes them.
+
+``tests/test_fast_generate.py`` checks bitwise-equal logits against HF's forward on several random-init
+configs (the lab's, a GQA one, eager attention, LoRA). What it does not cover: any other model family,
+sliding windows, rope scaling other than the default, hub kernels; :func:`unsupported_reason` names those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+
+def _linear(module: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``F.linear`` on a plain ``nn.Linear``'s tensors (what its forward does), else the module's own forward."""
+    plain = type(module) is torch.nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
+    if not plain:
+        return module
+    weight, bias = module.weight, module.bias
+    return lambda x: F.linear(x, weight, bias)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``Qwen2RMSNorm.forward``, op for op."""
+    input_dtype = x.dtype
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(variance + eps)
+    return weight * h.to(input_dtype)
+
+
+def unsupported_reason(base: Any) -> str | None:
+    """Why :class:`DecodeStep` would not reproduce ``base``'s forward (None when it does)."""
+    from transformers.models.qwen2 import modeling_qwen2 as mq
+
+    if type(base) is not mq.Qwen2ForCausalLM:
+        return f"model class {type(base).__name__} (Qwen2ForCausalLM only)"
+    config = base.config
+    if (config.rope_parameters or {}).get("rope_type", "default") != "default":
+        return f"rope type {config.rope_parameters.get('rope_type')!r} (default only)"
+    if config.hidden_act != "silu":
+        return f"hidden_act {config.hidden_act!r} (silu only)"
+    norms = [base.model.norm] + [n for layer in base.model.layers for n in (layer.input_layernorm,
+                                                                          layer.post_attention_layernorm)]  # fmt: skip
+    if any(
+        type(n).forward is not mq.Qwen2RMSNorm.forward or n._forward_hooks or n._forward_pre_hooks
+        for n in norms
+    ):
+        return "RMSNorm forward replaced or hooked (hub kernels?)"
+    if mq.Qwen2Attention.forward.__qualname__ != "Qwen2Attention.forward":
+        return "Qwen2Attention.forward replaced"
+    return None
+
+
+class DecodeStep:
+    """``base``'s forward for one token per row with a preallocated key/value cache; float32 logits out.
+
+    Args:
+        base: A ``Qwen2ForCausalLM`` (LoRA layers may be injected) for which :func:`unsupported_reason` is None.
+        cache: Object with ``update(key, value, layer_idx) -> (keys, values)`` and ``length`` (tokens stored).
+        mask: The boolean ``[rows, 1, 1, total_len]`` key mask (None: nothing padded), sliced per step.
+            It is turned into the float mask each attention kernel uses once, here.
+    """
+
+    def __init__(self, base: Any, cache: Any, mask: torch.Tensor | None) -> None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+        from transformers.models.qwen2 import modeling_qwen2 as mq
+
+        model, config = base.model, base.config
+        self.cache = cache
+        self.embed = model.embed_tokens
+        self.rotary = model.rotary_emb
+        self.apply_rotary = mq.apply_rotary_pos_emb
+        self.attention = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation,
+                                                               mq.eager_attention_forward)  # fmt: skip
+        self.eager = config._attn_implementation == "eager"
+        self.mask, self.dtype = mask, next(base.parameters()).dtype
+        if mask is not None:
+            # eager: HF's mask, the boolean one as 0 / dtype-min floats; SDPA: the 0 / -inf floats SDPA itself
+            # converts a boolean mask to on every call, made once (the kernel sees the same values)
+            zero = torch.zeros((), dtype=self.dtype, device=mask.device)
+            self.mask = torch.where(mask, zero, torch.finfo(self.dtype).min if self.eager else float("-inf"))
+        self.layers = [self._layer(layer) for layer in model.layers]
+        self.final_norm = (model.norm.weight, model.norm.variance_epsilon)
+        self.lm_head = _linear(base.lm_head)
+
+    @staticmethod
+    def _layer(layer: Any) -> dict[str, Any]:
+        attn, mlp = layer.self_attn, layer.mlp
+        return {
+            "attn": attn,
+            "norm1": (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
+            "norm2": (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
+            "q": _linear(attn.q_proj),
+            "k": _linear(attn.k_proj),
+            "v": _linear(attn.v_proj),
+            "o": _linear(attn.o_proj),
+            "gate": _linear(mlp.gate_proj),
+            "up": _linear(mlp.up_proj),
+            "down": _linear(mlp.down_proj),
+        }
+
+    def _step_mask(self, kv_len: int, rows: int, device: torch.device) -> torch.Tensor | None:
+        """The mask HF passes for one query token over ``kv_len`` keys (eager always gets one)."""
+        if self.mask is not None:
+            return self.mask[:, :, :, :kv_len]
+        if self.eager:
+            return torch.zeros((rows, 1, 1, kv_len), dtype=self.dtype, device=device)
+        return None
+
+    def __call__(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """Logits ``[rows, vocab]`` (float32 copy) after feeding ``tokens`` ``[rows]`` at ``position`` ``[rows, 1]``."""
+        hidden = self.embed(tokens[:, None])
+        position_embeddings = self.rotary(hidden, position)
+        mask = self._step_mask(self.cache.length + 1, tokens.shape[0], tokens.device)
+        for idx, layer in enumerate(self.layers):
+            residual = hidden
+            hidden = _rms_norm(hidden, *layer["norm1"])
+            hidden = residual + self._attend(idx, layer, hidden, position_embeddings, mask)
+            residual = hidden
+            hidden = _rms_norm(hidden, *layer["norm2"])
+            hidden = residual + layer["down"](F.silu(layer["gate"](hidden)) * layer["up"](hidden))
+        hidden = _rms_norm(hidden, *self.final_norm)
+        return self.lm_head(hidden)[:, -1].to(copy=True, dtype=torch.float32)
+
+    def _attend(self, idx: int, layer: dict[str, Any], hidden: torch.Tensor, position_embeddings: tuple,
+                mask: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """``Qwen2Attention.forward`` for one token: projections, rotary, cache write, HF's attention, o_proj."""
+        attn = layer["attn"]
+        input_shape = hidden.shape[:-1]
+        hidden_shape = (*input_shape, -1, attn.head_dim)
+        query = layer["q"](hidden).view(hidden_shape).transpose(1, 2)
+        key = layer["k"](hidden).view(hidden_shape).transpose(1, 2)
+        value = layer["v"](hidden).view(hidden_shape).transpose(1, 2)
+        cos, sin = position_embeddings
+        query, key = self.apply_rotary(query, key, cos, sin)
+        key, value = self.cache.update(key, value, idx)
+        out, _ = self.attention(attn, query, key, value, mask, dropout=0.0, scaling=attn.scaling,
+                                sliding_window=attn.sliding_window)  # fmt: skip
+        out = out.reshape(*input_shape, -1).contiguous()
+        return layer["o"](out)

@@ -1,0 +1,115 @@
+"""Per-program cost of the process sandbox (#20), and the child state that cheaper set-up must keep.
+
+A forked child pays a copy-on-write page fault for every page it writes (every Python object it
+touches: its reference count is written), and on this kind of VM a minor fault costs several
+microseconds: faults are most of a trivial program's CPU. Unlike CPU time they do not grow when other
+processes share the cores, so the cost test counts them. The guards check that what the zygote now
+prepares once for every child (``sandbox/child.py``: ``_prepare_zygote``, ``_prepare_child``) is still
+what each child runs with.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from sandbox import ExecLimits, ProcessExecutor
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the process sandbox needs Linux"
+)
+
+LIMITS = ExecLimits(call_timeout_s=2.0, program_timeout_s=10.0)
+ROOT = os.geteuid() == 0
+
+
+@pytest.fixture(scope="module")
+def ex():
+    with ProcessExecutor(workers=2, limits=LIMITS) as executor:
+        yield executor
+
+
+def _minor_faults(pid: int) -> int:
+    """Minor page faults of ``pid``, of its reaped children and (recursively) of its live descendants."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return int(fields[7]) + int(fields[8]) + sum(_minor_faults(int(k)) for k in kids)
+
+
+def test_a_trivial_program_costs_few_page_faults():
+    """Regression (#20): ~720 minor faults per trivial program (worker, zygote and child) at 9832c81,
+    ~470 after: each child walked ``sys.modules``, built its text streams, signal dispositions and
+    environment, ran ``random``'s and ``threading``'s at-fork handlers and two full ctypes calls."""
+    jobs = [(f"def f(x):\n    return x + {i}\n", ["f(1)"]) for i in range(120)]
+    with ProcessExecutor(workers=1, limits=LIMITS) as one:
+        one.run_many(jobs[:20])  # warm-up: the first programs fault in what every later one shares
+        worker = one._workers[0].proc.pid
+        before = _minor_faults(worker)
+        results = one.run_many(jobs[20:])
+        per_program = (_minor_faults(worker) - before) / 100
+    assert all(r[0].status == "ok" and r[0].value == i + 21 for i, r in enumerate(results))
+    assert per_program <= 600, f"{per_program:.0f} minor page faults per trivial program"
+
+
+def test_children_carry_no_thread_or_subprocess_machinery(ex):
+    """Regression (#20): ``sandbox/__init__.py`` imported ``sandbox.executor`` and ``limits.py`` imported
+    ``ctypes.util``, so every worker, hence every zygote and child, held ``subprocess`` and ``threading``;
+    threading's at-fork handler alone cost ~0.6 ms of CPU per child."""
+    out = ex.run("import sys\n", ["sorted({'threading', 'subprocess', 'tempfile'} & set(sys.modules))"])
+    assert out[0].status == "ok" and out[0].value == [], out
+
+
+def test_every_child_draws_its_own_random_numbers(ex):
+    """Guard: ``random``'s at-fork reseed is replaced by the zygote reseeding before each fork; children
+    (of one worker and of both) must still not share a generator state."""
+    jobs = [("import random\n", ["random.random()", "random.getrandbits(64)"])] * 8
+    draws = {tuple(o.value for o in r) for r in ex.run_many(jobs)}
+    assert len(draws) == 8
+
+
+def test_each_child_runs_with_the_set_up_it_had_itself(ex):
+    """Guard: what the zygote now does once is inherited unchanged by every child (no-new-privs, no core
+    dumps, signal dispositions, scrubbed environment, unbuffered output) and the child's own steps still
+    hold (its temp dir as cwd and HOME, only descriptors 0-2 and the hidden channel open)."""
+    program = (
+        "import os, resource, signal, sys\n"
+        "def nnp():\n"
+        "    return open('/proc/self/status').read().split('NoNewPrivs:')[1].split()[0]\n"
+        "def sigs():\n"
+        "    return [signal.getsignal(s) == want for s, want in ((signal.SIGINT, signal.SIG_DFL),"
+        " (signal.SIGTERM, signal.SIG_DFL), (signal.SIGCHLD, signal.SIG_DFL),"
+        " (signal.SIGPIPE, signal.SIG_IGN), (signal.SIGXFSZ, signal.SIG_IGN))]\n"
+        "def fds():\n"
+        "    open_fds = sorted(int(f) for f in os.listdir('/proc/self/fd'))\n"
+        "    return [f for f in open_fds if f <= 2], len([f for f in open_fds if f >= 1024])\n"
+        "print('to the output pipe')\n"
+    )
+    calls = [
+        "nnp()",
+        "sigs()",
+        "resource.getrlimit(resource.RLIMIT_CORE)",
+        "sorted(os.environ)",
+        "os.environ['HOME'] == os.environ['TMPDIR'] == os.getcwd()",
+        "fds()",
+        "os.getuid() != 0" if ROOT else "True",
+    ]
+    for outcomes, output in zip(ex.run_many([(program, calls)] * 3), ex.last_outputs, strict=True):
+        assert [o.status for o in outcomes] == ["ok"] * len(calls), outcomes
+        values = [o.value for o in outcomes]
+        assert values[0] == "1" and values[1] == [True] * 5 and values[2] == (0, 0)
+        assert values[3] == ["HOME", "LANG", "PATH", "TMPDIR"] and values[4] is True
+        assert values[5] == ([0, 1, 2], 1) and values[6] is True
+        assert output == b"to the output pipe\n"
+
+
+def test_closing_leaves_no_temp_dir_without_namespaces():
+    """Guard: the waiting child's temp dir is now made before its fork; closing the pool must remove it
+    (before, the zygote's close handshake failed on its unread offer and it exited without clean-up)."""
+    before = set(glob.glob("/tmp/codea1-run-*"))
+    with ProcessExecutor(workers=2, network_isolation="off", drop_privileges=False, hide_paths=[]) as plain:
+        assert plain.run("def f():\n    return 1\n", ["f()"])[0].value == 1
+    assert set(glob.glob("/tmp/codea1-run-*")) - before == set()
