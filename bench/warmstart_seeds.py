@@ -3,9 +3,12 @@
 What it measures: for each seed, the Code-LLM warm start exactly as the ``warmstart`` stage builds it
 (``flows.warmstart.warm_start`` with ``seed`` and ``data.seed`` set, code role only), then the evaluate
 stage's protocol on the held-out lab problems (``eval.n_samples`` samples at ``eval.temperature``, the
-process sandbox, ``tasks.evaluate.evaluate_code``): ``code/lab_heldout_seen/base/pass@1`` (the headline)
-and the SFT's final training loss. It prints one line per seed, then the median, min / median (the issue's
-acceptance: no seed below half the median) and max - min, all measured in this run.
+process sandbox, ``tasks.evaluate.score_codes``): ``code/lab_heldout_seen/base/pass@1`` (the headline),
+the SFT's final training loss, and what the seen-family samples are: the reference exactly (``ref``), one of
+the family's known buggy variants (``bug``) or anything else (``other``: mostly the right shape with
+constants that are not the prompt's, i.e. memorized training constants; issue 17's failing seeds).
+It prints one line per seed, then the median, min / median (the issue's acceptance: no seed below half
+the median) and max - min, all measured in this run.
 
 What it does not: train with RL or touch ``outputs/``; everything lives in a temporary folder.
 
@@ -36,7 +39,7 @@ def measure(seed: int, overrides: list[str], tmp: Path) -> dict[str, float]:
     from codea1_core.models.policy import Policy
     from flows.warmstart import warm_start
     from sandbox import make_executor
-    from tasks.evaluate import evaluate_code
+    from tasks.evaluate import generate_codes, score_codes
 
     root = tmp / f"s{seed}"
     sets = [f"seed={seed}", f"data.seed={seed}", "mode=golden", f"model.code_path={root}/code"]
@@ -49,16 +52,36 @@ def measure(seed: int, overrides: list[str], tmp: Path) -> dict[str, float]:
     executor = make_executor(cfg.sandbox)
     try:
         policy = Policy(str(root / "code"), cfg, "code")
-        metrics = evaluate_code(policy, problems, cfg, executor, "lab_heldout", subsets=lab_subsets(problems))
+        subsets = lab_subsets(problems)
+        codes = generate_codes(problems, policy, cfg, cfg.eval.n_samples)
+        metrics = score_codes(problems, codes, cfg, executor, "lab_heldout", subsets=subsets)
     finally:
         executor.close()
+    idx = subsets.get("seen", range(len(problems)))
+    seen = [problems[i] for i in idx], [codes[i] for i in idx]
     return {
+        **sample_kinds(*seen),
         "pass@1": metrics[HEADLINE],
         "pass@1_all": metrics["code/lab_heldout/base/pass@1"],
         "train_loss": float(stats.get("code/train_loss", float("nan"))),
         "sft_s": t_sft,
         "eval_s": time.perf_counter() - t0 - t_sft,
     }
+
+
+def _norm(code: str) -> str:
+    return "\n".join(line.rstrip() for line in code.strip().splitlines())
+
+
+def sample_kinds(problems: list, codes: list[list[str]]) -> dict[str, float]:
+    """Percent of samples that are the reference, a known buggy variant, or other code (wrong constants)."""
+    counts = {"ref": 0, "bug": 0, "other": 0}
+    for problem, row in zip(problems, codes, strict=True):
+        ref, bugs = _norm(problem.reference_solution), {_norm(b) for b in problem.metadata["buggy"]}
+        for code in map(_norm, row):
+            counts["ref" if code == ref else "bug" if code in bugs else "other"] += 1
+    total = max(sum(counts.values()), 1)
+    return {f"{kind}%": 100.0 * n / total for kind, n in counts.items()}
 
 
 def main() -> int:
@@ -75,7 +98,8 @@ def main() -> int:
             results[seed] = r
             print(
                 f"seed {seed}: {HEADLINE} {r['pass@1']:5.1f}  all held-out {r['pass@1_all']:5.1f}  "
-                f"sft loss {r['train_loss']:.3f}  sft {r['sft_s']:.0f} s  eval {r['eval_s']:.0f} s",
+                f"sft loss {r['train_loss']:.3f}  samples ref/bug/other {r['ref%']:.0f}/{r['bug%']:.0f}/"
+                f"{r['other%']:.0f} %  sft {r['sft_s']:.0f} s  eval {r['eval_s']:.0f} s",
                 flush=True,
             )
     values = [r["pass@1"] for r in results.values()]

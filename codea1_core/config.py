@@ -378,7 +378,17 @@ class LabConfig:
     buggy_fraction: float = 0.5
     """Share of buggy solutions in the Code-LLM warm-start data."""
     warmstart_code_examples_per_problem: int = 4
-    """Code-LLM warm-start conversations per training problem (correct/buggy drawn per example)."""
+    """Code-LLM warm-start conversations per warm-start problem (correct/buggy drawn per example)."""
+    warmstart_code_problems_per_family: int = 0
+    """Distinct parameter sets per training family in the Code-LLM warm start: the training problems plus
+    fresh ones (never a ``val``/``test`` parameter set) up to this count; 0 (or <= ``train_per_family``) =
+    the training problems alone. Why: the task is to copy the prompt's constants into the code; with 12
+    parameter sets seen 24 times each, a tiny model can memorize the 12 answers instead, and whether it
+    learns to copy then depends on the seed (issue 17: held-out pass@1 6 -> 27 across seeds). 48 with
+    ``warmstart_code_examples_per_problem: 1`` (the same 624 examples and SFT steps as 12 x 4) measured seed 3
+    2.7 -> 9.6 and seed 1 36.5 (``bench/warmstart_seeds.py``): better, not yet even across seeds, so the
+    default stays 0 until all seeds are measured. Every family supplies
+    ``2 * heldout_per_family + this <= 60`` parameter sets."""
     warmstart_test_examples_per_problem: int = 2
     """Test-LLM warm-start conversations per training problem (test prompts are ~3x longer)."""
     warmstart_batch_size: int = 4
@@ -581,6 +591,7 @@ RANGES: dict[str, tuple[str, Callable[[float], bool]]] = {
     "lab.max_position_embeddings": _COUNT, "lab.warmstart_epochs": _COUNT0, "lab.warmstart_lr": _POS,
     "lab.buggy_fraction": _UNIT, "lab.warmstart_code_examples_per_problem": _COUNT0,
     "lab.warmstart_test_examples_per_problem": _COUNT0, "lab.warmstart_batch_size": _COUNT,
+    "lab.warmstart_code_problems_per_family": _COUNT0,
 }  # fmt: skip
 """Allowed range per dotted key (``key[]``: every list item). 0 means "off"/"all" where a key's docs say so;
 ``eval.temperature`` 0 is greedy decoding; ``orchestration.task_timeout_s`` 0 is no timeout."""

@@ -2,9 +2,11 @@
 
 What it does: trains a BPE tokenizer and a random-init tiny Qwen2 model on the lab's text
 (``codea1_core.data.lab.tokenizer_corpus``), then fine-tunes it (TRL SFT) into the Code LLM (correct and
-buggy solutions, ``lab.buggy_fraction``) and the Test LLM (imperfect white-box test suites), so RL has
-room to improve both. ``selfplay`` mode trains one model on code and black-box test conversations;
-``golden`` mode trains only the Code LLM. Everything is written to a temporary folder and moved into
+buggy solutions, ``lab.buggy_fraction``, on the training problems plus fresh parameter sets up to
+``lab.warmstart_code_problems_per_family``, so it learns to copy constants rather than memorize them) and
+the Test LLM (imperfect white-box test suites on the training problems), so RL has room to improve both.
+``selfplay`` mode trains one model on code and black-box test conversations; ``golden`` mode trains only
+the Code LLM. Everything is written to a temporary folder and moved into
 ``outputs/warmstart/`` (``base``, the role folders named by ``model.code_path`` / ``model.test_path``,
 ``metrics.json``) in one rename.
 What it does not: touch user models. When ``model.code_path`` (and ``test_path``) are not inside
@@ -77,7 +79,7 @@ def _param_count(model_dir: Path) -> int:
 
 def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
     """Build the tiny base model and fine-tune each role; returns the metrics written to ``metrics.json``."""
-    from codea1_core.data.lab import tokenizer_corpus, warmstart_examples
+    from codea1_core.data.lab import tokenizer_corpus, warmstart_code_problems, warmstart_examples
     from codea1_core.models.sft import supervised_finetune
     from codea1_core.models.tiny_model import build_tiny_model
 
@@ -104,7 +106,8 @@ def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
                                    "param_count": _param_count(base), "mode": cfg.mode}  # fmt: skip
         for role, rel in dirs.items():
             t_role = time.perf_counter()
-            examples = warmstart_examples(problems, role, lab, cfg.seed, k=k)
+            role_problems = warmstart_code_problems(lab, problems) if role == "code" else problems
+            examples = warmstart_examples(role_problems, role, lab, cfg.seed, k=k)
             if cfg.mode == "selfplay":  # one model plays both roles with black-box test prompts (D10)
                 examples += warmstart_examples(problems, "test", lab, cfg.seed, k=k, blackbox=True)
             stats = supervised_finetune(

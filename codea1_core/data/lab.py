@@ -246,8 +246,14 @@ def _fails(source: str, tests: tuple[TestCase, ...]) -> bool:
     return any(isinstance(g, Exception) or g != t.expected for g, t in zip(got, tests, strict=True))
 
 
-def _param_sets(family: Family, seed: int, count: int) -> list[Params]:
-    """``count`` distinct parameter sets in a fixed order: test first, then val, then train (stable splits)."""
+def _param_sets(
+    family: Family, seed: int, count: int, keys: str = "lab.train_per_family or lab.heldout_per_family"
+) -> list[Params]:
+    """``count`` distinct parameter sets in a fixed order: test, val, train, then warm-start only (stable splits).
+
+    The order is prefix-stable: asking for more sets never changes the first ones, so extra warm-start
+    problems leave every split as it was. ``keys`` names the settings to lower when a family runs out.
+    """
     rng = random.Random(f"codea1-lab/{seed}/{family.name}")
     found: list[Params] = []
     for _ in range(100 * count + 100):
@@ -259,8 +265,7 @@ def _param_sets(family: Family, seed: int, count: int) -> list[Params]:
     if len(found) == count:
         return found
     raise ConfigError(
-        f"lab: family {family.name!r} has fewer than {count} distinct parameter sets; "
-        "lower lab.train_per_family or lab.heldout_per_family"
+        f"lab: family {family.name!r} has fewer than {count} distinct parameter sets; lower {keys}"
     )
 
 
@@ -385,6 +390,32 @@ def lab_problems(lab_cfg: LabConfig, split: str) -> list[Problem]:
     return problems
 
 
+def warmstart_code_problems(lab_cfg: LabConfig, train: list[Problem]) -> list[Problem]:
+    """The Code LLM's warm-start problems: ``train`` plus fresh parameter sets of each training family.
+
+    Up to ``lab.warmstart_code_problems_per_family`` sets per family, drawn after the test, val and train
+    sets (so none is ever evaluated on; ids continue ``lab/<family>/<i>``). Many distinct constants make
+    copying the prompt's constants the only way to fit the data; a dozen can be memorized (issue 17).
+
+    Raises:
+        ConfigError: A family cannot supply that many distinct parameter sets (the key is named).
+    """
+    n_held, n_train = lab_cfg.heldout_per_family, lab_cfg.train_per_family
+    wanted = lab_cfg.warmstart_code_problems_per_family
+    if wanted <= n_train:
+        return list(train)
+    key = "lab.warmstart_code_problems_per_family or lab.heldout_per_family"
+    extra = []
+    for family in _training_families(lab_cfg):
+        params = _param_sets(family, lab_cfg.seed, 2 * n_held + wanted, key)
+        first = 2 * n_held + n_train
+        extra += [
+            _make_problem(family, params[i], i, "train", lab_cfg.seed, lab_cfg.golden_tests)
+            for i in range(first, 2 * n_held + wanted)
+        ]
+    return [*train, *extra]
+
+
 def check_lab_config(lab_cfg: LabConfig) -> None:
     """Raise :class:`ConfigError` (naming the ``lab.*`` key) for settings the lab cannot use."""
     if not 0.0 <= lab_cfg.buggy_fraction <= 1.0:
@@ -395,6 +426,7 @@ def check_lab_config(lab_cfg: LabConfig) -> None:
             raise ConfigError(f"lab.{key}: must be >= 1, got {getattr(lab_cfg, key)}")
     for split in SPLITS:
         lab_problems(lab_cfg, split)
+    warmstart_code_problems(lab_cfg, [])
 
 
 def buggy_variants(problem: Problem) -> list[str]:
