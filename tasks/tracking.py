@@ -166,12 +166,17 @@ class MlflowTracker:
         self._steps = {int(m.step) for m in self.client.get_metric_history(self.run_id, STEP_KEY)}
 
     def _run_exists(self, run_id: str) -> bool:
+        """Whether the run to resume is there; only "not found" means no. Any other store error (a locked
+        sqlite file under load, a server hiccup) propagates: read as "absent" it would fork a second MLflow run
+        and register every model again under it."""
         from mlflow.exceptions import MlflowException
 
         try:
             return self.client.get_run(run_id).info.lifecycle_stage == "active"
-        except MlflowException:
-            return False
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return False
+            raise
 
     def logged_steps(self) -> set[int]:
         return set(self._steps)

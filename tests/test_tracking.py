@@ -44,6 +44,29 @@ def test_mlflow_resume_never_duplicates_a_step(cfg: Config) -> None:
     assert again.client.get_run(first.run_id).info.status == "FINISHED"
 
 
+def test_resume_of_a_missing_run_starts_a_new_one_but_a_store_error_is_not_missing(
+    cfg: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only "not found" starts a new run on resume; a transient store error must not fork the training run
+    (a second MLflow run would register every model again)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    first = MlflowTracker(cfg, run_name="t")
+    fresh = MlflowTracker(cfg, run_id="0" * 32)  # an id the store never had: a new run
+    assert fresh.run_id not in {first.run_id, "0" * 32}
+
+    def locked(self, run_id):
+        raise MlflowException("(sqlite3.OperationalError) database is locked", error_code="INTERNAL_ERROR")
+
+    monkeypatch.setattr(MlflowClient, "get_run", locked)
+    with pytest.raises(MlflowException, match="database is locked"):
+        MlflowTracker(cfg, run_id=first.run_id)
+    monkeypatch.undo()
+    runs = first.client.search_runs([first.client.get_run(first.run_id).info.experiment_id])
+    assert sorted(r.info.run_id for r in runs) == sorted([first.run_id, fresh.run_id])
+
+
 def test_log_iteration_task_logs_table_and_files(cfg: Config, tmp_path: Path) -> None:
     tr = MlflowTracker(cfg)
     book = tmp_path / "mistake_book.json"

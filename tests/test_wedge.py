@@ -113,6 +113,6 @@ def test_kills_inside_finish_and_a_failed_start_never_wedge_dvc_repro(prefect_ha
     fixed = repro(repo, env)
     assert fixed.returncode == 0, fixed.stdout[-3000:] + fixed.stderr[-3000:]
     assert (out / "history.csv").is_file() and (out / "final" / "test" / "config.json").is_file()
-    assert versions(repo, "codea1-code") == [1] and versions(repo, "codea1-test") == [1]
+    assert versions(repo, "codea1-code") == [1] and versions(repo, "codea1-test") == [1], fixed.stdout[-3000:]
     status = subprocess.run(["dvc", "status"], cwd=repo, env=env, capture_output=True, text=True)
     assert "up to date" in status.stdout, status.stdout
