@@ -453,9 +453,20 @@ def _hide(hide_paths: list[str], keep_paths: list[str]) -> list[str]:
 
 
 def default_hide_paths() -> list[str]:
-    """The project checkout, its offline data folder and the invoking user's home directory."""
+    """The project checkout, its offline data folder and the invoking user's home directory — both ``$HOME``
+    and the account's home from the password database: with ``HOME`` pointed elsewhere (CI's fresh home) the
+    real one (e.g. a 0700 ``/root`` holding a pyenv interpreter) must still be covered, since only a hidden
+    folder gets the interpreter's own directories re-exposed to the unprivileged child."""
+    import pwd
+
     repo = Path(__file__).resolve().parent.parent
     paths = [str(repo), str(Path.home())]
+    try:
+        account_home = pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:  # a uid without a passwd entry (some containers)
+        account_home = ""
+    if account_home and os.path.realpath(account_home) != os.path.realpath(paths[1]):
+        paths.append(account_home)
     data = os.environ.get("CODEA1_DATA_DIR") or str(repo.parent / "shared")
     paths.append(data)
     return paths

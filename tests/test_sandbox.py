@@ -459,3 +459,24 @@ def test_docker_engine_failure_is_infra_error():
     out = dex.run(PROGRAM, ["f(1)", "f(2)"])
     assert statuses(out) == ["infra_error", "infra_error"] and "engine went away" in out[0].error
     assert dex.stats["retries"] == 1
+
+
+def test_stdlib_imports_work_with_home_pointed_elsewhere(tmp_path, monkeypatch) -> None:
+    """CI runs `make run` with a fresh HOME; the interpreter may live in the account's real home (pyenv under a
+    0700 /root). Children must still import any stdlib module (none of these is preloaded by the zygote)."""
+    import pwd
+
+    from codea1_core.config import Config
+    from sandbox import make_executor
+    from sandbox.limits import default_hide_paths
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert pwd.getpwuid(os.getuid()).pw_dir in default_hide_paths() or os.path.samefile(
+        pwd.getpwuid(os.getuid()).pw_dir, tmp_path
+    )
+    program = (
+        "import threading, subprocess, fractions\ndef f():\n    return fractions.Fraction(1, 3).denominator\n"
+    )
+    with make_executor(Config().sandbox) as ex:
+        [out] = ex.run(program, ["f()"])
+    assert (out.status, out.value) == ("ok", 3), out
