@@ -8,12 +8,7 @@ from pathlib import Path
 import pytest
 
 from codea1_core.config import Config
-
-pytest.importorskip(
-    "codea1_core.models.sft", reason="codea1_core.models.sft (policy engineer) not in the tree yet"
-)
-
-from flows import warmstart  # noqa: E402
+from flows import warmstart
 
 TINY_LAB = {
     "families": ["is_above", "first_or"],
