@@ -401,16 +401,22 @@ def _prepare_zygote(ctx: dict) -> None:
     )
     os.environ.clear()
     os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"})
-    # name -> module: this reference keeps each module alive when a child drops it (no deallocation)
+    # Dropped here, once, so no child can import them, and no child pays for dropping them (a pop per
+    # module in each child wrote ~11 pages, each a copy-on-write fault); this reference keeps each module
+    # alive (the zygote's own code still runs from them; it imports nothing after this).
     ctx["trusted_modules"] = {
         m: v for m, v in sys.modules.items() if m.split(".")[0] in ("sandbox", "codea1_core")
     }
+    for name in ctx["trusted_modules"]:
+        del sys.modules[name]
     ctx["harness"] = _make_harness(ctx["lim"])
     ctx["rlimits"] = _limits.child_rlimits(ctx["lim"], ctx["uid"] is not None)
+    ctx["child_main"] = _make_child_main(ctx)
 
 
 def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
     """Offer a child, then serve reap requests (each followed by the next offer); exits with the worker."""
+    ctx["sock_fd"] = sock.fileno()
     tmp, offered = _offer(sock, ctx)
     while True:
         msg = sock.recv(64)
@@ -455,7 +461,7 @@ def _offer(sock: socket.socket, ctx: dict) -> tuple[str, int]:
     except OSError as exc:
         pid = -(exc.errno or 11)
     if pid == 0:
-        _child_main(sock, job_r, chan_w, out_w, tmp, ctx)
+        ctx["child_main"](ctx["sock_fd"], job_r, chan_w, out_w, tmp)
     for fd in (job_r, chan_w, out_w):
         os.close(fd)
     # (no setpgid here: the child makes its own group before it runs anything, and _reap kills the
@@ -482,7 +488,10 @@ def _prepare_child(tmp: str, ctx: dict) -> tuple[int, int, int, int, int, int]:
     try:
         for _ in range(3):
             fds += os.pipe()
-        high = 1024 + int.from_bytes(os.urandom(2), "big") % 8192
+        # In [1024, 1280): above RLIMIT_NOFILE, and the descriptor table stays at 2,048 slots, which fork
+        # copies and close_range walks in every child (anywhere up to 9,215, as before, grew it to up to
+        # 16,384: ~0.05 ms of CPU per program).
+        high = 1024 + os.urandom(1)[0]
         chan_w = fcntl.fcntl(fds[3], fcntl.F_DUPFD_CLOEXEC, high)
         os.close(fds[3])
         fds[3] = chan_w
@@ -494,52 +503,84 @@ def _prepare_child(tmp: str, ctx: dict) -> tuple[int, int, int, int, int, int]:
     return tuple(fds)  # type: ignore[return-value]
 
 
-def _child_main(sock: socket.socket, job_r: int, chan: int, out_w: int, tmp: str, ctx: dict) -> None:
-    """The forked child: join the cgroup (and an IPC namespace), wait for the job, confine itself, run.
+def _make_child_main(ctx: dict) -> Callable[[int, int, int, int, str], None]:
+    """Build, once in the zygote, what each forked child runs: ``child_main(sock_fd, job_r, chan, out_w,
+    tmp)`` joins the cgroup (and an IPC namespace), waits for the job, confines itself and runs the
+    harness; it never returns.
 
-    Whatever is the same for every child was done once by the zygote (:func:`_prepare_zygote`), or
-    for this child just before the fork (:func:`_prepare_child`: its temp dir, ``random``'s seed, its
-    result channel ``chan`` at a random high descriptor).
+    Why a closure: every function, constant and setting it needs is bound here, so a child looks up no
+    module global and no ``ctx`` key (each look-up writes the reference count of what it finds, and a
+    written page is a copy-on-write fault: ~2.5 us of CPU each). Whatever is the same for every child
+    was done once by the zygote (:func:`_prepare_zygote`), or for this child just before the fork
+    (:func:`_prepare_child`: its temp dir, ``random``'s seed, its result channel ``chan`` at a random
+    high descriptor).
     """
-    try:
-        os.close(sock.fileno())  # (not sock.close(): its Python frames cost page faults; we never return)
-        _limits.set_death_signal()  # until the uid drop sets it again
-        os.setpgid(0, 0)  # our own group before anything runs: _reap kills it with every descendant
-        for fd in ctx["cgroup_fds"]:
-            os.write(fd, b"0")  # join the worker's cgroup (memory.max, pids.max) before anything runs
-        if ctx["ipc"] and not _limits.enter_private_ipc():
-            os._exit(72)
-        source, exprs, start, token, budget, cpu_s = _read_job(job_r)
-        _enter_child(ctx["rlimits"], cpu_s, ctx["uid"], ctx["devnull"], out_w, chan, tmp)
-        ctx["harness"](source, exprs, start, chan, token, budget, ctx["trusted_modules"])
-    except BaseException:
-        pass
-    os._exit(71)
+    close, write, read, setpgid, dup2, closerange, chdir, exit_ = (
+        os.close,
+        os.write,
+        os.read,
+        os.setpgid,
+        os.dup2,
+        os.closerange,
+        os.chdir,
+        os._exit,
+    )
+    death_signal, enter_ipc, read_rest, loads, view, size_of, len_ = (
+        _limits.set_death_signal,
+        _limits.enter_private_ipc if ctx["ipc"] else None,
+        _read_job_rest,
+        marshal.loads,
+        memoryview,
+        int.from_bytes,
+        len,
+    )
+    cgroup_fds, devnull, harness = tuple(ctx["cgroup_fds"]), ctx["devnull"], ctx["harness"]
+    confine = _limits.child_confiner(ctx["rlimits"], ctx["uid"])
+
+    def child_main(sock_fd: int, job_r: int, chan: int, out_w: int, tmp: str) -> None:
+        try:
+            close(sock_fd)
+            death_signal()  # until the uid drop sets it again
+            setpgid(0, 0)  # our own group before anything runs: _reap kills it with every descendant
+            for fd in cgroup_fds:
+                write(fd, b"0")  # join the worker's cgroup (memory.max, pids.max) before anything runs
+            if enter_ipc is not None and not enter_ipc():
+                exit_(72)
+            # The job, usually in one read (see _read_job_rest for the rest): a 64 KiB buffer comes from
+            # the heap, where one of 1 MiB (as before) was an mmap + mremap + munmap per child.
+            data = read(job_r, 65536)
+            if len_(data) >= 8 and len_(data) == 8 + size_of(data[:8], "big"):
+                job = loads(view(data)[8:])
+            else:
+                job = read_rest(job_r, data)
+            source, exprs, start, token, budget, cpu_s = job
+            # Output on 1 and 2, no descriptor above 2 but the channel, in tmp, limited, unprivileged.
+            dup2(devnull, 0)
+            dup2(out_w, 1)  # sys.stdout/sys.stderr (made by the zygote) write to descriptors 1 and 2
+            dup2(out_w, 2)
+            closerange(3, chan)  # the job pipe, the cgroup files, /dev/null, the output pipe's original
+            closerange(chan + 1, 65536)
+            chdir(tmp)
+            confine(cpu_s)
+            harness(source, exprs, start, chan, token, budget)
+        except BaseException:
+            pass
+        exit_(71)
+
+    return child_main
 
 
-def _read_job(fd: int) -> tuple:
-    """The child's job. The worker writes one message and closes the pipe, so it is read to EOF (two
-    reads, one object per read: fewer pages touched than :func:`read_msg`); a short one raises."""
-    chunks = []
-    while chunk := os.read(fd, 1 << 20):
-        chunks.append(chunk)
-    data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    if len(data) < 8 or len(data) - 8 != int.from_bytes(data[:8], "big"):
-        raise EOFError("the job pipe closed before the whole job came")
-    return marshal.loads(memoryview(data)[8:])
-
-
-def _enter_child(
-    rlimits: tuple, cpu_s: float, uid: int | None, devnull: int, out_w: int, chan: int, tmp: str
-) -> None:
-    """Output on 1 and 2, no descriptor above 2 but the channel ``chan``, in ``tmp``, limited, unprivileged."""
-    os.dup2(devnull, 0)
-    os.dup2(out_w, 1)  # sys.stdout/sys.stderr (made by the zygote) write to descriptors 1 and 2
-    os.dup2(out_w, 2)
-    os.closerange(3, chan)  # the job pipe, the cgroup files, /dev/null, the output pipe's original
-    os.closerange(chan + 1, 1 << 16)
-    os.chdir(tmp)
-    _limits.apply_child_limits(rlimits, cpu_s, uid)
+def _read_job_rest(fd: int, data: bytes) -> tuple:
+    """A job that did not come in one read (large, or written in pieces); a short one raises EOFError."""
+    buf = bytearray(data)
+    while len(buf) < 8 or len(buf) < 8 + int.from_bytes(buf[:8], "big"):
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            raise EOFError("the job pipe closed before the whole job came")
+        buf += chunk
+    if len(buf) != 8 + int.from_bytes(buf[:8], "big"):
+        raise EOFError("the job pipe held more than one job")
+    return marshal.loads(memoryview(buf)[8:])
 
 
 def _reap(pid: int, uid: int | None) -> int:
@@ -877,7 +918,7 @@ def _make_harness(lim: _limits.ExecLimits) -> Callable[..., None]:
     timeout_exc, memory_exc, on_alarm = _CallTimeout, MemoryError, _on_alarm
     call_s, define_s, max_bytes = lim.call_timeout_s, lim.effective_define_timeout_s, lim.max_value_bytes
     too_large = _too_large(lim.max_result_bytes).encode()
-    drop_module, builtins_ = sys.modules.pop, __builtins__
+    builtins_ = __builtins__
 
     def describe(exc: BaseException) -> str:
         """``"Type: message"`` without trusting the exception (its ``__str__`` is untrusted code)."""
@@ -898,7 +939,7 @@ def _make_harness(lim: _limits.ExecLimits) -> Callable[..., None]:
         return f"{name}: {msg}"[:error_chars]
 
     def harness(
-        source: str, exprs: list[str], start: int, chan: int, token: bytes, budget: int, trusted: dict
+        source: str, exprs: list[str], start: int, chan: int, token: bytes, budget: int
     ) -> None:
         """Define ``source``, evaluate ``exprs[start:]``, one authenticated frame each on ``chan``."""
 
@@ -908,8 +949,6 @@ def _make_harness(lim: _limits.ExecLimits) -> Callable[..., None]:
             while view:
                 view = view[write(chan, view) :]
 
-        for name in trusted:  # listed by the zygote: a walk over sys.modules cost ~80 page faults
-            drop_module(name, None)
         namespace: dict = {"__name__": "program", "__builtins__": builtins_}
         send(b"S", 0, -1, b"")  # set-up done: from here on, a death is the program's doing
         try:

@@ -5,8 +5,8 @@ once in a fresh worker process: new network + mount + IPC namespace, host mounts
 disabled, project paths hidden behind tmpfs, private tmpfs on the world-writable directories);
 :func:`setup_worker_cgroup` (a memory + pids cgroup per worker, v2 or v1); :func:`wipe_private_tmp`
 (fresh tmpfs after a program); :func:`apply_zygote_limits` (once per zygote: no-new-privs, no core
-dumps, inherited by every child); :func:`apply_child_limits` (run in each forked child: rlimits, uid/gid
-drop, parent-death signal); :func:`sweep_uid` (kill every process of a dedicated uid).
+dumps, inherited by every child); :func:`child_confiner` (built once per zygote, run in each forked child:
+rlimits, uid/gid drop, parent-death signal); :func:`sweep_uid` (kill every process of a dedicated uid).
 
 What it does not do: talk to the parent or run untrusted code itself (only :func:`sweep_uid` forks).
 Linux only; the namespace and cgroup parts need root (CAP_SYS_ADMIN). Not a security boundary on its own: see ``sandbox/executor.py``.
@@ -21,6 +21,7 @@ import os
 import resource
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,15 +134,16 @@ _bare_prctl = ctypes.CDLL(None)["prctl"]  # its own function pointer: no argtype
 _SIGKILL = int(signal.SIGKILL)
 
 
-def set_death_signal() -> None:
+def set_death_signal(_bare=_bare_prctl, _option=PR_SET_PDEATHSIG, _signal=_SIGKILL) -> None:  # noqa: B008
     """SIGKILL when our parent dies (PR_SET_PDEATHSIG), through a bare ctypes call with plain ints.
 
     Why not :func:`prctl`: each forked child calls this twice, and the argument converters and errno
     handling of a full ctypes call touch ~4x more pages (each a copy-on-write fault, ~0.1 ms of CPU
-    per child); a failure is retried through :func:`prctl` for its errno.
+    per child); a failure is retried through :func:`prctl` for its errno. The defaults bind the names
+    once (no global look-ups in the child).
     """
-    if _bare_prctl(PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0) != 0:
-        prctl(PR_SET_PDEATHSIG, _SIGKILL)
+    if _bare(_option, _signal, 0, 0, 0) != 0:
+        prctl(_option, _signal)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -514,23 +516,34 @@ def child_rlimits(limits: ExecLimits, drop: bool) -> tuple[tuple[int, tuple[int,
     return tuple(fixed)
 
 
-def apply_child_limits(fixed: tuple[tuple[int, tuple[int, int]], ...], cpu_s: float, uid: int | None) -> None:
-    """Apply the rlimits ``fixed`` (from :func:`child_rlimits`) and RLIMIT_CPU for ``cpu_s``, then drop
-    to ``uid`` (gid = uid) when given; call in the forked child, whose zygote ran
-    :func:`apply_zygote_limits` (CORE, SIGXFSZ, no-new-privs are inherited).
+def child_confiner(fixed: tuple[tuple[int, tuple[int, int]], ...], uid: int | None) -> Callable[[float], None]:
+    """``confine(cpu_s)``: apply the rlimits ``fixed`` (from :func:`child_rlimits`) and RLIMIT_CPU for
+    ``cpu_s``, then drop to ``uid`` (gid = uid) when given, then set the death signal again (a uid
+    change clears it). Built once by the zygote (which ran :func:`apply_zygote_limits`: CORE, SIGXFSZ,
+    no-new-privs are inherited), called in each forked child.
 
-    Raises:
-        OSError: a limit or the uid change could not be applied (the child must then exit).
+    Why a closure: every name it needs is bound here, before the fork, so a child looks up no module
+    globals (each look-up writes the reference count of the object found: a copy-on-write fault).
+    ``confine`` raises OSError when a limit or the uid change could not be applied (the child must
+    then exit).
     """
-    for which, value in fixed:
-        resource.setrlimit(which, value)
-    cpu = max(1, math.ceil(cpu_s))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    if uid is not None:
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-    set_death_signal()  # after setuid: a uid change clears it
+    setrlimit, cpu_limit, ceil = resource.setrlimit, resource.RLIMIT_CPU, math.ceil
+    setgroups, setresgid, setresuid, death_signal = os.setgroups, os.setresgid, os.setresuid, set_death_signal
+
+    def confine(cpu_s: float) -> None:
+        for which, value in fixed:
+            setrlimit(which, value)
+        cpu = ceil(cpu_s)
+        if cpu < 1:
+            cpu = 1
+        setrlimit(cpu_limit, (cpu, cpu + 1))
+        if uid is not None:
+            setgroups(())
+            setresgid(uid, uid, uid)
+            setresuid(uid, uid, uid)
+        death_signal()  # after setuid: a uid change clears it
+
+    return confine
 
 
 def sweep_uid(uid: int) -> None:
