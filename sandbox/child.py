@@ -387,8 +387,7 @@ def _prepare_zygote(ctx: dict) -> None:
     (``limits.apply_zygote_limits``); default SIGINT/SIGTERM/SIGALRM/SIGCHLD (SIGPIPE stays ignored);
     unbuffered text streams on descriptors 1 and 2 (each child dup2s its output pipe onto them, so
     output reaches the pipe even when the child is killed); the scrubbed environment (HOME and TMPDIR
-    are set per child in :func:`_offer`, just before its fork); the names of the trusted modules the
-    harness drops from ``sys.modules``.
+    are set by :func:`_zygote_loop`); the trusted modules dropped from ``sys.modules``.
     """
     _limits.apply_zygote_limits()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM, signal.SIGCHLD):
@@ -412,74 +411,88 @@ def _prepare_zygote(ctx: dict) -> None:
     ctx["harness"] = _make_harness(ctx["lim"])
     ctx["rlimits"] = _limits.child_rlimits(ctx["lim"], ctx["uid"] is not None)
     ctx["child_main"] = _make_child_main(ctx)
+    ctx["tmp_prefix"] = f"/tmp/codea1-run-{os.getpid()}-"
+    ctx["environ_store"] = os.environ._data  # bytes -> bytes on POSIX; see _prepare_child
 
 
 def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
-    """Offer a child, then serve reap requests (each followed by the next offer); exits with the worker."""
-    ctx["sock_fd"] = sock.fileno()
-    tmp, offered = _offer(sock, ctx)
+    """Offer a child, then serve reap requests (each followed by the next offer); exits with the worker.
+
+    One flat loop with every name bound to a local first. Why: each fork write-protects every page of the
+    zygote, so each page its loop then writes (the reference count of a global looked up, the frame of a
+    helper called) is a page fault per program.
+    """
+    recv, send, sendmsg, close, fork = sock.recv, sock.send, sock.sendmsg, os.close, os.fork
+    unpack, pack_q, pack_status, pack_fds = _Q.unpack_from, _Q.pack, _QQ.pack, _FDS.pack
+    reap, clean, prepare, child_main = _reap, _clean_tmp, _prepare_child, ctx["child_main"]
+    uid, sock_fd, sol_socket, scm_rights = ctx["uid"], sock.fileno(), _SOL_SOCKET, _SCM_RIGHTS
+    tmp, reaping, offered = "", 0, -1
     while True:
-        msg = sock.recv(64)
+        if reaping:  # the child the worker took ran its program: kill, reap, clean up
+            status, err = reap(reaping, uid), 0
+            try:
+                clean(tmp, ctx)
+            except OSError as exc:
+                err = exc.errno or 5
+            send(pack_status(status, err))
+            if err:
+                return  # the worker reports infra and is replaced
+        try:
+            tmp, job_r, job_w, chan_r, chan_w, out_r, out_w = prepare(ctx)
+        except OSError as exc:
+            send(b"E" + pack_q(exc.errno or 5))
+            offered = -1
+        else:
+            # The worker's ends leave before the fork: the child never holds them (so a worker that dies
+            # means EOF on the child's job pipe), and there is less to do while the child shares our pages.
+            try:
+                sendmsg([b"C" + tmp.encode()], [(sol_socket, scm_rights, pack_fds(job_w, chan_r, out_r))])
+            finally:
+                close(job_w)
+                close(chan_r)
+                close(out_r)
+            try:
+                offered = fork()
+            except OSError as exc:
+                offered = -(exc.errno or 11)
+            if offered == 0:
+                child_main(sock_fd, job_r, chan_w, out_w, tmp)
+            close(job_r)
+            close(chan_w)
+            close(out_w)
+            # (no setpgid here: the child makes its own group before it runs anything, and _reap kills
+            # the group and the pid)
+            send((b"P" + pack_q(offered)) if offered > 0 else (b"E" + pack_q(-offered)))
+        msg = recv(64)
         if msg == b"Q":  # the worker stops: drop the waiting child and its temp dir (a host dir when
             if offered > 0:  # there are no namespaces)
-                _reap(offered, ctx["uid"])
+                reap(offered, uid)
             remove_tree(tmp)
-            sock.send(b"Q")
+            send(b"Q")
             return
         if len(msg) != 9 or msg[:1] != b"R":
             return
-        status, err = _reap(_Q.unpack_from(msg, 1)[0], ctx["uid"]), 0
-        try:
-            _clean_tmp(tmp, ctx)
-        except OSError as exc:
-            err = exc.errno or 5
-        sock.send(_QQ.pack(status, err))
-        if err:
-            return  # the worker reports infra and is replaced
-        tmp, offered = _offer(sock, ctx)
+        reaping = unpack(msg, 1)[0]
 
 
-def _offer(sock: socket.socket, ctx: dict) -> tuple[str, int]:
-    """Fork the next child (it waits for its job) and send the worker its pid, temp dir and pipe ends."""
-    ctx["n"] += 1
-    tmp = f"/tmp/codea1-run-{os.getpid()}-{ctx['n']}"
-    try:
-        job_r, job_w, chan_r, chan_w, out_r, out_w = _prepare_child(tmp, ctx)
-    except OSError as exc:
-        sock.send(b"E" + _Q.pack(exc.errno or 5))
-        return tmp, -1
-    # The worker's ends leave before the fork: the child never holds them (so a worker that dies means
-    # EOF on the child's job pipe), and there is less to do while the child shares our pages (each
-    # page written then is copied).
-    try:
-        sock.sendmsg([b"C" + tmp.encode()], [(_SOL_SOCKET, _SCM_RIGHTS, _FDS.pack(job_w, chan_r, out_r))])
-    finally:
-        for fd in (job_w, chan_r, out_r):
-            os.close(fd)
-    try:
-        pid = os.fork()
-    except OSError as exc:
-        pid = -(exc.errno or 11)
-    if pid == 0:
-        ctx["child_main"](ctx["sock_fd"], job_r, chan_w, out_w, tmp)
-    for fd in (job_r, chan_w, out_w):
-        os.close(fd)
-    # (no setpgid here: the child makes its own group before it runs anything, and _reap kills the
-    # group and the pid)
-    sock.send((b"P" + _Q.pack(pid)) if pid > 0 else (b"E" + _Q.pack(-pid)))
-    return tmp, pid
+def _prepare_child(ctx: dict) -> tuple[str, int, int, int, int, int, int]:
+    """The per-child steps that need no job, done in the zygote just before the fork: the child's own
+    temp dir (a fresh path, owned by its uid; empty, so an unused tmpfs still needs no remount) as HOME
+    and TMPDIR, fresh entropy for ``random`` (as its at-fork handler would give), and the three pipes,
+    the child's result channel already moved to a random descriptor >= 1024 (it cannot be
+    ``dup2``-ed over once RLIMIT_NOFILE is lower).
 
+    HOME and TMPDIR are written straight into ``os.environ``'s store and the C environment, as
+    ``os.environ[...] = ...`` does without its encoder calls (fewer pages written after each fork).
 
-def _prepare_child(tmp: str, ctx: dict) -> tuple[int, int, int, int, int, int]:
-    """The per-child steps that need no job, done in the zygote just before the fork (where pages
-    written cost no copy: the previous child is reaped): HOME/TMPDIR, the child's temp dir (owned by
-    its uid; empty, so an unused tmpfs still needs no remount), fresh entropy for ``random`` (as its
-    at-fork handler would give), and the three pipes, the child's result channel already moved to a
-    random descriptor >= 1024 (it cannot be ``dup2``-ed over once RLIMIT_NOFILE is lower).
-
-    Returns ``(job_r, job_w, chan_r, chan_w, out_r, out_w)``; raises OSError (nothing left open).
+    Returns ``(tmp, job_r, job_w, chan_r, chan_w, out_r, out_w)``; raises OSError (nothing left open).
     """
-    os.environ["HOME"] = os.environ["TMPDIR"] = tmp  # the rest of the environment: _prepare_zygote
+    ctx["n"] += 1
+    tmp = ctx["tmp_prefix"] + str(ctx["n"])
+    raw, store, putenv = tmp.encode(), ctx["environ_store"], os.putenv
+    putenv(b"HOME", raw)
+    putenv(b"TMPDIR", raw)
+    store[b"HOME"] = store[b"TMPDIR"] = raw  # the rest of the environment: _prepare_zygote
     os.mkdir(tmp, 0o700)
     if ctx["uid"] is not None:
         os.chown(tmp, ctx["uid"], ctx["uid"])
@@ -500,7 +513,7 @@ def _prepare_child(tmp: str, ctx: dict) -> tuple[int, int, int, int, int, int]:
             os.close(fd)
         os.rmdir(tmp)
         raise
-    return tuple(fds)  # type: ignore[return-value]
+    return (tmp, *fds)  # type: ignore[return-value]
 
 
 def _make_child_main(ctx: dict) -> Callable[[int, int, int, int, str], None]:
