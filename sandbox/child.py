@@ -21,6 +21,7 @@ The threat model is in ``sandbox/executor.py``. Not meant to be run by hand.
 from __future__ import annotations
 
 import _random
+import _signal
 import fcntl
 import gc
 import hmac
@@ -919,12 +920,15 @@ def _make_harness(lim: _limits.ExecLimits) -> Callable[..., None]:
     """
     write, pack_hdr, pack_frame, exit_ = os.write, _HDR.pack, _FRAME.pack, os._exit
     encode, unsupported = values.encode, values.UnsupportedValue
+    # _signal.signal, not signal.signal: the latter's Python wrapper converts the previous handler to a
+    # Handlers enum member, and for our own handler that conversion fails and formats a ValueError (an
+    # enum look-up, an exception and a repr in every child: ~25 page faults and their CPU).
     setitimer, real, now, sig, alarm = (
         signal.setitimer,
         signal.ITIMER_REAL,
         time.monotonic,
-        signal.signal,
-        signal.SIGALRM,
+        _signal.signal,
+        int(signal.SIGALRM),
     )
     compile_, eval_, exec_, len_, range_, view_ = compile, eval, exec, len, range, memoryview
     type_, str_, base_exc, error_chars = type, str, BaseException, _ERROR_CHARS
