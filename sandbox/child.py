@@ -427,6 +427,7 @@ def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
     unpack, pack_q, pack_status, pack_fds = _Q.unpack_from, _Q.pack, _QQ.pack, _FDS.pack
     reap, clean, prepare, child_main = _reap, _clean_tmp, _prepare_child, ctx["child_main"]
     uid, sock_fd, sol_socket, scm_rights = ctx["uid"], sock.fileno(), _SOL_SOCKET, _SCM_RIGHTS
+    setpgid, write, cgroup_fds = os.setpgid, os.write, tuple(ctx["cgroup_fds"])
     tmp, reaping, offered = "", 0, -1
     while True:
         if reaping:  # the child the worker took ran its program: kill, reap, clean up
@@ -461,8 +462,15 @@ def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
             close(job_r)
             close(chan_w)
             close(out_w)
-            # (no setpgid here: the child makes its own group before it runs anything, and _reap kills
-            # the group and the pid)
+            if offered > 0:  # its own group (_reap kills the group with every descendant) and the
+                try:  # worker's cgroup (memory.max, pids.max), both before the worker can send its job:
+                    setpgid(offered, offered)  # done here, where these paths are warm, they cost the
+                    for fd in cgroup_fds:  # child no page faults (~20 when it did them itself)
+                        write(fd, b"%d" % offered)
+                except OSError as exc:
+                    reap(offered, uid)
+                    remove_tree(tmp)
+                    offered = -(exc.errno or 5)
             send((b"P" + pack_q(offered)) if offered > 0 else (b"E" + pack_q(-offered)))
         msg = recv(64)
         if msg == b"Q":  # the worker stops: drop the waiting child and its temp dir (a host dir when
@@ -519,8 +527,9 @@ def _prepare_child(ctx: dict) -> tuple[str, int, int, int, int, int, int]:
 
 def _make_child_main(ctx: dict) -> Callable[[int, int, int, int, str], None]:
     """Build, once in the zygote, what each forked child runs: ``child_main(sock_fd, job_r, chan, out_w,
-    tmp)`` joins the cgroup (and an IPC namespace), waits for the job, confines itself and runs the
-    harness; it never returns.
+    tmp)`` sets its death signal (and enters an IPC namespace where needed), waits for the job, confines
+    itself and runs the harness; it never returns. (Its process group and cgroup are set by the zygote
+    before the worker learns its pid, so before any job can reach it.)
 
     Why a closure: every function, constant and setting it needs is bound here, so a child looks up no
     module global and no ``ctx`` key (each look-up writes the reference count of what it finds, and a
@@ -529,44 +538,41 @@ def _make_child_main(ctx: dict) -> Callable[[int, int, int, int, str], None]:
     (:func:`_prepare_child`: its temp dir, ``random``'s seed, its result channel ``chan`` at a random
     high descriptor).
     """
-    close, write, read, setpgid, dup2, closerange, chdir, exit_ = (
+    close, readv, dup2, closerange, chdir, exit_ = (
         os.close,
-        os.write,
-        os.read,
-        os.setpgid,
+        os.readv,
         os.dup2,
         os.closerange,
         os.chdir,
         os._exit,
     )
-    death_signal, enter_ipc, read_rest, loads, view, size_of, len_ = (
+    death_signal, enter_ipc, read_rest, loads, view, size_of = (
         _limits.set_death_signal,
         _limits.enter_private_ipc if ctx["ipc"] else None,
         _read_job_rest,
         marshal.loads,
         memoryview,
         int.from_bytes,
-        len,
     )
-    cgroup_fds, devnull, harness = tuple(ctx["cgroup_fds"]), ctx["devnull"], ctx["harness"]
+    devnull, harness = ctx["devnull"], ctx["harness"]
+    buffers = [bytearray(65536)]  # the job lands here: no allocation (a 64 KiB bytes object was ~6 faults)
+    buffer = view(buffers[0])
     confine = _limits.child_confiner(ctx["rlimits"], ctx["uid"])
 
     def child_main(sock_fd: int, job_r: int, chan: int, out_w: int, tmp: str) -> None:
         try:
             close(sock_fd)
             death_signal()  # until the uid drop sets it again
-            setpgid(0, 0)  # our own group before anything runs: _reap kills it with every descendant
-            for fd in cgroup_fds:
-                write(fd, b"0")  # join the worker's cgroup (memory.max, pids.max) before anything runs
+            # (the zygote has put us in our own process group and in the worker's cgroup)
             if enter_ipc is not None and not enter_ipc():
                 exit_(72)
-            # The job, usually in one read (see _read_job_rest for the rest): a 64 KiB buffer comes from
-            # the heap, where one of 1 MiB (as before) was an mmap + mremap + munmap per child.
-            data = read(job_r, 65536)
-            if len_(data) >= 8 and len_(data) == 8 + size_of(data[:8], "big"):
-                job = loads(view(data)[8:])
+            # The job, usually in one read (see _read_job_rest for the rest); reads of 1 MiB to EOF, as
+            # before, were an mmap + mremap + munmap per child.
+            n = readv(job_r, buffers)
+            if n >= 8 and n == 8 + size_of(buffer[:8], "big"):
+                job = loads(buffer[8:n])
             else:
-                job = read_rest(job_r, data)
+                job = read_rest(job_r, bytes(buffer[:n]))
             source, exprs, start, token, budget, cpu_s = job
             # Output on 1 and 2, no descriptor above 2 but the channel, in tmp, limited, unprivileged.
             dup2(devnull, 0)
@@ -955,9 +961,7 @@ def _make_harness(lim: _limits.ExecLimits) -> Callable[..., None]:
             msg = "<unprintable>"
         return f"{name}: {msg}"[:error_chars]
 
-    def harness(
-        source: str, exprs: list[str], start: int, chan: int, token: bytes, budget: int
-    ) -> None:
+    def harness(source: str, exprs: list[str], start: int, chan: int, token: bytes, budget: int) -> None:
         """Define ``source``, evaluate ``exprs[start:]``, one authenticated frame each on ``chan``."""
 
         def send(kind: bytes, code: int, index: int, payload: bytes, seconds: float = 0.0) -> None:

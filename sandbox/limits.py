@@ -516,7 +516,9 @@ def child_rlimits(limits: ExecLimits, drop: bool) -> tuple[tuple[int, tuple[int,
     return tuple(fixed)
 
 
-def child_confiner(fixed: tuple[tuple[int, tuple[int, int]], ...], uid: int | None) -> Callable[[float], None]:
+def child_confiner(
+    fixed: tuple[tuple[int, tuple[int, int]], ...], uid: int | None
+) -> Callable[[float], None]:
     """``confine(cpu_s)``: apply the rlimits ``fixed`` (from :func:`child_rlimits`) and RLIMIT_CPU for
     ``cpu_s``, then drop to ``uid`` (gid = uid) when given, then set the death signal again (a uid
     change clears it). Built once by the zygote (which ran :func:`apply_zygote_limits`: CORE, SIGXFSZ,
