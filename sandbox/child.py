@@ -298,6 +298,19 @@ _Q = struct.Struct(">q")
 _FDS = struct.Struct("3i")  # three descriptors as SCM_RIGHTS data (what socket.send_fds builds, less work)
 _SOL_SOCKET, _SCM_RIGHTS = socket.SOL_SOCKET, socket.SCM_RIGHTS
 _QQ = struct.Struct(">qq")
+_FD = struct.Struct("i")
+_FDS_SPACE = socket.CMSG_LEN(_FDS.size)
+
+
+def _recv_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
+    """One message and the descriptors that came with it (as ``socket.recv_fds(sock, 4096, 3)``, whose
+    Python wrapper builds an ``array`` per call: this is the worker's path for every program)."""
+    msg, ancdata, _flags, _addr = sock.recvmsg(4096, _FDS_SPACE)
+    fds: list[int] = []
+    for level, kind, data in ancdata:
+        if level == _SOL_SOCKET and kind == _SCM_RIGHTS:
+            fds += [fd for (fd,) in _FD.iter_unpack(data[: len(data) - len(data) % _FD.size])]
+    return msg, fds
 
 
 class Zygote:
@@ -337,7 +350,7 @@ class Zygote:
 
     def take(self) -> tuple[int, str, int, int, int]:
         """The next child, waiting for its job: ``(pid, tmp, job_w, chan_r, out_r)``."""
-        msg, fds, _flags, _addr = socket.recv_fds(self.sock, 4096, 3)
+        msg, fds = _recv_fds(self.sock)
         if msg[:1] == b"C" and len(fds) == 3:
             tmp, msg = msg[1:].decode(), self.sock.recv(16)  # then the pid (or why the fork failed)
             if msg[:1] == b"P" and len(msg) == 9:
