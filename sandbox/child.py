@@ -4,8 +4,8 @@ What it does: :func:`worker_main` is the entry point of one warm worker process 
 ``ProcessExecutor`` (a fresh interpreter, never a fork of the caller). The worker isolates itself once
 (``limits.setup_worker_isolation``, ``limits.setup_worker_cgroup``), pre-imports common modules, then
 forks a :class:`Zygote` BEFORE its first job. The zygote forks each child ahead of time (after the
-previous one is reaped and cleaned up); the child joins the worker's cgroup and waits for its job on
-its own pipe; the worker takes it, writes the job (and only its job), and the child applies rlimits,
+previous one is reaped and cleaned up) and puts it in its own process group and the worker's cgroup;
+the child waits for its job on its own pipe; the worker takes it, writes the job (and only its job), and the child applies rlimits,
 drops to the worker's dedicated uid and runs the harness (:func:`_make_harness`): define the
 program, evaluate each call expression under a per-call ``setitimer``, encode each result with
 ``codea1_core.values`` and send one authenticated frame per call over a private pipe. The worker
@@ -45,6 +45,8 @@ _FRAME = struct.Struct(">cBid")  # kind, status code, call index, child-measured
 _TOKEN_BYTES = 16
 _ERROR_CHARS = 1000
 _SETUP_S = 10.0  # generous: a child that cannot even start on a loaded machine is an infra failure
+_COALESCE_MS = 1  # see _supervise: how long the worker lets small frames gather before reading them
+_COALESCE_BYTES = 4096
 _PRELOAD = (
     "math re collections itertools functools heapq bisect string operator typing random statistics "
     "fractions decimal datetime json copy hashlib array cmath numbers textwrap unicodedata"
@@ -755,12 +757,21 @@ def _supervise(
     Returns ``(results, end, detail)``; ``end`` in done / program_error / violation / call_timeout /
     program_cap / infra, or died with ``detail = (still_alive, ready, defined)`` (the reason needs
     the wait status, known once the zygote reaped the child).
+
+    Small frames coming fast are taken together: after a wake-up that brought fewer than
+    :data:`_COALESCE_BYTES`, the next wait is on the child's exit only, for at most
+    :data:`_COALESCE_MS` (never past a deadline), then whatever arrived is read at once. Why: every
+    frame woke the worker (a context switch, often a cross-CPU wake-up, and a pass of this loop), three
+    per trivial program and one per call; a frame's arrival time is then known to within that window,
+    which no time limit (seconds) can notice. A window that brings nothing ends the coalescing.
     """
     st = _Progress(start, used)
     pidfd = os.pidfd_open(pid)
-    poller = select.poll()
+    poller, exit_poller = select.poll(), select.poll()
     for fd in (chan_r, out_r, pidfd):
         poller.register(fd, select.POLLIN)
+    exit_poller.register(pidfd, select.POLLIN)
+    coalesce = False
     try:
         while True:
             limit_s = (
@@ -768,8 +779,13 @@ def _supervise(
             )
             hard = st.t_last + limit_s + 0.25 + 0.1 * limit_s
             until = min(hard, deadline)
-            before, exited = st.mark(), False
-            for fd, _ev in poller.poll(max(0, int((until - time.monotonic()) * 1000) + 1)):
+            before, exited, got = st.mark(), False, len(st.buf)
+            wait_ms = max(0, int((until - time.monotonic()) * 1000) + 1)
+            if coalesce:
+                exited = bool(exit_poller.poll(min(wait_ms, _COALESCE_MS)))
+                st.buf += _read_available(chan_r)
+                _drain_output(out_r, output, lim.max_output_bytes, None)
+            for fd, _ev in () if coalesce else poller.poll(wait_ms):
                 if fd == out_r:
                     _drain_output(out_r, output, lim.max_output_bytes, poller)
                 elif fd == chan_r:
@@ -783,6 +799,7 @@ def _supervise(
                     st.buf += data
                 else:
                     exited = True
+            coalesce = 0 < len(st.buf) - got < _COALESCE_BYTES
             late = time.monotonic() >= until
             if exited or late:  # before judging, take whatever is already in the pipe
                 st.buf += _read_available(chan_r)

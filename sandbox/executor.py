@@ -86,7 +86,11 @@ there is no uid drop, no namespaces and no cgroup (``network_isolation="auto"`` 
 
 Cost: per program, one fork of the zygote, one job message, one reap round trip; every step that is
 the same for all children is done once by the zygote (``sandbox/child.py``, ``_prepare_zygote``),
-because a forked child pays a copy-on-write page fault for every page it writes.
+because a forked child pays a copy-on-write page fault for every page it writes (and the zygote, whose
+pages each fork write-protects, one for every page its loop writes): so the child's set-up and the
+zygote's loop are closures with their names bound once, libraries are bound at start-up
+(``LD_BIND_NOW``), and the worker takes small frames arriving together in one wake-up
+(``_supervise``). ``tests/test_sandbox_cost.py`` counts the faults; ``bench/sandbox_bench.py`` the CPU.
 
 Run its tests: ``pytest tests/test_sandbox.py tests/test_sandbox_hostile.py tests/test_sandbox_cost.py``;
 the benchmark: ``python bench/sandbox_bench.py``.
