@@ -79,6 +79,28 @@ def test_a_trivial_programs_child_costs_few_page_faults():
     assert per_child <= 260, f"{per_child:.0f} minor page faults per child of a trivial program"
 
 
+def _voluntary_switches(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no voluntary_ctxt_switches in /proc/{pid}/status")
+
+
+def test_fast_calls_wake_the_worker_once_not_once_each():
+    """Regression (#20): the worker woke up for every frame of the child (set-up done, defined, one per
+    call): ~14 blocking waits per program of 10 fast calls at 2af5b63, ~5 after (frames arriving together
+    are read together, see ``_supervise``); each wake-up is a context switch and a pass of its loop."""
+    jobs = [(f"def f(x):\n    return x + {i}\n", ["f(1)"] * 10) for i in range(120)]
+    with ProcessExecutor(workers=1, limits=LIMITS) as one:
+        one.run_many(jobs[:20])
+        worker = one._workers[0].proc.pid
+        before = _voluntary_switches(worker)
+        results = one.run_many(jobs[20:])
+        per_program = (_voluntary_switches(worker) - before) / 100
+    assert all([o.value for o in r] == [i + 21] * 10 for i, r in enumerate(results))
+    assert per_program <= 9, f"the worker blocked {per_program:.1f} times per program of 10 calls"
+
+
 def test_children_carry_no_thread_or_subprocess_machinery(ex):
     """Regression (#20): ``sandbox/__init__.py`` imported ``sandbox.executor`` and ``limits.py`` imported
     ``ctypes.util``, so every worker, hence every zygote and child, held ``subprocess`` and ``threading``;
