@@ -377,7 +377,10 @@ class LabConfig:
     max_position_embeddings: int = 1024
     """Tiny model: context length."""
     warmstart_epochs: int = 3
-    """SFT epochs of the warm start."""
+    """SFT epochs of the warm start (both roles, unless ``warmstart_code_epochs`` sets the Code LLM's)."""
+    warmstart_code_epochs: int = 0
+    """SFT epochs of the Code-LLM warm start; 0 = ``warmstart_epochs``. Apart because copying the prompt's
+    constants is learnt late (issue 17) while the Test LLM's imperfect suites need no more epochs."""
     warmstart_lr: float = 1.0e-3
     """SFT learning rate of the warm start."""
     buggy_fraction: float = 0.5
@@ -594,7 +597,7 @@ RANGES: dict[str, tuple[str, Callable[[float], bool]]] = {
     "orchestration.task_retries": _COUNT0, "orchestration.task_timeout_s": _COUNT0,
     "lab.train_per_family": _COUNT, "lab.heldout_per_family": _COUNT0, "lab.hidden_size": _COUNT,
     "lab.num_layers": _COUNT, "lab.num_heads": _COUNT, "lab.intermediate_size": _COUNT, "lab.vocab_size": _COUNT,
-    "lab.max_position_embeddings": _COUNT, "lab.warmstart_epochs": _COUNT0, "lab.warmstart_lr": _POS,
+    "lab.max_position_embeddings": _COUNT, "lab.warmstart_epochs": _COUNT0, "lab.warmstart_code_epochs": _COUNT0, "lab.warmstart_lr": _POS,
     "lab.buggy_fraction": _UNIT, "lab.warmstart_code_examples_per_problem": _COUNT0,
     "lab.warmstart_test_examples_per_problem": _COUNT0, "lab.warmstart_batch_size": _COUNT,
     "lab.warmstart_code_problems_per_family": _COUNT0,
