@@ -392,11 +392,10 @@ class LabConfig:
     fresh ones (never a ``val``/``test`` parameter set) up to this count; 0 (or <= ``train_per_family``) =
     the training problems alone. Why: the task is to copy the prompt's constants into the code; with 12
     parameter sets seen 24 times each, a tiny model can memorize the 12 answers instead, and whether it
-    learns to copy then depends on the seed (issue 17: held-out pass@1 6 -> 27 across seeds). 48 with
-    ``warmstart_code_examples_per_problem: 1`` (the same 624 examples and SFT steps as 12 x 4) measured seed 3
-    2.7 -> 9.6 and seed 1 36.5 (``bench/warmstart_seeds.py``): better, not yet even across seeds, so the
-    default stays 0 until all seeds are measured. Every family supplies
-    ``2 * heldout_per_family + this <= 60`` parameter sets."""
+    learns to copy then depends on the seed (issue 17: held-out pass@1 2.7 / 10.4 / 14.1 / 23.7 / 25.3 over
+    seeds 1-5). ``params.yaml``: 48 sets x 1 conversation x ``warmstart_code_epochs: 12`` measured
+    42.8 / 40.7 / 35.7 / 39.6 / 37.7 (``bench/warmstart_seeds.py``; 9 epochs: seed 1 only 21.3, copying is
+    learnt late). Every family supplies ``2 * heldout_per_family + this <= 60`` parameter sets."""
     warmstart_test_examples_per_problem: int = 2
     """Test-LLM warm-start conversations per training problem (test prompts are ~3x longer)."""
     warmstart_batch_size: int = 4
