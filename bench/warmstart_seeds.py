@@ -37,6 +37,7 @@ def measure(seed: int, overrides: list[str], tmp: Path) -> dict[str, float]:
     from codea1_core.data.lab import lab_problems
     from codea1_core.evaluation.benchmarks import lab_subsets
     from codea1_core.models.policy import Policy
+    from flows.common import pin_cpu_threads
     from flows.warmstart import warm_start
     from sandbox import make_executor
     from tasks.evaluate import generate_codes, score_codes
@@ -45,6 +46,7 @@ def measure(seed: int, overrides: list[str], tmp: Path) -> dict[str, float]:
     sets = [f"seed={seed}", f"data.seed={seed}", "mode=golden", f"model.code_path={root}/code"]
     sets += [f"data.prepared_dir={tmp}/no-prepared", *overrides]  # lab problems regenerated, never stale
     cfg = load_config(REPO / "params.yaml", sets)
+    pin_cpu_threads(cfg)
     t0 = time.perf_counter()
     stats = warm_start(cfg, root=root)
     t_sft = time.perf_counter() - t0

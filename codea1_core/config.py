@@ -93,6 +93,11 @@ class ModelConfig:
     """Trade compute for memory in the update."""
     gpu_memory_gb: float = 0.0
     """GPU memory (GB) the train-start memory plan checks against; 0 = the CUDA device's own (no check on CPU)."""
+    cpu_threads: int = 0
+    """torch's CPU threads (intra-op) in every stage; 0 = torch's default, one per core. CPU kernels split their
+    sums by thread count, so on the CPU the same seed gives other numbers with another count: pin it to get the
+    same numbers on machines with different core counts (the lab pins 2: its seed-1 warm start measured 23.7
+    with 2 threads, 18.1 with 1). No effect on GPU kernels."""
 
 
 @dataclass(frozen=True)
@@ -372,7 +377,10 @@ class LabConfig:
     max_position_embeddings: int = 1024
     """Tiny model: context length."""
     warmstart_epochs: int = 3
-    """SFT epochs of the warm start."""
+    """SFT epochs of the warm start (both roles, unless ``warmstart_code_epochs`` sets the Code LLM's)."""
+    warmstart_code_epochs: int = 0
+    """SFT epochs of the Code-LLM warm start; 0 = ``warmstart_epochs``. Apart because copying the prompt's
+    constants is learnt late (issue 17) while the Test LLM's imperfect suites need no more epochs."""
     warmstart_lr: float = 1.0e-3
     """SFT learning rate of the warm start."""
     buggy_fraction: float = 0.5
@@ -384,11 +392,10 @@ class LabConfig:
     fresh ones (never a ``val``/``test`` parameter set) up to this count; 0 (or <= ``train_per_family``) =
     the training problems alone. Why: the task is to copy the prompt's constants into the code; with 12
     parameter sets seen 24 times each, a tiny model can memorize the 12 answers instead, and whether it
-    learns to copy then depends on the seed (issue 17: held-out pass@1 6 -> 27 across seeds). 48 with
-    ``warmstart_code_examples_per_problem: 1`` (the same 624 examples and SFT steps as 12 x 4) measured seed 3
-    2.7 -> 9.6 and seed 1 36.5 (``bench/warmstart_seeds.py``): better, not yet even across seeds, so the
-    default stays 0 until all seeds are measured. Every family supplies
-    ``2 * heldout_per_family + this <= 60`` parameter sets."""
+    learns to copy then depends on the seed (issue 17: held-out pass@1 2.7 / 10.4 / 14.1 / 23.7 / 25.3 over
+    seeds 1-5). ``params.yaml``: 48 sets x 1 conversation x ``warmstart_code_epochs: 12`` measured
+    42.8 / 40.7 / 35.7 / 39.6 / 37.7 (``bench/warmstart_seeds.py``; 9 epochs: seed 1 only 21.3, copying is
+    learnt late). Every family supplies ``2 * heldout_per_family + this <= 60`` parameter sets."""
     warmstart_test_examples_per_problem: int = 2
     """Test-LLM warm-start conversations per training problem (test prompts are ~3x longer)."""
     warmstart_batch_size: int = 4
@@ -563,6 +570,7 @@ RANGES: dict[str, tuple[str, Callable[[float], bool]]] = {
     "data.reference_call_timeout_s": _POS, "data.train_batch_size": _COUNT, "data.epochs": _COUNT,
     "data.max_problems_per_source": _COUNT0, "data.max_prompt_tokens": _COUNT0,
     "model.lora_rank": _COUNT, "model.lora_alpha": _POS, "model.lora_dropout": _BETA, "model.gpu_memory_gb": _COUNT0,
+    "model.cpu_threads": _COUNT0,
     "rollout.n_code": _COUNT, "rollout.n_tests": _COUNT, "rollout.temperature": _POS,
     "rollout.top_p": _OPEN_UNIT, "rollout.top_k": _COUNT0, "rollout.max_new_tokens_code": _COUNT,
     "rollout.max_new_tokens_test": _COUNT, "rollout.max_prompt_tokens_test": _COUNT0,
@@ -588,7 +596,7 @@ RANGES: dict[str, tuple[str, Callable[[float], bool]]] = {
     "orchestration.task_retries": _COUNT0, "orchestration.task_timeout_s": _COUNT0,
     "lab.train_per_family": _COUNT, "lab.heldout_per_family": _COUNT0, "lab.hidden_size": _COUNT,
     "lab.num_layers": _COUNT, "lab.num_heads": _COUNT, "lab.intermediate_size": _COUNT, "lab.vocab_size": _COUNT,
-    "lab.max_position_embeddings": _COUNT, "lab.warmstart_epochs": _COUNT0, "lab.warmstart_lr": _POS,
+    "lab.max_position_embeddings": _COUNT, "lab.warmstart_epochs": _COUNT0, "lab.warmstart_code_epochs": _COUNT0, "lab.warmstart_lr": _POS,
     "lab.buggy_fraction": _UNIT, "lab.warmstart_code_examples_per_problem": _COUNT0,
     "lab.warmstart_test_examples_per_problem": _COUNT0, "lab.warmstart_batch_size": _COUNT,
     "lab.warmstart_code_problems_per_family": _COUNT0,

@@ -96,6 +96,27 @@ def stage_main(run: Callable[[str, list[str]], Any], description: str, argv: lis
 # --------------------------------------------------------------------------------------------------
 
 
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def pin_cpu_threads(cfg: Config) -> None:
+    """Give torch ``model.cpu_threads`` CPU threads in this process (0: leave torch's default alone).
+
+    The count decides how CPU kernels split their sums, so it is part of what a seed reproduces. Torch imported
+    already gets ``set_num_threads``; one imported later reads the environment variables set here.
+    """
+    n = cfg.model.cpu_threads
+    if n <= 0:
+        return
+    for var in _THREAD_VARS:
+        os.environ[var] = str(n)
+    if "torch" in sys.modules:
+        import torch
+
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)
+
+
 def flow_config(
     params: str = "params.yaml",
     overrides: list[str] | None = None,
@@ -110,6 +131,7 @@ def flow_config(
     nothing trained in it: the evaluate deployment evaluates the workspace's models into the new folder).
     """
     cfg = load_config(params, list(overrides or []))
+    pin_cpu_threads(cfg)  # before any model work: the thread count is part of what a seed reproduces
     folder = resolve_run_dir(run_dir)
     if folder is None:
         return cfg

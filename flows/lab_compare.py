@@ -81,6 +81,7 @@ QUICK_OVERRIDES = [
     "rollout.n_code=2",
     "rollout.n_tests=2",
     "lab.warmstart_epochs=1",
+    "lab.warmstart_code_epochs=0",
 ]
 """``--quick`` (tests, smoke): one seed and a tiny run, passed to every experiment."""
 COMMON_OVERRIDES = ["tracking.register=false"]

@@ -66,6 +66,11 @@ def training_problems(cfg: Config) -> list[Problem]:
     return lab_problems(cfg.lab, "train")
 
 
+def epochs_of(lab: Any, role: str) -> int:
+    """SFT epochs of ``role``'s warm start: ``lab.warmstart_code_epochs`` for the Code LLM when set."""
+    return (lab.warmstart_code_epochs or lab.warmstart_epochs) if role == "code" else lab.warmstart_epochs
+
+
 def _write_metrics(path: Path, metrics: dict[str, Any]) -> None:
     write_json_atomic(path, metrics, indent=2, default=None, newline=True)
 
@@ -111,7 +116,7 @@ def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
             if cfg.mode == "selfplay":  # one model plays both roles with black-box test prompts (D10)
                 examples += warmstart_examples(problems, "test", lab, cfg.seed, k=k, blackbox=True)
             stats = supervised_finetune(
-                base, examples, tmp / rel, epochs=lab.warmstart_epochs, lr=lab.warmstart_lr, seed=cfg.seed,
+                base, examples, tmp / rel, epochs=epochs_of(lab, role), lr=lab.warmstart_lr, seed=cfg.seed,
                 batch_size=lab.warmstart_batch_size, max_length=lab.max_position_embeddings,
             )  # fmt: skip
             metrics[f"{role}/n_examples"] = len(examples)
