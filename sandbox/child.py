@@ -758,8 +758,8 @@ def _supervise(
     program_cap / infra, or died with ``detail = (still_alive, ready, defined)`` (the reason needs
     the wait status, known once the zygote reaped the child).
 
-    Small frames coming fast are taken together: after a wake-up that brought fewer than
-    :data:`_COALESCE_BYTES`, the next wait is on the child's exit only, for at most
+    Small frames coming fast are taken together: first, and after a wake-up that brought fewer than
+    :data:`_COALESCE_BYTES`, the wait is on the child's exit only, for at most
     :data:`_COALESCE_MS` (never past a deadline), then whatever arrived is read at once. Why: every
     frame woke the worker (a context switch, often a cross-CPU wake-up, and a pass of this loop), three
     per trivial program and one per call; a frame's arrival time is then known to within that window,
@@ -771,7 +771,7 @@ def _supervise(
     for fd in (chan_r, out_r, pidfd):
         poller.register(fd, select.POLLIN)
     exit_poller.register(pidfd, select.POLLIN)
-    coalesce = False
+    coalesce = True  # the child needs its set-up anyway: its first frames are read together too
     try:
         while True:
             limit_s = (
