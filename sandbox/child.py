@@ -759,11 +759,12 @@ def _supervise(
     the wait status, known once the zygote reaped the child).
 
     Small frames coming fast are taken together: first, and after a wake-up that brought fewer than
-    :data:`_COALESCE_BYTES`, the wait is on the child's exit only, for at most
-    :data:`_COALESCE_MS` (never past a deadline), then whatever arrived is read at once. Why: every
-    frame woke the worker (a context switch, often a cross-CPU wake-up, and a pass of this loop), three
-    per trivial program and one per call; a frame's arrival time is then known to within that window,
-    which no time limit (seconds) can notice. A window that brings nothing ends the coalescing.
+    :data:`_COALESCE_BYTES` before the program was defined or within :data:`_COALESCE_MS` of the
+    previous ones, the wait is on the child's exit only, for at most :data:`_COALESCE_MS` (never past a deadline), then whatever arrived is read
+    at once. Why: every frame woke the worker (a context switch, often a cross-CPU wake-up, and a pass
+    of this loop), three per trivial program and one per call; a frame's arrival time is then known to
+    within that window, which no time limit (seconds) can notice. A window that brings nothing ends the
+    coalescing, so slow calls still cost one wake-up per frame, as before.
     """
     st = _Progress(start, used)
     pidfd = os.pidfd_open(pid)
@@ -772,6 +773,7 @@ def _supervise(
         poller.register(fd, select.POLLIN)
     exit_poller.register(pidfd, select.POLLIN)
     coalesce = True  # the child needs its set-up anyway: its first frames are read together too
+    last_data = time.monotonic()
     try:
         while True:
             limit_s = (
@@ -799,8 +801,15 @@ def _supervise(
                     st.buf += data
                 else:
                     exited = True
-            coalesce = 0 < len(st.buf) - got < _COALESCE_BYTES
-            late = time.monotonic() >= until
+            now, new = time.monotonic(), len(st.buf) - got
+            # a window that brought small frames is followed by another; so is a wake-up before the
+            # program is defined (the next frames are near), or one whose frame came soon after the
+            # previous ones (so slow calls still cost one wake-up per frame, as before)
+            soon = coalesce or not st.defined or now - last_data < _COALESCE_MS / 1000
+            coalesce = 0 < new < _COALESCE_BYTES and soon
+            if new:
+                last_data = now
+            late = now >= until
             if exited or late:  # before judging, take whatever is already in the pipe
                 st.buf += _read_available(chan_r)
             end = _accept_frames(st, token, n, lim)

@@ -101,6 +101,22 @@ def test_fast_calls_wake_the_worker_once_not_once_each():
     assert per_program <= 9, f"the worker blocked {per_program:.1f} times per program of 10 calls"
 
 
+def test_slow_calls_still_wake_the_worker_once_each():
+    """Guard: reading fast frames together must not cost programs with slow calls more wake-ups (a first
+    version waited a window after every frame: ~24 blocking waits per program of 10 calls of 3 ms, where
+    2af5b63 and this version take ~14-15)."""
+    program = "import time\ndef f(x):\n    time.sleep(0.003)\n    return x\n"
+    jobs = [(program, ["f(1)"] * 10)] * 30
+    with ProcessExecutor(workers=1, limits=LIMITS) as one:
+        one.run_many(jobs[:5])
+        worker = one._workers[0].proc.pid
+        before = _voluntary_switches(worker)
+        results = one.run_many(jobs[5:])
+        per_program = (_voluntary_switches(worker) - before) / 25
+    assert all([o.value for o in r] == [1] * 10 for r in results)
+    assert per_program <= 19, f"the worker blocked {per_program:.1f} times per program of 10 slow calls"
+
+
 def test_children_carry_no_thread_or_subprocess_machinery(ex):
     """Regression (#20): ``sandbox/__init__.py`` imported ``sandbox.executor`` and ``limits.py`` imported
     ``ctypes.util``, so every worker, hence every zygote and child, held ``subprocess`` and ``threading``;
