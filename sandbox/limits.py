@@ -134,7 +134,7 @@ _bare_prctl = ctypes.CDLL(None)["prctl"]  # its own function pointer: no argtype
 _SIGKILL = int(signal.SIGKILL)
 
 
-def set_death_signal(_bare=_bare_prctl, _option=PR_SET_PDEATHSIG, _signal=_SIGKILL) -> None:  # noqa: B008
+def set_death_signal(_bare=_bare_prctl, _option=PR_SET_PDEATHSIG, _signal=_SIGKILL) -> None:
     """SIGKILL when our parent dies (PR_SET_PDEATHSIG), through a bare ctypes call with plain ints.
 
     Why not :func:`prctl`: each forked child calls this twice, and the argument converters and errno
