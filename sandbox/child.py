@@ -785,7 +785,9 @@ def _supervise(
             wait_ms = max(0, int((until - time.monotonic()) * 1000) + 1)
             if coalesce:
                 exited = bool(exit_poller.poll(min(wait_ms, _COALESCE_MS)))
-                st.buf += _read_available(chan_r)
+                # (bounded: a child writing without pause must not fill our memory before a frame is
+                # checked; more than a window's worth turns coalescing off, and the rest is read as before)
+                st.buf += _read_available(chan_r, 1 << 20)
                 _drain_output(out_r, output, lim.max_output_bytes, None)
             for fd, _ev in () if coalesce else poller.poll(wait_ms):
                 if fd == out_r:
@@ -918,7 +920,7 @@ def _oom_killed(ctx: dict) -> bool:
 
 def _drain_output(fd: int, output: bytearray, cap: int, poller: select.poll | None) -> None:
     try:
-        data = os.read(fd, 1 << 16) if poller is not None else _read_available(fd)
+        data = os.read(fd, 1 << 16) if poller is not None else _read_available(fd, 1 << 20)
     except OSError:
         data = b""
     if not data and poller is not None:
@@ -928,15 +930,17 @@ def _drain_output(fd: int, output: bytearray, cap: int, poller: select.poll | No
         output += data[:room]
 
 
-def _read_available(fd: int) -> bytes:
+def _read_available(fd: int, limit: int | None = None) -> bytes:
+    """What ``fd`` holds now (to EOF or until it would block), at most about ``limit`` bytes when given."""
     os.set_blocking(fd, False)
-    chunks = []
+    chunks, got = [], 0
     try:
-        while True:
+        while limit is None or got < limit:
             chunk = os.read(fd, 1 << 20)
             if not chunk:
                 break
             chunks.append(chunk)
+            got += len(chunk)
     except (BlockingIOError, OSError):
         pass
     return b"".join(chunks)
