@@ -86,17 +86,22 @@ def _voluntary_switches(pid: int) -> int:
     raise AssertionError(f"no voluntary_ctxt_switches in /proc/{pid}/status")
 
 
+def _worker_waits_per_program(jobs: list, warm: int) -> tuple[list, float]:
+    """Run ``jobs`` on one worker; its blocking waits per program after the first ``warm`` (start-up excluded)."""
+    with ProcessExecutor(workers=1, limits=LIMITS) as one:
+        one.run_many(jobs[:warm])
+        worker = one._workers[0].proc.pid
+        before = _voluntary_switches(worker)
+        results = one.run_many(jobs[warm:])
+        return results, (_voluntary_switches(worker) - before) / len(jobs[warm:])
+
+
 def test_fast_calls_wake_the_worker_once_not_once_each():
     """Regression (#20): the worker woke up for every frame of the child (set-up done, defined, one per
     call): ~14 blocking waits per program of 10 fast calls at 2af5b63, ~5 after (frames arriving together
     are read together, see ``_supervise``); each wake-up is a context switch and a pass of its loop."""
     jobs = [(f"def f(x):\n    return x + {i}\n", ["f(1)"] * 10) for i in range(120)]
-    with ProcessExecutor(workers=1, limits=LIMITS) as one:
-        one.run_many(jobs[:20])
-        worker = one._workers[0].proc.pid
-        before = _voluntary_switches(worker)
-        results = one.run_many(jobs[20:])
-        per_program = (_voluntary_switches(worker) - before) / 100
+    results, per_program = _worker_waits_per_program(jobs, warm=20)
     assert all([o.value for o in r] == [i + 21] * 10 for i, r in enumerate(results))
     assert per_program <= 9, f"the worker blocked {per_program:.1f} times per program of 10 calls"
 
@@ -107,12 +112,7 @@ def test_slow_calls_still_wake_the_worker_once_each():
     2af5b63 and this version take ~14-15)."""
     program = "import time\ndef f(x):\n    time.sleep(0.003)\n    return x\n"
     jobs = [(program, ["f(1)"] * 10)] * 30
-    with ProcessExecutor(workers=1, limits=LIMITS) as one:
-        one.run_many(jobs[:5])
-        worker = one._workers[0].proc.pid
-        before = _voluntary_switches(worker)
-        results = one.run_many(jobs[5:])
-        per_program = (_voluntary_switches(worker) - before) / 25
+    results, per_program = _worker_waits_per_program(jobs, warm=5)
     assert all([o.value for o in r] == [1] * 10 for r in results)
     assert per_program <= 19, f"the worker blocked {per_program:.1f} times per program of 10 slow calls"
 
