@@ -54,8 +54,11 @@ def parse_stage_args(argv: list[str] | None, description: str) -> tuple[str, lis
 
 
 def load_stage_config(params: str, overrides: list[str]) -> Config:
-    """Load and validate params; raises ConfigError with a one-line message."""
-    return load_config(params, overrides)
+    """Load and validate params (ConfigError with a one-line message) and pin torch's CPU threads
+    (:func:`pin_cpu_threads`): the CLI commands that run models outside a flow (``solve``, ``attack``) load here."""
+    cfg = load_config(params, overrides)
+    pin_cpu_threads(cfg)
+    return cfg
 
 
 def run_user_errors(fn: Callable[[], Any]) -> int:
@@ -111,10 +114,7 @@ def pin_cpu_threads(cfg: Config) -> None:
     for var in _THREAD_VARS:
         os.environ[var] = str(n)
     if "torch" in sys.modules:
-        import torch
-
-        if torch.get_num_threads() != n:
-            torch.set_num_threads(n)
+        sys.modules["torch"].set_num_threads(n)
 
 
 def flow_config(

@@ -26,7 +26,7 @@ from typing import Any
 
 from prefect import flow
 
-from codea1_core.config import Config, load_config
+from codea1_core.config import Config, LabConfig, load_config
 from codea1_core.files import replace_dir, temp_dir_for, write_json_atomic
 from codea1_core.types import Problem
 from flows.common import flow_config, flow_run_name, stage_main
@@ -66,7 +66,7 @@ def training_problems(cfg: Config) -> list[Problem]:
     return lab_problems(cfg.lab, "train")
 
 
-def epochs_of(lab: Any, role: str) -> int:
+def epochs_of(lab: LabConfig, role: str) -> int:
     """SFT epochs of ``role``'s warm start: ``lab.warmstart_code_epochs`` for the Code LLM when set."""
     return (lab.warmstart_code_epochs or lab.warmstart_epochs) if role == "code" else lab.warmstart_epochs
 

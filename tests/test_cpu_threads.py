@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from codea1_core.config import ConfigError, load_config
-from flows.common import flow_config, pin_cpu_threads
+from flows.common import flow_config, load_stage_config, pin_cpu_threads
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -74,3 +74,12 @@ def test_torch_imported_later_reads_the_pinned_count(tmp_path: Path) -> None:
 def test_negative_count_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="model.cpu_threads"):
         load_config(REPO / "params.yaml", ["model.cpu_threads=-1"])
+
+
+def test_cli_commands_outside_flows_pin_too(restore_threads: None) -> None:
+    """``codea1 solve`` / ``codea1 attack`` run models without a flow: their config loader pins as well."""
+    import torch
+
+    torch.set_num_threads(2)
+    load_stage_config(str(REPO / "params.yaml"), ["model.cpu_threads=1"])
+    assert torch.get_num_threads() == 1
