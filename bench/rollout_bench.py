@@ -1,4 +1,4 @@
-"""Rollout throughput at the training step's real shapes: HF ``generate`` vs the fast decode, side by side.
+"""Rollout throughput at the training step's real shapes: HF ``generate`` vs the fast decodes, side by side.
 
 What it does: builds the lab's model (the ``lab`` section's shape and tokenizer corpus, random init; or the
 warm-started ``outputs/warmstart/{code,test}`` when present, where completions stop at EOS like in training)
@@ -7,21 +7,25 @@ and samples, through the real :class:`codea1_core.models.policy.Policy`, the two
 * code rollout: ``data.train_batch_size`` lab problems x ``rollout.n_code`` samples, ``max_new_tokens_code``;
 * test rollout: B x M white-box test prompts x ``rollout.n_tests`` samples, ``max_new_tokens_test``.
 
-Each shape runs on the old path (``Policy.fast_generate = False``: HF ``generate``) and the new one
-(:mod:`codea1_core.models.fast_generate`) in A/B/B/A order with the same seeds, checks that both sampled exactly the
-same completions, and prints tokens per wall second and per process CPU-second, their ratios, and the load
-average before and after (the machine may be shared: read the ratios, measured in the same run, and the CPU
-columns, which move far less with other jobs' load, rather than the absolute wall numbers).
+Each shape runs on three paths with the same seeds, in A/B/C/C/B/A order: ``generate`` (HF, what
+``Policy.fast_generate = False`` calls), ``exact`` (:mod:`codea1_core.models.fast_generate` with
+``rollout.share_prompt: false``: it must sample exactly ``generate``'s completions, column ``same``) and
+``shared`` (the default ``rollout.share_prompt: true``: one prefill and one key/value copy per prompt, the
+same distribution from its own random numbers; column ``len``: mean new tokens per row of ``generate`` and
+``shared``). It prints tokens per wall second and per process CPU-second, the ratios to ``generate``, and
+the load average before and after (the machine may be shared: read the ratios, measured in the same run,
+and the CPU columns, which move far less with other jobs' load). ``--threads 1,2`` repeats everything at
+each intra-op thread count (default: the params' ``model.cpu_threads``, the training step's setting).
 
-``--floor`` adds, per shape, the CPU time of the work every exact path repeats (the prefill and the SDPA
-kernel of each decode step) and the largest ratio against ``generate`` it leaves.
+``--floor`` adds, per shape, the CPU time of the work every bit-exact path repeats (the prefill of every row
+and the SDPA kernel of each decode step) and the largest ratio against ``generate`` it leaves: why ``shared``
+exists.
 
 ``--large`` adds a random-init model with Qwen2.5-Coder-1.5B's width, heads and vocabulary but only
 ``--large-layers`` layers (2 by default: the full 28 do not fit a 3-minute run on 2 cores), bfloat16, at a
 small shape; it checks the fast path on a GQA model with a 152k vocabulary.
 
-Run: ``OMP_NUM_THREADS=1 python bench/rollout_bench.py [--params params.yaml] [--repeats 2] [--floor] [--large]``
-(``OMP_NUM_THREADS`` sets torch's intra-op threads; the default is torch's).
+Run: ``python bench/rollout_bench.py [--params params.yaml] [--repeats 2] [--threads 1,2] [--floor] [--large]``.
 """
 
 from __future__ import annotations
@@ -74,11 +78,16 @@ def _step_prompts(cfg: Config) -> tuple[list, list]:
     return code_prompts, test_prompts
 
 
+PATHS = ("generate", "exact", "shared")
+"""HF ``generate``; the fast decode bit for bit (``rollout.share_prompt: false``); the fast decode with one
+prefill and one key/value copy per prompt (``rollout.share_prompt: true``, the default)."""
+
+
 def _run(
-    policy: Policy, prompts: list, n: int, sp: SamplingParams, fast: bool
+    policy: Policy, prompts: list, n: int, sp: SamplingParams, path: str
 ) -> tuple[float, float, int, list]:
     """One rollout on one path: (wall s, process CPU s, new tokens, completions)."""
-    policy.fast_generate = fast
+    policy.fast_generate, policy.share_prompt = path != "generate", path == "shared"
     t0, c0 = time.perf_counter(), time.process_time()
     out = policy.generate(prompts, n, sp)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -86,32 +95,40 @@ def _run(
 
 
 def compare(name: str, policy: Policy, prompts: list, n: int, sp: SamplingParams, repeats: int) -> dict:
-    """A/B/B/A runs of one shape; prints tokens/s (wall and per CPU-second) of both paths and their ratios.
+    """A/B/C/C/B/A runs of one shape; prints tokens/s (wall and per CPU-second) of each path, ratios to ``generate``.
 
     CPU seconds are the process's (all its threads, the fast path's noise worker included): on a shared
-    machine they move far less with other jobs' load than wall time does.
+    machine they move far less with other jobs' load than wall time does. ``exact`` must sample exactly
+    ``generate``'s completions (``same``); ``shared`` samples the same distribution with its own random
+    numbers (``tests/test_shared_decode.py``), so only its mean completion length is printed beside
+    ``generate``'s (``len``: equal up to sampling noise; with random-init models every row runs to the limit).
     """
     policy.generate(prompts[:1], 1, SamplingParams(max_new_tokens=2))  # warm-up
-    wall = {False: 0.0, True: 0.0}
-    cpu = {False: 0.0, True: 0.0}
-    tokens = {False: 0, True: 0}
-    outputs: dict[bool, list] = {}
-    order = [False, True, True, False] * repeats
-    for fast in order[: 2 * repeats]:
-        s, c, t, out = _run(policy, prompts, n, sp, fast)
-        wall[fast] += s
-        cpu[fast] += c
-        tokens[fast] += t
-        outputs.setdefault(fast, out)
-    old, new = tokens[False] / wall[False], tokens[True] / wall[True]
-    old_c, new_c = tokens[False] / cpu[False], tokens[True] / cpu[True]
-    same = "yes" if outputs[False] == outputs[True] else "NO"
+    wall = dict.fromkeys(PATHS, 0.0)
+    cpu = dict.fromkeys(PATHS, 0.0)
+    tokens = dict.fromkeys(PATHS, 0)
+    outputs: dict[str, list] = {}
+    order = [*PATHS, *reversed(PATHS)] * repeats
+    for path in order[: len(PATHS) * repeats]:
+        s, c, t, out = _run(policy, prompts, n, sp, path)
+        wall[path] += s
+        cpu[path] += c
+        tokens[path] += t
+        outputs.setdefault(path, out)
+    rate = {p: tokens[p] / wall[p] for p in PATHS}
+    rate_cpu = {p: tokens[p] / cpu[p] for p in PATHS}
+    same = "yes" if outputs["exact"] == outputs["generate"] else "NO"
+    mean_len = {p: tokens[p] / repeats / (len(prompts) * n) for p in ("generate", "shared")}
     shape = f"{len(prompts) * n} x {sp.max_new_tokens}"
-    print(f"{name:<16}{shape:>10}{old:>10.0f}{new:>10.0f}{new / old:>7.2f}x{old_c:>12.0f}{new_c:>12.0f}"
-          f"{new_c / old_c:>7.2f}x{cpu[False] / repeats:>8.2f}{cpu[True] / repeats:>8.2f}{same:>6}",
+    ratios = "".join(f"{rate[p] / rate['generate']:>7.2f}x" for p in PATHS[1:])
+    ratios_cpu = "".join(f"{rate_cpu[p] / rate_cpu['generate']:>7.2f}x" for p in PATHS[1:])
+    print(f"{name:<16}{shape:>10}" + "".join(f"{rate[p]:>9.0f}" for p in PATHS) + ratios
+          + "".join(f"{rate_cpu[p]:>9.0f}" for p in PATHS) + ratios_cpu
+          + "".join(f"{cpu[p] / repeats:>7.2f}" for p in PATHS) + f"{same:>6}"
+          + f"{mean_len['generate']:>7.1f}/{mean_len['shared']:<5.1f}",
           flush=True)  # fmt: skip
-    steps = max(len(c.token_ids) for group in outputs[True] for c in group)
-    return {"hf_cpu_s": cpu[False] / repeats, "steps": steps}
+    steps = max(len(c.token_ids) for group in outputs["exact"] for c in group)
+    return {"hf_cpu_s": cpu["generate"] / repeats, "steps": steps}
 
 
 def exact_floor(policy: Policy, prompts: list, n: int, steps: int, hf_cpu_s: float) -> None:
@@ -163,34 +180,50 @@ def main() -> None:
     parser.add_argument("--large", action="store_true", help="also the 1.5B-width model (few layers)")
     parser.add_argument("--floor", action="store_true", help="also the exact floor: prefill + SDPA CPU time")
     parser.add_argument("--large-layers", type=int, default=2, help="layers of the 1.5B-width model")
+    parser.add_argument(
+        "--threads", default="", help="intra-op thread counts to run everything at, e.g. 1,2 "
+        "(default: the params' model.cpu_threads, what the training step pins; 0 there: torch's default)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats: must be >= 1")
     cfg = load_config(args.params) if Path(args.params).is_file() else Config()
     cfg = cfg.replace(**{"model.device": "cpu", "model.dtype": "float32", "model.finetune": "full"})
-    r = cfg.rollout
+    try:
+        threads = [int(t) for t in args.threads.split(",")] if args.threads else [cfg.model.cpu_threads]
+    except ValueError:
+        parser.error(f"--threads: expected comma-separated integers, got {args.threads!r}")
+    threads = [t if t > 0 else torch.get_num_threads() for t in threads]
     t_start = time.perf_counter()
-    print(f"rollout bench: torch {torch.__version__}, {torch.get_num_threads()} intra-op threads, "
-          f"{os.cpu_count()} CPUs, load average {_load()}", flush=True)  # fmt: skip
-    print(f"{'rollout':<16}{'rows x new':>10}{'hf tok/s':>10}{'new tok/s':>10}{'ratio':>8}{'hf tok/cpu':>12}"
-          f"{'new tok/cpu':>12}{'ratio':>8}{'hf cpu':>8}{'new cpu':>8}{'same':>6}", flush=True)  # fmt: skip
+    print(
+        f"rollout bench: torch {torch.__version__}, {os.cpu_count()} CPUs, load average {_load()}", flush=True
+    )
     code_prompts, test_prompts = _step_prompts(cfg)
     with tempfile.TemporaryDirectory(prefix="codea1-rollout-bench-") as tmp:
         work = Path(tmp)
         model_dir = ""
-        for role, prompts, n, new in (
-            ("code", code_prompts, r.n_code, r.max_new_tokens_code),
-            ("test", test_prompts, r.n_tests, r.max_new_tokens_test),
-        ):
-            model_dir = _lab_model(cfg, work, role)
-            policy = Policy(model_dir, cfg, role=role)
-            sp = SamplingParams(
-                temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=new, seed=1
+        for count in threads:
+            torch.set_num_threads(count)
+            print(f"\n{count} intra-op thread(s) (the shared decode runs its steps on one for the lab model)")
+            print(
+                f"{'':<26}{'tokens per wall second':<45}{'tokens per CPU second':<45}{'CPU s per rollout':<21}"
             )
-            result = compare(f"lab {role}", policy, prompts, n, sp, args.repeats)
-            if args.floor:
-                exact_floor(policy, prompts, n, result["steps"], result["hf_cpu_s"])
-            del policy
+            print(f"{'rollout':<16}{'rows x new':>10}{'generate':>9}{'exact':>9}{'shared':>9}{'exact':>8}"
+                  f"{'shared':>8}{'generate':>9}{'exact':>9}{'shared':>9}{'exact':>8}{'shared':>8}{'gen':>7}"
+                  f"{'exact':>7}{'shared':>7}{'same':>6}{'len gen/shared':>15}", flush=True)  # fmt: skip
+            for role, prompts, n, new in (
+                ("code", code_prompts, cfg.rollout.n_code, cfg.rollout.max_new_tokens_code),
+                ("test", test_prompts, cfg.rollout.n_tests, cfg.rollout.max_new_tokens_test),
+            ):
+                model_dir = _lab_model(cfg, work, role)
+                policy = Policy(model_dir, cfg, role=role)
+                r = cfg.rollout
+                sp = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=new,
+                                    seed=1)  # fmt: skip
+                result = compare(f"lab {role}", policy, prompts, n, sp, args.repeats)
+                if args.floor:
+                    exact_floor(policy, prompts, n, result["steps"], result["hf_cpu_s"])
+                del policy
         if args.large:
             _large(work, model_dir, args.large_layers, args.repeats)
     print(f"load average after {_load()}; bench wall {time.perf_counter() - t_start:.0f} s", flush=True)

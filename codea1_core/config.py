@@ -124,6 +124,10 @@ class RolloutConfig:
     """Test-LLM prompt limit; a longer prompt is an error, not truncated (§3 step 5). 0 = no limit."""
     batch_size: int = 64
     """Prompts per ``generate`` call (HF backend)."""
+    share_prompt: bool = True
+    """CPU fast decode (``codea1_core.models.fast_generate``): prefill each prompt once and let its samples attend
+    over one copy of its keys/values. Same sampling; logits equal HF ``generate``'s to float rounding, not
+    bitwise, so a rare near-tie can pick another token. false: bit for bit ``generate`` (slower)."""
     gpu_memory_utilization: float = 0.8
     """vLLM: fraction of GPU memory for the engine."""
     max_model_len: int = 8192

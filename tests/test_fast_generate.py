@@ -1,4 +1,7 @@
-"""The fast decode loop reproduces HF ``generate`` exactly: same tokens, same log-probs, same RNG state after.
+"""The exact fast decode (``rollout.share_prompt: false``) reproduces HF ``generate``: same tokens, log-probs, RNG.
+
+The default shared-prompt decode samples the same distribution with its own random numbers:
+``tests/test_shared_decode.py``.
 
 Guards against a fast rollout path that silently changes what the lab samples (issue 20: the default
 ``make run`` numbers must not move when rollouts get faster). Every comparison is ``torch.equal`` /
@@ -58,7 +61,7 @@ def lab_dir(tmp_path_factory):
 
 
 def make_policy(model_dir: str, **overrides) -> Policy:
-    base = {"model.device": "cpu", "model.dtype": "float32", "rollout.batch_size": 2}
+    base = {"model.device": "cpu", "model.dtype": "float32", "rollout.batch_size": 2, "rollout.share_prompt": False}
     base.update(overrides)
     torch.manual_seed(0)
     return Policy(model_dir, Config().replace(**base), role="test", total_steps=10)

@@ -73,7 +73,8 @@ class DecodeStep:
 
     Args:
         base: A ``Qwen2ForCausalLM`` (LoRA layers may be injected) for which :func:`unsupported_reason` is None.
-        cache: Object with ``update(key, value, layer_idx) -> (keys, values)`` and ``length`` (tokens stored).
+        cache: Object with ``update(key, value, layer_idx) -> (keys, values)`` and ``length`` (tokens stored),
+            or with ``attend(layer_idx, query, key, value, scaling)``: then it stores and attends itself.
         mask: The boolean ``[rows, 1, 1, total_len]`` key mask (None: nothing padded), sliced per step.
             It is turned into the float mask each attention kernel uses once, here.
     """
@@ -84,6 +85,8 @@ class DecodeStep:
 
         model, config = base.model, base.config
         self.cache = cache
+        self.shared_attend = getattr(cache, "attend", None)
+        """The cache's own attention (``fast_generate._SharedPromptCache``), else None: HF's attention function."""
         self.embed = model.embed_tokens
         self.rotary = model.rotary_emb
         self.apply_rotary = mq.apply_rotary_pos_emb
@@ -120,7 +123,7 @@ class DecodeStep:
         """The mask HF passes for one query token over ``kv_len`` keys (eager always gets one)."""
         if self.mask is not None:
             return self.mask[:, :, :, :kv_len]
-        if self.eager:
+        if self.eager and self.shared_attend is None:
             return torch.zeros((rows, 1, 1, kv_len), dtype=self.dtype, device=device)
         return None
 
@@ -150,8 +153,11 @@ class DecodeStep:
         value = layer["v"](hidden).view(hidden_shape).transpose(1, 2)
         cos, sin = position_embeddings
         query, key = self.apply_rotary(query, key, cos, sin)
-        key, value = self.cache.update(key, value, idx)
-        out, _ = self.attention(attn, query, key, value, mask, dropout=0.0, scaling=attn.scaling,
-                                sliding_window=attn.sliding_window)  # fmt: skip
+        if self.shared_attend is not None:
+            out = self.shared_attend(idx, query, key, value, attn.scaling)
+        else:
+            key, value = self.cache.update(key, value, idx)
+            out, _ = self.attention(attn, query, key, value, mask, dropout=0.0, scaling=attn.scaling,
+                                    sliding_window=attn.sliding_window)  # fmt: skip
         out = out.reshape(*input_shape, -1).contiguous()
         return layer["o"](out)

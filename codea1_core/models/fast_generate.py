@@ -1,9 +1,15 @@
-"""Token-for-token ``generate`` for small HF decoders, without the per-token cache and mask overhead.
+"""HF ``generate`` for small Qwen2 decoders on the CPU, without its per-token overhead: exact, or shared-prompt.
 
-What it does: :func:`sample` runs the same sampling loop as ``transformers``' ``GenerationMixin._sample`` for
-the settings :class:`codea1_core.models.policy.Policy` uses (temperature/top-k/top-p warpers, EOS + max-length
-stopping, finished rows padded) and returns the same tokens and raw-logit log-probs, bit for bit, given
-the same torch RNG state. It differs only in bookkeeping that does not touch the numbers:
+What it does: :func:`sample` runs the sampling loop of ``transformers``' ``GenerationMixin._sample`` for the
+settings :class:`codea1_core.models.policy.Policy` uses (temperature/top-k/top-p warpers, EOS + max-length
+stopping, finished rows padded), in one of two modes (``rollout.share_prompt``):
+
+* shared-prompt (the default, :func:`_sample_shared`): each prompt is prefilled once and its ``n`` samples
+  attend over one copy of its keys/values (:class:`_SharedPromptCache`), tokens are drawn by inverse CDF
+  from uniforms drawn up front, and prompts whose samples all stopped leave the batch. Same distribution
+  as ``generate``, other random numbers, logits equal to float rounding (``tests/test_shared_decode.py``);
+* exact (``share_prompt=False``, or ``n == 1``): the same tokens and raw-logit log-probs as ``generate``, bit
+  for bit, given the same torch RNG state. It differs only in bookkeeping that does not touch the numbers:
 
 * the prefill is the model's own forward (HF masks and cache), then the keys/values move into one
   preallocated buffer per layer; each decode step writes one column in place and attends over a view of
@@ -25,7 +31,7 @@ decoding, repetition penalties or any other logits processor, sliding-window or 
 model families it was not checked on. :func:`unsupported_reason`
 says when a model is outside that set; :class:`~codea1_core.models.policy.Policy` then calls ``generate``.
 
-Run: ``pytest tests/test_fast_generate.py``; throughput: ``python bench/rollout_bench.py``.
+Run: ``pytest tests/test_fast_generate.py tests/test_shared_decode.py``; throughput: ``python bench/rollout_bench.py``.
 """
 
 from __future__ import annotations
@@ -94,6 +100,77 @@ class _ViewCache:
         self.keys[layer_idx][:, :, self.length : end] = key_states
         self.values[layer_idx][:, :, self.length : end] = value_states
         return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
+
+
+class _SharedPromptCache:
+    """Each prompt's keys/values once, each row's generated keys/values apart; attention over both in one softmax.
+
+    The ``n`` rows of a prompt attend over the same prompt keys: the prompt part of a decode step is one
+    ``[n * heads_per_kv, head_dim] x [head_dim, prompt_len]`` product per (prompt, kv head) instead of ``n``
+    matrix-vector products over ``n`` copies, so the prompt's keys/values are read once per step, not ``n``
+    times (at the lab's test rollout they are most of the decode step's memory traffic). The scores of both
+    parts go through one float32 softmax, as in HF's eager attention; the sums run in another order than one
+    SDPA call per row does, so the logits agree with ``generate``'s to float rounding, not bitwise
+    (``tests/test_fast_generate.py`` bounds the difference and the share of tokens that differ).
+    """
+
+    def __init__(self, prefill_cache: Any, prompt_mask: torch.Tensor, n: int, max_new: int) -> None:
+        self.n, self.prompt_len = n, prompt_mask.shape[1]
+        # prompt keys stored transposed ([..., head_dim, tokens]), once: the score product reads them as a plain GEMM
+        self.prompt_keys = [layer.keys.transpose(-1, -2).contiguous() for layer in prefill_cache.layers]
+        self.prompt_values = [layer.values.contiguous() for layer in prefill_cache.layers]
+        prompts, kv_heads, head_dim, _ = self.prompt_keys[0].shape
+        rows = prompts * n
+        self.keys = [k.new_empty((rows, kv_heads, max_new, head_dim)) for k in self.prompt_keys]
+        self.values = [v.new_empty((rows, kv_heads, max_new, head_dim)) for v in self.prompt_values]
+        self.length = self.prompt_len
+        self.prompt_bias: torch.Tensor | None = None  # [prompts, 1, 1, prompt_len]: 0 / -inf on left padding
+        if not bool(prompt_mask.all()):
+            zero = torch.zeros((), dtype=self.prompt_keys[0].dtype, device=prompt_mask.device)
+            self.prompt_bias = torch.where(prompt_mask.bool(), zero, float("-inf"))[:, None, None, :]
+
+    def keep(self, prompts: torch.Tensor, rows: torch.Tensor) -> None:
+        """Keep only these prompts (indices into the current ones) and their rows (``prompts[i] * n + j``)."""
+        self.prompt_keys = [k.index_select(0, prompts) for k in self.prompt_keys]
+        self.prompt_values = [v.index_select(0, prompts) for v in self.prompt_values]
+        self.keys = [k.index_select(0, rows) for k in self.keys]
+        self.values = [v.index_select(0, rows) for v in self.values]
+        if self.prompt_bias is not None:
+            self.prompt_bias = self.prompt_bias.index_select(0, prompts)
+
+    def attend(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               scaling: float) -> torch.Tensor:  # fmt: skip
+        """Store this step's key/value column; attention output ``[rows, 1, heads, head_dim]`` (HF's layout).
+
+        ``query`` is ``[rows, heads, 1, head_dim]``, ``key``/``value`` ``[rows, kv_heads, 1, head_dim]``; rows are
+        prompt-major (row ``p * n + j`` is sample ``j`` of prompt ``p``), query head ``h`` reads kv head
+        ``h // (heads // kv_heads)`` (HF's ``repeat_kv``). Scores are laid out ``[prompts, kv_heads, n * group,
+        keys]`` so that the prompt part is one batched GEMM with no copy of the keys.
+        """
+        t = self.length - self.prompt_len  # generated columns already stored
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys[:, :, t : t + 1] = key
+        values[:, :, t : t + 1] = value
+        keys, values = keys[:, :, : t + 1], values[:, :, : t + 1]
+        prompt_keys, prompt_values = self.prompt_keys[layer_idx], self.prompt_values[layer_idx]
+        prompts, kv_heads, head_dim, prompt_len = prompt_keys.shape
+        rows, heads = query.shape[0], query.shape[1]
+        n, group = self.n, heads // kv_heads
+        shared = (prompts, kv_heads, n * group, -1)  # [p, kv, (j, g), .] from rows' [(p, j), (kv, g), 1, .]
+        per_row = (prompts, n, kv_heads, group, -1)
+        q_shared = query.reshape(per_row).transpose(1, 2).reshape(shared)
+        scores_prompt = torch.matmul(q_shared, prompt_keys).mul_(scaling)
+        if self.prompt_bias is not None:
+            scores_prompt.add_(self.prompt_bias)
+        scores_new = torch.matmul(query.reshape(rows, kv_heads, group, head_dim), keys.transpose(-1, -2))
+        scores_new = scores_new.mul_(scaling).reshape(per_row).transpose(1, 2).reshape(shared)
+        scores = torch.cat([scores_prompt, scores_new], dim=-1)
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        out = torch.matmul(weights[..., :prompt_len], prompt_values)  # [p, kv, (j, g), head_dim]
+        w_new = weights[..., prompt_len:].reshape(prompts, kv_heads, n, group, -1).transpose(1, 2)
+        out_new = torch.matmul(w_new.reshape(rows, kv_heads, group, -1), values)  # [(p, j), kv, g, head_dim]
+        out = out.reshape(prompts, kv_heads, n, group, head_dim).transpose(1, 2).reshape(out_new.shape)
+        return out.add_(out_new).reshape(rows, 1, heads, head_dim)
 
 
 def _base_model(model: Any) -> Any:
@@ -176,10 +253,12 @@ def _spare_core(device: torch.device) -> bool:
     The intra-op thread count is never changed to make room: a GEMM's rounding can depend on it, and the
     tokens must stay the ones ``generate`` samples with the caller's setting.
     """
-    if device.type != "cpu":
-        return False
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cores > torch.get_num_threads()
+    return device.type == "cpu" and _cores() > torch.get_num_threads()
+
+
+def _cores() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _draw(scores: torch.Tensor, noise: _NoiseStream | None, do_sample: bool) -> torch.Tensor:
@@ -221,6 +300,7 @@ def sample(
     pad_id: int,
     do_sample: bool,
     warpers: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = (),
+    share_prompt: bool = False,
 ) -> Sampled:
     """Sample ``n`` completions per prompt exactly as ``generate`` on the ``n``-times repeated batch does.
 
@@ -234,6 +314,9 @@ def sample(
         pad_id: Token written into finished rows.
         do_sample: Multinomial sampling (True) or greedy argmax (False).
         warpers: HF logits warpers applied in order after the raw log-probs are recorded.
+        share_prompt: Prefill each prompt once and let its ``n`` rows attend over one copy of its keys/values
+            (:class:`_SharedPromptCache`): the same sampling, logits equal to float rounding instead of bitwise
+            (False, or ``n == 1``: bit for bit ``generate``).
 
     Returns:
         :class:`Sampled` on the CPU, with as many steps as ``generate`` would have run.
@@ -243,6 +326,9 @@ def sample(
     base = _base_model(model)
     device = input_ids.device
     prompt_len = input_ids.shape[1]
+    if share_prompt and n > 1:
+        return _sample_shared(base, input_ids, attention_mask, n, max_new_tokens, eos_ids, pad_id, do_sample,
+                              warpers)  # fmt: skip
     input_ids, attention_mask = input_ids.repeat_interleave(n, 0), attention_mask.repeat_interleave(n, 0)
     logits, prefill_cache, position = _prefill(base, input_ids, attention_mask)
     rows = logits.shape[0]
@@ -278,3 +364,93 @@ def sample(
         if noise is not None:
             noise.close()
     return Sampled(tokens[:, :steps].cpu(), logprobs[:, :steps].cpu())
+
+
+
+SMALL_MODEL_HIDDEN = 256
+"""Hidden size up to which :func:`_sample_shared` decodes on one intra-op thread (the prefill keeps the caller's
+count): at such widths a decode step is ~100 sub-millisecond ops, where more threads only add hand-offs
+(``bench/rollout_bench.py`` at 1 and 2 threads: the same tokens per wall second, twice the CPU)."""
+
+
+def _sample_shared(
+    base: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    n: int,
+    max_new_tokens: int,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    do_sample: bool,
+    warpers: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]],
+) -> Sampled:
+    """:func:`sample` with ``share_prompt``: the same distribution, one prefill and one key/value copy per prompt.
+
+    What differs from ``generate``, beyond float rounding (attention sums in another order):
+
+    * random numbers: each row's token at step ``t`` is the inverse CDF of ``softmax(scores)`` at one uniform
+      ``u[row, t]``, all drawn up front from the default generator (``rows x max_new_tokens`` of them, so it
+      ends in the same place whatever stops early). ``generate`` draws a ``[rows, vocab]`` exponential block
+      per step (6 ms on one core at the lab's test rollout, more than the forward); the same seed therefore
+      gives other tokens than ``generate``'s, from the same distribution (``tests/test_fast_generate.py``);
+    * work skipped: once all ``n`` rows of a prompt have stopped, its rows leave the batch (their tokens are
+      pad from then on, as ``generate`` writes them);
+    * small models (:data:`SMALL_MODEL_HIDDEN`) decode on one intra-op thread.
+    """
+    device = input_ids.device
+    prompts, prompt_len = input_ids.shape
+    rows = prompts * n
+    uniforms = torch.rand((rows, max_new_tokens), device=device)
+    logits, prefill_cache, position = _prefill(base, input_ids, attention_mask)
+    cache = _SharedPromptCache(prefill_cache, attention_mask, n, max_new_tokens - 1)
+    del prefill_cache
+    logits, position = logits.repeat_interleave(n, 0), position.repeat_interleave(n, 0)
+    eos = torch.tensor(list(eos_ids), device=device)
+    tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device)
+    unfinished = torch.ones(rows, dtype=torch.bool, device=device)
+    live = torch.arange(rows, device=device)  # rows still in the batch: whole prompts, prompt-major
+    step = decode_step.DecodeStep(base, cache, None)
+    threads = torch.get_num_threads()
+    single = device.type == "cpu" and base.config.hidden_size <= SMALL_MODEL_HIDDEN and threads > 1
+    if single:
+        torch.set_num_threads(1)
+    steps = 0
+    try:
+        for t in range(max_new_tokens):
+            scores = logits
+            for warp in warpers:
+                scores = warp(tokens[live, :t], scores)
+            nxt = _inverse_cdf(scores, uniforms[live, t]) if do_sample else torch.argmax(scores, dim=-1)
+            nxt = torch.where(unfinished, nxt, pad_id)  # generate's pad of done rows
+            tokens[live, t] = nxt
+            logprobs[live, t] = logits.gather(1, nxt[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
+            steps = t + 1
+            unfinished = unfinished & ~torch.isin(nxt, eos)
+            if steps == max_new_tokens or not bool(unfinished.any()):
+                break
+            groups = unfinished.view(-1, n).any(dim=1)
+            done = int(groups.numel() - groups.sum())
+            if done and done * 8 >= groups.numel():  # drop finished prompts once they are 1/8 of the batch
+                keep = groups.nonzero().squeeze(1)
+                row_keep = (keep[:, None] * n + torch.arange(n, device=device)).reshape(-1)
+                cache.keep(keep, row_keep)
+                live, unfinished = live[row_keep], unfinished[row_keep]
+                position, nxt = position[row_keep], nxt[row_keep]
+            cache.length = prompt_len + t
+            position = position + 1
+            logits = step(nxt, position)
+    finally:
+        if single:
+            torch.set_num_threads(threads)
+    return Sampled(tokens[:, :steps].cpu(), logprobs[:, :steps].cpu())
+
+
+def _inverse_cdf(scores: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row from ``softmax(scores)`` at the row's uniform in [0, 1): the first index whose CDF exceeds it."""
+    cdf = torch.softmax(scores, dim=-1, dtype=torch.float32).cumsum_(dim=-1)
+    total = cdf[:, -1:]
+    if not bool(((total > 0) & (total < float("inf"))).all()):  # what multinomial refuses (nan/inf logits)
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    chosen = torch.searchsorted(cdf, uniforms[:, None] * total, right=True).squeeze(1)
+    return chosen.clamp_(max=scores.shape[1] - 1)

@@ -197,7 +197,9 @@ class Policy:
         self.model = model
         self.eos_ids = self._eos_ids()
         self.fast_generate = True
-        """Sample through :mod:`codea1_core.models.fast_generate` where it reproduces ``generate`` (False: always HF)."""
+        """Sample through :mod:`codea1_core.models.fast_generate` where it supports the model (False: always HF)."""
+        self.share_prompt = cfg.rollout.share_prompt
+        """Fast path: one prefill and one key/value copy per prompt (``rollout.share_prompt``; False: bitwise ``generate``)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         g = cfg.grpo
         self.optimizer = torch.optim.AdamW(
@@ -329,6 +331,7 @@ class Policy:
             pad_id=self.tokenizer.pad_token_id,
             do_sample=sp.temperature > 0,
             warpers=warpers,
+            share_prompt=self.share_prompt,
         )
         return out.tokens, out.logprobs
 

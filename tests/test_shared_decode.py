@@ -1,0 +1,169 @@
+"""The shared-prompt decode (``rollout.share_prompt: true``, the default) samples what ``generate`` samples.
+
+It is not bitwise ``generate`` (issue 20: one prefill and one key/value copy per prompt, inverse-CDF sampling
+with its own uniforms, finished prompts dropped from the batch), so these tests check the two halves of
+"the same distribution" separately and end to end:
+
+* the logits: every recorded log-prob equals HF's own forward over the prompt and the sampled prefix
+  (teacher forcing), to float rounding, on the lab's, a GQA, an eager and a LoRA model, with left padding
+  and with prompts leaving the batch as they finish;
+* the draw: the inverse CDF picks each token with its probability (chi-square against the exact warped
+  softmax, many rows of one prompt), never a token a warper removed, and refuses what multinomial refuses.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_fast_generate import (  # the exact path's helpers
+    PROMPTS,
+    both_paths,
+    random_qwen2,
+    tiny_dir,  # noqa: F401  (its module fixture)
+)
+
+from codea1_core.config import Config
+from codea1_core.models import fast_generate
+from codea1_core.models.policy import Policy, SamplingParams
+
+
+@pytest.fixture(autouse=True)
+def two_threads():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+def teacher_forced_logprobs(model, ids: torch.Tensor, mask: torch.Tensor, n: int, tokens: torch.Tensor,
+                            eos_ids: list[int]) -> list[torch.Tensor]:  # fmt: skip
+    """Per row, HF's log-softmax at each sampled token up to and including its stop (one full forward)."""
+    out = []
+    for r in range(tokens.shape[0]):
+        row = tokens[r].tolist()
+        stop = next((i for i, t in enumerate(row) if t in eos_ids), len(row) - 1)
+        new = tokens[r, : stop + 1]
+        p = r // n
+        full = torch.cat([ids[p], new])[None]
+        full_mask = torch.cat([mask[p], torch.ones_like(new)])[None]
+        positions = (full_mask.cumsum(-1) - 1).masked_fill(full_mask == 0, 0)
+        with torch.no_grad():
+            logits = model(input_ids=full, attention_mask=full_mask, position_ids=positions).logits[0].float()
+        logp = torch.log_softmax(logits[ids.shape[1] - 1 : -1], -1)
+        out.append(logp.gather(1, new[:, None]).squeeze(1))
+    return out
+
+
+@pytest.mark.parametrize(("name", "lora"), [("lab", False), ("gqa", False), ("eager", False), ("gqa", True)])
+def test_logprobs_equal_hf_forward_with_padding_and_finished_prompts(name, lora, monkeypatch):
+    """The decode's logits are HF's (teacher-forced, 1e-5), while prompts finish and leave the batch."""
+    kept = []
+    real_keep = fast_generate._SharedPromptCache.keep
+    monkeypatch.setattr(fast_generate._SharedPromptCache, "keep",
+                        lambda self, p, r: kept.append(len(p)) or real_keep(self, p, r))  # fmt: skip
+    model = random_qwen2(name, lora)
+    vocab = fast_generate._base_model(model).config.vocab_size
+    ids = torch.randint(3, vocab, (6, 7), generator=torch.Generator().manual_seed(2))
+    ids[0, :3], ids[3, :1] = 0, 0
+    mask = (ids != 0).long()
+    eos_ids = list(range(3, 3 + vocab // 12))  # ~8% of the vocabulary ends a row
+    torch.manual_seed(3)
+    out = fast_generate.sample(model, ids, mask, n=3, max_new_tokens=30, eos_ids=eos_ids, pad_id=0,
+                               do_sample=True, share_prompt=True)  # fmt: skip
+    assert kept, "no prompt left the batch: the test does not cover the compaction"
+    expected = teacher_forced_logprobs(model, ids, mask, 3, out.tokens, eos_ids)
+    for r, ref in enumerate(expected):
+        got = out.logprobs[r, : len(ref)]
+        assert torch.allclose(got, ref, atol=1e-5, rtol=0), f"row {r}: max diff {(got - ref).abs().max()}"
+        assert bool((out.tokens[r, len(ref) :] == 0).all())  # pad after the stop (log-probs there are unused)
+    lengths = [len(ref) for ref in expected]
+    assert len(set(lengths)) > 1 and out.tokens.shape[1] == max(lengths)
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"),
+    [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.9)],
+    ids=["plain", "top-k", "top-p"],
+)
+def test_first_token_frequencies_match_the_warped_softmax(tiny_dir, temperature, top_k, top_p):  # noqa: F811
+    """20,000 samples of one prompt's first token: chi-square against the exact probabilities, nothing removed drawn."""
+    rows = 20_000
+    cfg = Config().replace(**{"model.device": "cpu", "model.dtype": "float32", "model.finetune": "full"})
+    pol = Policy(tiny_dir, cfg, role="code", total_steps=1)
+    sp = SamplingParams(max_new_tokens=1, seed=1, temperature=temperature, top_k=top_k, top_p=top_p)
+    enc = pol.tokenizer([pol.render(PROMPTS[1])], add_special_tokens=False, return_tensors="pt")
+    with torch.no_grad():
+        logits = pol.model(**enc).logits[:, -1].float()
+    scores = logits
+    for warp in pol._warpers(sp):
+        scores = warp(enc["input_ids"], scores)
+    probs = torch.softmax(scores, -1)[0]
+    torch.manual_seed(4)
+    out = fast_generate.sample(pol.model, enc["input_ids"], enc["attention_mask"], n=rows, max_new_tokens=1,
+                               eos_ids=pol.eos_ids, pad_id=0, do_sample=True, warpers=pol._warpers(sp),
+                               share_prompt=True)  # fmt: skip
+    counts = torch.bincount(out.tokens[:, 0], minlength=probs.numel()).double()
+    assert counts[probs == 0].sum() == 0, "a token the warpers removed was drawn"
+    expected = probs.double() * rows
+    big = expected >= 5  # chi-square on the categories with enough mass, the rest pooled
+    observed = torch.cat([counts[big], counts[~big].sum()[None]])
+    expect = torch.cat([expected[big], expected[~big].sum()[None]])
+    keep = expect > 0
+    chi2 = float(((observed[keep] - expect[keep]) ** 2 / expect[keep]).sum())
+    dof = int(keep.sum()) - 1
+    assert chi2 < dof + 6 * (2 * dof) ** 0.5 + 10, f"chi2 {chi2:.1f} with {dof} degrees of freedom"
+    # and the recorded log-probs are the raw (unwarped) ones Policy records
+    assert torch.allclose(out.logprobs[:, 0], torch.log_softmax(logits, -1)[0, out.tokens[:, 0]], atol=1e-6)
+
+
+def test_inverse_cdf_picks_by_cumulative_mass_and_refuses_bad_logits():
+    scores = torch.log(torch.tensor([[0.1, 0.0, 0.6, 0.3]]))  # token 1 has probability 0 (-inf score)
+    pick = fast_generate._inverse_cdf
+    assert [int(pick(scores, torch.tensor([u]))) for u in (0.0, 0.0999, 0.1001, 0.6999, 0.7001, 0.99999)] == [
+        0, 0, 2, 2, 3, 3,
+    ]  # fmt: skip
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(RuntimeError, match="probability tensor"):
+            pick(torch.tensor([[0.0, bad]]), torch.tensor([0.5]))
+    with pytest.raises(RuntimeError, match="probability tensor"):
+        pick(torch.full((1, 3), float("-inf")), torch.tensor([0.5]))
+
+
+def test_same_seed_same_tokens_rng_advances_by_the_uniforms_and_threads_restored(tiny_dir):  # noqa: F811
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    ids = torch.tensor([[0, 0, 5, 9, 11], [3, 4, 5, 6, 7]])
+    mask = (ids != 0).long()
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(8)
+        runs.append(fast_generate.sample(model, ids, mask, n=4, max_new_tokens=12, eos_ids=[1], pad_id=0,
+                                         do_sample=True, share_prompt=True))  # fmt: skip
+        after = torch.rand(3)
+        assert torch.get_num_threads() == 2
+    assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[0].logprobs, runs[1].logprobs)
+    torch.manual_seed(8)
+    torch.rand((8, 12))
+    assert torch.equal(torch.rand(3), after)  # the draw is rows x max_new_tokens uniforms, whatever stopped
+
+
+def test_policy_default_uses_the_shared_decode_and_n1_stays_exact(tiny_dir, monkeypatch):  # noqa: F811
+    """``rollout.share_prompt`` defaults to true; with one sample per prompt there is nothing to share: bitwise."""
+    seen = []
+    real_sample = fast_generate.sample
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["share_prompt"])
+        return real_sample(*args, **kwargs)
+
+    monkeypatch.setattr(fast_generate, "sample", spy)
+    cfg = Config().replace(**{"model.device": "cpu", "model.dtype": "float32", "model.finetune": "full"})
+    assert cfg.rollout.share_prompt is True
+    pol = Policy(tiny_dir, cfg, role="test", total_steps=1)
+    out = pol.generate(PROMPTS, 3, SamplingParams(max_new_tokens=10, seed=2))
+    assert seen == [True] and [len(g) for g in out] == [3, 3, 3]
+    for c in (c for g in out for c in g):
+        assert c.finish_reason in ("stop", "length") and len(c.logprobs) == len(c.token_ids) > 0
+    fast, slow = both_paths(pol, PROMPTS, 1, SamplingParams(max_new_tokens=10, seed=2), monkeypatch)
+    assert fast == slow
