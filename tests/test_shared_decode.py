@@ -15,24 +15,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_fast_generate import (  # the exact path's helpers
+from test_fast_generate import (  # the exact path's helpers and fixtures (two intra-op threads, the tiny model)
     PROMPTS,
     both_paths,
     random_qwen2,
-    tiny_dir,  # noqa: F401  (its module fixture)
+    tiny_dir,  # noqa: F401
+    two_threads,  # noqa: F401
 )
 
 from codea1_core.config import Config
 from codea1_core.models import fast_generate
 from codea1_core.models.policy import Policy, SamplingParams
-
-
-@pytest.fixture(autouse=True)
-def two_threads():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(threads)
 
 
 def teacher_forced_logprobs(model, ids: torch.Tensor, mask: torch.Tensor, n: int, tokens: torch.Tensor,
