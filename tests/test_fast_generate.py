@@ -61,7 +61,12 @@ def lab_dir(tmp_path_factory):
 
 
 def make_policy(model_dir: str, **overrides) -> Policy:
-    base = {"model.device": "cpu", "model.dtype": "float32", "rollout.batch_size": 2, "rollout.share_prompt": False}
+    base = {
+        "model.device": "cpu",
+        "model.dtype": "float32",
+        "rollout.batch_size": 2,
+        "rollout.share_prompt": False,  # these tests are about the exact mode: bitwise generate
+    }
     base.update(overrides)
     torch.manual_seed(0)
     return Policy(model_dir, Config().replace(**base), role="test", total_steps=10)

@@ -366,7 +366,6 @@ def sample(
     return Sampled(tokens[:, :steps].cpu(), logprobs[:, :steps].cpu())
 
 
-
 SMALL_MODEL_HIDDEN = 256
 """Hidden size up to which :func:`_sample_shared` decodes on one intra-op thread (the prefill keeps the caller's
 count): at such widths a decode step is ~100 sub-millisecond ops, where more threads only add hand-offs
