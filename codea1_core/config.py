@@ -125,9 +125,10 @@ class RolloutConfig:
     batch_size: int = 64
     """Prompts per ``generate`` call (HF backend)."""
     share_prompt: bool = True
-    """CPU fast decode (``codea1_core.models.fast_generate``): prefill each prompt once and let its samples attend
-    over one copy of its keys/values. Same sampling; logits equal HF ``generate``'s to float rounding, not
-    bitwise, so a rare near-tie can pick another token. false: bit for bit ``generate`` (slower)."""
+    """CPU fast decode (``codea1_core.models.fast_generate``): prefill each prompt once, let its samples attend over
+    one copy of its keys/values, draw by inverse CDF from uniforms drawn up front, drop finished prompts. The
+    same distribution as HF ``generate`` from other random numbers (a seed gives other tokens than with
+    false); logits equal to float rounding. false: bit for bit ``generate``'s tokens (slower)."""
     gpu_memory_utilization: float = 0.8
     """vLLM: fraction of GPU memory for the engine."""
     max_model_len: int = 8192
