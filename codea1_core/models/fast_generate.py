@@ -253,12 +253,10 @@ def _spare_core(device: torch.device) -> bool:
     The intra-op thread count is never changed to make room: a GEMM's rounding can depend on it, and the
     tokens must stay the ones ``generate`` samples with the caller's setting.
     """
-    return device.type == "cpu" and _cores() > torch.get_num_threads()
-
-
-def _cores() -> int:
-    """CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if device.type != "cpu":
+        return False
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores > torch.get_num_threads()
 
 
 def _draw(scores: torch.Tensor, noise: _NoiseStream | None, do_sample: bool) -> torch.Tensor:
@@ -302,7 +300,7 @@ def sample(
     warpers: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = (),
     share_prompt: bool = False,
 ) -> Sampled:
-    """Sample ``n`` completions per prompt exactly as ``generate`` on the ``n``-times repeated batch does.
+    """Sample ``n`` completions per prompt as ``generate`` on the ``n``-times repeated batch does (see ``share_prompt``).
 
     Args:
         model: An HF causal LM (or PEFT wrapper) for which :func:`unsupported_reason` is None, in eval mode.
@@ -314,9 +312,8 @@ def sample(
         pad_id: Token written into finished rows.
         do_sample: Multinomial sampling (True) or greedy argmax (False).
         warpers: HF logits warpers applied in order after the raw log-probs are recorded.
-        share_prompt: Prefill each prompt once and let its ``n`` rows attend over one copy of its keys/values
-            (:class:`_SharedPromptCache`): the same sampling, logits equal to float rounding instead of bitwise
-            (False, or ``n == 1``: bit for bit ``generate``).
+        share_prompt: :func:`_sample_shared`: the same distribution from other random numbers, logits equal to
+            float rounding (False, or ``n == 1``: bit for bit ``generate``, the same RNG state after).
 
     Returns:
         :class:`Sampled` on the CPU, with as many steps as ``generate`` would have run.
@@ -368,8 +365,9 @@ def sample(
 
 SMALL_MODEL_HIDDEN = 256
 """Hidden size up to which :func:`_sample_shared` decodes on one intra-op thread (the prefill keeps the caller's
-count): at such widths a decode step is ~100 sub-millisecond ops, where more threads only add hand-offs
-(``bench/rollout_bench.py`` at 1 and 2 threads: the same tokens per wall second, twice the CPU)."""
+count): at such widths a decode step is ~100 sub-millisecond ops. Measured on the lab's test rollout (one
+decode, 2 cores): 1 thread 1.27-1.31 s wall for 1.3 s of CPU, 2 threads 1.09-1.10 s for 2.2 s — ~15 % faster for
+twice the CPU; one thread also keeps the decode's rounding independent of ``model.cpu_threads``."""
 
 
 def _sample_shared(
@@ -391,7 +389,7 @@ def _sample_shared(
       ``u[row, t]``, all drawn up front from the default generator (``rows x max_new_tokens`` of them, so it
       ends in the same place whatever stops early). ``generate`` draws a ``[rows, vocab]`` exponential block
       per step (6 ms on one core at the lab's test rollout, more than the forward); the same seed therefore
-      gives other tokens than ``generate``'s, from the same distribution (``tests/test_fast_generate.py``);
+      gives other tokens than ``generate``'s, from the same distribution (``tests/test_shared_decode.py``);
     * work skipped: once all ``n`` rows of a prompt have stopped, its rows leave the batch (their tokens are
       pad from then on, as ``generate`` writes them);
     * small models (:data:`SMALL_MODEL_HIDDEN`) decode on one intra-op thread.
