@@ -7,13 +7,15 @@ and samples, through the real :class:`codea1_core.models.policy.Policy`, the two
 * code rollout: ``data.train_batch_size`` lab problems x ``rollout.n_code`` samples, ``max_new_tokens_code``;
 * test rollout: B x M white-box test prompts x ``rollout.n_tests`` samples, ``max_new_tokens_test``.
 
-Each shape runs on three paths with the same seeds, in A/B/C/C/B/A order: ``generate`` (HF, what
+Each shape runs on four paths with the same seeds, in A/B/C/D/D/C/B/A order: ``generate`` (HF, what
 ``Policy.fast_generate = False`` calls), ``exact`` (:mod:`codea1_core.models.fast_generate` with
-``rollout.share_prompt: false``: it must sample exactly ``generate``'s completions, column ``same``) and
-``shared`` (the default ``rollout.share_prompt: true``: one prefill and one key/value copy per prompt, the
-same distribution from its own random numbers; column ``len``: mean new tokens per row of ``generate`` and
-``shared``). It prints tokens per wall second and per process CPU-second, the ratios to ``generate``, and
-the load average before and after (the machine may be shared: read the ratios, measured in the same run,
+``rollout.share_prompt: false``: it must sample exactly ``generate``'s completions), ``shared-1p`` (the
+default ``rollout.share_prompt: true`` kept in one process: one prefill and one key/value copy per prompt,
+the same distribution from its own random numbers) and ``shared`` (the default as training runs it: half
+of the prompts decoded in a forked second process where a core is free; it must sample exactly
+``shared-1p``'s completions). A checks line per shape says whether both equalities held and the mean new
+tokens per row of ``generate`` and ``shared``. It prints tokens per wall second and per CPU-second (the
+process and its children), the ratios to ``generate``, and the load average before and after (the machine may be shared: read the ratios, measured in the same run,
 and the CPU columns, which move far less with other jobs' load). ``--threads 1,2`` repeats everything at
 each intra-op thread count (default: the params' ``model.cpu_threads``, the training step's setting).
 
@@ -78,30 +80,49 @@ def _step_prompts(cfg: Config) -> tuple[list, list]:
     return code_prompts, test_prompts
 
 
-PATHS = ("generate", "exact", "shared")
+PATHS = ("generate", "exact", "shared-1p", "shared")
 """HF ``generate``; the fast decode bit for bit (``rollout.share_prompt: false``); the fast decode with one
-prefill and one key/value copy per prompt (``rollout.share_prompt: true``, the default)."""
+prefill and one key/value copy per prompt (``rollout.share_prompt: true``, the default) in one process
+(``CODEA1_DECODE_PROCESSES=1``) and as the default runs it (half of the prompts in a forked second process
+where a core is free)."""
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its reaped children (the second decode process included)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def _run(
     policy: Policy, prompts: list, n: int, sp: SamplingParams, path: str
 ) -> tuple[float, float, int, list]:
-    """One rollout on one path: (wall s, process CPU s, new tokens, completions)."""
-    policy.fast_generate, policy.share_prompt = path != "generate", path == "shared"
-    t0, c0 = time.perf_counter(), time.process_time()
-    out = policy.generate(prompts, n, sp)
-    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    """One rollout on one path: (wall s, CPU s, new tokens, completions)."""
+    from codea1_core.models.fast_generate import SPLIT_ENV
+
+    policy.fast_generate, policy.share_prompt = path != "generate", path.startswith("shared")
+    before = os.environ.get(SPLIT_ENV)
+    os.environ[SPLIT_ENV] = "1" if path == "shared-1p" else (before or "")
+    try:
+        t0, c0 = time.perf_counter(), _cpu_s()
+        out = policy.generate(prompts, n, sp)
+        seconds, cpu = time.perf_counter() - t0, _cpu_s() - c0
+    finally:
+        if before is None:
+            del os.environ[SPLIT_ENV]
+        else:
+            os.environ[SPLIT_ENV] = before
     return seconds, cpu, sum(len(c.token_ids) for group in out for c in group), out
 
 
 def compare(name: str, policy: Policy, prompts: list, n: int, sp: SamplingParams, repeats: int) -> dict:
-    """A/B/C/C/B/A runs of one shape; prints tokens/s (wall and per CPU-second) of each path, ratios to ``generate``.
+    """A/B/C/D/D/C/B/A runs of one shape; prints tokens/s (wall and per CPU-second) of each path, ratios to ``generate``.
 
-    CPU seconds are the process's (all its threads, the fast path's noise worker included): on a shared
-    machine they move far less with other jobs' load than wall time does. ``exact`` must sample exactly
-    ``generate``'s completions (``same``); ``shared`` samples the same distribution with its own random
-    numbers (``tests/test_shared_decode.py``), so only its mean completion length is printed beside
-    ``generate``'s (``len``: equal up to sampling noise; with random-init models every row runs to the limit).
+    CPU seconds are the process's and its children's (all threads, the second decode process included): on a
+    shared machine they move far less with other jobs' load than wall time does. ``exact`` must sample
+    exactly ``generate``'s completions, and ``shared`` exactly ``shared-1p``'s (the checks line); the shared
+    decode samples the same distribution as ``generate`` with its own random numbers
+    (``tests/test_shared_decode.py``), so only its mean completion length is printed beside ``generate``'s
+    (equal up to sampling noise; with random-init models every row runs to the limit).
     """
     policy.generate(prompts[:1], 1, SamplingParams(max_new_tokens=2))  # warm-up
     wall = dict.fromkeys(PATHS, 0.0)
@@ -117,16 +138,16 @@ def compare(name: str, policy: Policy, prompts: list, n: int, sp: SamplingParams
         outputs.setdefault(path, out)
     rate = {p: tokens[p] / wall[p] for p in PATHS}
     rate_cpu = {p: tokens[p] / cpu[p] for p in PATHS}
-    same = "yes" if outputs["exact"] == outputs["generate"] else "NO"
-    mean_len = {p: tokens[p] / repeats / (len(prompts) * n) for p in ("generate", "shared")}
     shape = f"{len(prompts) * n} x {sp.max_new_tokens}"
-    ratios = "".join(f"{rate[p] / rate['generate']:>7.2f}x" for p in PATHS[1:])
-    ratios_cpu = "".join(f"{rate_cpu[p] / rate_cpu['generate']:>7.2f}x" for p in PATHS[1:])
-    print(f"{name:<16}{shape:>10}" + "".join(f"{rate[p]:>9.0f}" for p in PATHS) + ratios
-          + "".join(f"{rate_cpu[p]:>9.0f}" for p in PATHS) + ratios_cpu
-          + "".join(f"{cpu[p] / repeats:>7.2f}" for p in PATHS) + f"{same:>6}"
-          + f"{mean_len['generate']:>7.1f}/{mean_len['shared']:<5.1f}",
-          flush=True)  # fmt: skip
+    for i, p in enumerate(PATHS):
+        print(f"{name if i == 0 else '':<18}{shape if i == 0 else '':>10}  {p:<10}{rate[p]:>10.0f}"
+              f"{rate[p] / rate['generate']:>9.2f}x{rate_cpu[p]:>11.0f}{rate_cpu[p] / rate_cpu['generate']:>9.2f}x"
+              f"{wall[p] / repeats:>9.2f}{cpu[p] / repeats:>9.2f}", flush=True)  # fmt: skip
+    mean_len = {p: tokens[p] / repeats / (len(prompts) * n) for p in ("generate", "shared")}
+    exact = "yes" if outputs["exact"] == outputs["generate"] else "NO"
+    split = "yes" if outputs["shared"] == outputs["shared-1p"] else "NO"
+    print(f"{'':<30}checks: exact == generate {exact}; shared == shared-1p {split}; mean new tokens per row "
+          f"generate {mean_len['generate']:.1f}, shared {mean_len['shared']:.1f}", flush=True)  # fmt: skip
     steps = max(len(c.token_ids) for group in outputs["exact"] for c in group)
     return {"hf_cpu_s": cpu["generate"] / repeats, "steps": steps}
 
@@ -205,12 +226,8 @@ def main() -> None:
         for count in threads:
             torch.set_num_threads(count)
             print(f"\n{count} intra-op thread(s) (the shared decode runs its steps on one for the lab model)")
-            print(
-                f"{'':<26}{'tokens per wall second':<45}{'tokens per CPU second':<45}{'CPU s per rollout':<21}"
-            )
-            print(f"{'rollout':<16}{'rows x new':>10}{'generate':>9}{'exact':>9}{'shared':>9}{'exact':>8}"
-                  f"{'shared':>8}{'generate':>9}{'exact':>9}{'shared':>9}{'exact':>8}{'shared':>8}{'gen':>7}"
-                  f"{'exact':>7}{'shared':>7}{'same':>6}{'len gen/shared':>15}", flush=True)  # fmt: skip
+            print(f"{'rollout':<18}{'rows x new':>10}  {'path':<10}{'tok/s':>10}{'vs gen':>10}{'tok/CPU s':>11}"
+                  f"{'vs gen':>10}{'wall s':>9}{'CPU s':>9}", flush=True)  # fmt: skip
             for role, prompts, n, new in (
                 ("code", code_prompts, cfg.rollout.n_code, cfg.rollout.max_new_tokens_code),
                 ("test", test_prompts, cfg.rollout.n_tests, cfg.rollout.max_new_tokens_test),

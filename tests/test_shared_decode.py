@@ -8,10 +8,16 @@ with its own uniforms, finished prompts dropped from the batch), so these tests 
   (teacher forcing), to float rounding, on the lab's, a GQA, an eager and a LoRA model, with left padding
   and with prompts leaving the batch as they finish;
 * the draw: the inverse CDF picks each token with its probability (chi-square against the exact warped
-  softmax, many rows of one prompt), never a token a warper removed, and refuses what multinomial refuses.
+  softmax, many rows of one prompt), never a token a warper removed, and refuses what multinomial refuses;
+* the decode processes: split over forked children (one per core), the result is the one-process result bit
+  for bit, on four model shapes, through ``Policy`` too; a child that dies or hangs costs time, never a
+  token; a Ctrl-C in the parent leaves no child behind.
 """
 
 from __future__ import annotations
+
+import os
+import time
 
 import pytest
 import torch
@@ -160,3 +166,164 @@ def test_policy_default_uses_the_shared_decode_and_n1_stays_exact(tiny_dir, monk
         assert c.finish_reason in ("stop", "length") and len(c.logprobs) == len(c.token_ids) > 0
     fast, slow = both_paths(pol, PROMPTS, 1, SamplingParams(max_new_tokens=10, seed=2), monkeypatch)
     assert fast == slow
+
+
+# ------------------------------------------------------------------------------------------------
+# Two decode processes (issue 20): the second core decodes half of the prompts, the result is the same
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def forks(monkeypatch):
+    """The pids of the decode children forked during the test (the real ``os.fork`` still runs)."""
+    pids: list[int] = []
+    real_fork = fast_generate.os.fork
+
+    def spy() -> int:
+        pid = real_fork()
+        if pid:
+            pids.append(pid)
+        return pid
+
+    monkeypatch.setattr(fast_generate.os, "fork", spy)
+    return pids
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True  # reaped: no zombie left
+    return False
+
+
+def _split_call(model, processes: int, **kwargs) -> fast_generate.Sampled:
+    """One shared decode of 7 prompts x 3 samples with padding, ~8% of the vocabulary ending a row."""
+    vocab = fast_generate._base_model(model).config.vocab_size
+    ids = torch.randint(3, vocab, (7, 9), generator=torch.Generator().manual_seed(5))
+    ids[0, :3], ids[4, :1], ids[5, :2] = 0, 0, 0
+    mask = (ids != 0).long()
+    torch.manual_seed(6)
+    with torch.no_grad():  # as sample() calls it
+        return fast_generate._sample_shared(fast_generate._base_model(model), ids, mask, 3, 40,
+                                        list(range(3, 3 + vocab // 12)), 0, True, kwargs.get("warpers", []),
+                                        processes=processes)  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "lora"), [("lab", False), ("gqa", False), ("eager", False), ("gqa", True)])
+@pytest.mark.usefixtures("two_threads")
+def test_two_or_three_decode_processes_give_the_one_process_result_bitwise(name, lora, forks, monkeypatch):
+    """Split over forked children, the tokens and log-probs are the single process's, bit for bit.
+
+    Each row's arithmetic must not depend on which rows share its batch; both processes also drop finished
+    prompts on their own schedule (the spy sees the parent's drops), so this covers the compaction too.
+    """
+    from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+    kept = []
+    real_keep = fast_generate._SharedPromptCache.keep
+    monkeypatch.setattr(fast_generate._SharedPromptCache, "keep",
+                        lambda self, p, r: kept.append(len(p)) or real_keep(self, p, r))  # fmt: skip
+    model = random_qwen2(name, lora)
+    warpers = [TemperatureLogitsWarper(0.8), TopPLogitsWarper(0.9)]
+    one = _split_call(model, 1, warpers=warpers)
+    assert not forks and kept
+    kept.clear()
+    two = _split_call(model, 2, warpers=warpers)
+    assert len(forks) == 1 and _gone(forks[0]) and kept, (
+        "no child decoded, or no prompt left the parent's batch"
+    )
+    assert torch.equal(one.tokens, two.tokens) and torch.equal(one.logprobs, two.logprobs)
+    assert bool((one.tokens == 0).any()), "no row stopped early: the test would not cover the padding"
+    assert torch.get_num_threads() == 2
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_a_decode_process_that_dies_or_hangs_costs_time_not_results(forks, monkeypatch, caplog):
+    """A child that exits with an error, or never finishes, is reaped; the parent decodes its prompts itself."""
+    model = random_qwen2("lab")
+    expected = _split_call(model, 1)
+    parent, real_run = os.getpid(), fast_generate._Decode.run
+    for failure in ("exit", "hang"):
+
+        def run(self, prompts, failure=failure):
+            if os.getpid() != parent:
+                if failure == "hang":
+                    time.sleep(600)
+                real_run(self, prompts)  # half-written rows must not survive into the result
+                os._exit(3)
+            return real_run(self, prompts)
+
+        monkeypatch.setattr(fast_generate._Decode, "run", run)
+        monkeypatch.setattr(fast_generate, "SPLIT_CHILD_GRACE_S", 0.5)
+        caplog.clear()
+        start = time.monotonic()
+        got = _split_call(model, 2)
+        assert torch.equal(got.tokens, expected.tokens) and torch.equal(got.logprobs, expected.logprobs)
+        assert "decode process 2 of 2 failed" in caplog.text
+        assert _gone(forks[-1]) and time.monotonic() - start < 30
+    assert len(forks) == 2
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_an_error_in_the_parent_kills_and_reaps_the_decode_processes(forks, monkeypatch):
+    model = random_qwen2("lab")
+    parent, real_run = os.getpid(), fast_generate._Decode.run
+
+    def run(self, prompts):
+        if os.getpid() == parent:
+            raise KeyboardInterrupt  # e.g. Ctrl-C while the parent decodes its half
+        time.sleep(600)
+        return real_run(self, prompts)
+
+    monkeypatch.setattr(fast_generate._Decode, "run", run)
+    with pytest.raises(KeyboardInterrupt):
+        _split_call(model, 2)
+    assert len(forks) == 1 and _gone(forks[0])
+
+
+def test_one_decode_process_per_core_where_the_decode_runs_on_one_thread(monkeypatch, caplog):
+    lab = random_qwen2("lab")
+    base = fast_generate._base_model(lab)
+    cpu, unit = torch.device("cpu"), fast_generate.SPLIT_MIN_TOKENS
+    split = fast_generate._split_processes
+    monkeypatch.delenv(fast_generate.SPLIT_ENV, raising=False)
+    monkeypatch.setattr(fast_generate.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert split(base, cpu, 32, 2 * unit) == 2
+    assert split(base, cpu, 32, 2 * unit - 1) == 1  # too little work for a second process
+    assert split(base, cpu, 1, 2 * unit) == 1  # one prompt: nothing to split
+    assert split(base, torch.device("meta"), 32, 2 * unit) == 1
+    monkeypatch.setattr(base.config, "hidden_size", fast_generate.SMALL_MODEL_HIDDEN * 2)
+    assert split(base, cpu, 32, 2 * unit) == 1  # wide models decode on all threads in one process
+    monkeypatch.setattr(base.config, "hidden_size", fast_generate.SMALL_MODEL_HIDDEN)
+    monkeypatch.setattr(fast_generate.os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert split(base, cpu, 32, 100 * unit) == 8
+    assert split(base, cpu, 5, 100 * unit) == 5  # at most one process per prompt
+    assert split(base, cpu, 32, 3 * unit) == 3
+    monkeypatch.setenv(fast_generate.SPLIT_ENV, "3")
+    assert split(base, cpu, 32, 100 * unit) == 3
+    monkeypatch.setenv(fast_generate.SPLIT_ENV, "1")
+    assert split(base, cpu, 32, 100 * unit) == 1
+    monkeypatch.setenv(fast_generate.SPLIT_ENV, "two")
+    assert split(base, cpu, 32, 100 * unit) == 8 and "CODEA1_DECODE_PROCESSES='two'" in caplog.text
+    monkeypatch.delenv(fast_generate.SPLIT_ENV)
+    monkeypatch.setattr(fast_generate.os, "sched_getaffinity", lambda pid: {0})
+    assert split(base, cpu, 32, 100 * unit) == 1
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_policy_rollouts_do_not_depend_on_decode_processes(tiny_dir, forks, monkeypatch):  # noqa: F811
+    cfg = Config().replace(**{"model.device": "cpu", "model.dtype": "float32", "model.finetune": "full"})
+    pol = Policy(tiny_dir, cfg, role="test", total_steps=1)
+    monkeypatch.setattr(fast_generate.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(fast_generate, "SPLIT_MIN_TOKENS", 1)
+    sp = SamplingParams(max_new_tokens=24, seed=3, temperature=0.9, top_p=0.95)
+    two = pol.generate(PROMPTS, 4, sp)
+    assert len(forks) >= 1
+    monkeypatch.setenv(fast_generate.SPLIT_ENV, "1")
+    count = len(forks)
+    one = pol.generate(PROMPTS, 4, sp)
+    assert len(forks) == count
+    assert [[(c.token_ids, c.logprobs, c.text) for c in g] for g in one] == [
+        [(c.token_ids, c.logprobs, c.text) for c in g] for g in two
+    ]

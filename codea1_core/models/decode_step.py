@@ -26,6 +26,21 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+BATCH_INVARIANT_ROWS = 16
+"""Batch sizes that are multiples of this give each row the same bits whatever other rows share its batch.
+
+Two things make a row's numbers depend on its batch on the CPU (measured with torch 2.13, one thread):
+
+* ``F.linear`` over 15 rows or fewer takes other kernels than a larger batch (up to 5 rows at 128 input
+  features, 10 at 256, 15 from 512 to 2,048), which round differently; from 16 rows on every size agreed;
+* vectorised element-wise functions (SiLU, rotary's cos/sin) compute the elements past the last full vector
+  block of a tensor with scalar code, which rounds differently: the last row's last elements when the
+  tensor's size is not a multiple of the block.
+
+The shared decode runs every step on a multiple of 16 rows (:class:`DecodeStep` ``min_rows``: ghost rows), so
+splitting the prompts over processes, or prompts leaving the batch, never changes another row's tokens
+(``tests/test_shared_decode.py`` checks both on four model shapes)."""
+
 
 def _linear(module: Any) -> Callable[[torch.Tensor], torch.Tensor]:
     """``F.linear`` on a plain ``nn.Linear``'s tensors (what its forward does), else the module's own forward."""
@@ -77,9 +92,13 @@ class DecodeStep:
             or with ``attend(layer_idx, query, key, value, scaling)``: then it stores and attends itself.
         mask: The boolean ``[rows, 1, 1, total_len]`` key mask (None: nothing padded), sliced per step.
             It is turned into the float mask each attention kernel uses once, here.
+        min_rows: Run every step on a multiple of this many rows, adding ghost rows (token 0 at position 0,
+            never attended to or attending, dropped from the logits), so that each row's numbers do not depend
+            on how many rows share the batch (0: never; the exact mode, which must round as HF's forward does).
+            See :data:`BATCH_INVARIANT_ROWS`.
     """
 
-    def __init__(self, base: Any, cache: Any, mask: torch.Tensor | None) -> None:
+    def __init__(self, base: Any, cache: Any, mask: torch.Tensor | None, min_rows: int = 0) -> None:
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
         from transformers.models.qwen2 import modeling_qwen2 as mq
 
@@ -102,6 +121,7 @@ class DecodeStep:
         self.layers = [self._layer(layer) for layer in model.layers]
         self.final_norm = (model.norm.weight, model.norm.variance_epsilon)
         self.lm_head = _linear(base.lm_head)
+        self.min_rows = min_rows
 
     @staticmethod
     def _layer(layer: Any) -> dict[str, Any]:
@@ -129,35 +149,47 @@ class DecodeStep:
 
     def __call__(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """Logits ``[rows, vocab]`` (float32 copy) after feeding ``tokens`` ``[rows]`` at ``position`` ``[rows, 1]``."""
+        rows = tokens.shape[0]
+        mask = self._step_mask(self.cache.length + 1, rows, tokens.device)
+        if self.min_rows and rows % self.min_rows:  # ghost rows (token 0 at position 0) up to a multiple
+            ghosts = self.min_rows - rows % self.min_rows
+            tokens = torch.cat([tokens, tokens.new_zeros(ghosts)])
+            position = torch.cat([position, position.new_zeros((ghosts, position.shape[1]))])
         hidden = self.embed(tokens[:, None])
         position_embeddings = self.rotary(hidden, position)
-        mask = self._step_mask(self.cache.length + 1, tokens.shape[0], tokens.device)
         for idx, layer in enumerate(self.layers):
             residual = hidden
             hidden = _rms_norm(hidden, *layer["norm1"])
-            hidden = residual + self._attend(idx, layer, hidden, position_embeddings, mask)
+            hidden = residual + self._attend(idx, layer, hidden, position_embeddings, mask, rows)
             residual = hidden
             hidden = _rms_norm(hidden, *layer["norm2"])
             hidden = residual + layer["down"](F.silu(layer["gate"](hidden)) * layer["up"](hidden))
         hidden = _rms_norm(hidden, *self.final_norm)
-        return self.lm_head(hidden)[:, -1].to(copy=True, dtype=torch.float32)
+        return self.lm_head(hidden)[:rows, -1].to(copy=True, dtype=torch.float32)
 
     def _attend(self, idx: int, layer: dict[str, Any], hidden: torch.Tensor, position_embeddings: tuple,
-                mask: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
-        """``Qwen2Attention.forward`` for one token: projections, rotary, cache write, HF's attention, o_proj."""
+                mask: torch.Tensor | None, rows: int) -> torch.Tensor:  # fmt: skip
+        """``Qwen2Attention.forward`` for one token: projections, rotary, cache write, HF's attention, o_proj.
+
+        ``hidden`` holds the ``rows`` real rows, then any ghost rows (``min_rows``): the projections and rotary
+        run on all of them, the cache and attention on the real rows, ``o_proj`` on the output padded with zeros.
+        """
         attn = layer["attn"]
-        input_shape = hidden.shape[:-1]
-        hidden_shape = (*input_shape, -1, attn.head_dim)
+        hidden_shape = (*hidden.shape[:-1], -1, attn.head_dim)
         query = layer["q"](hidden).view(hidden_shape).transpose(1, 2)
         key = layer["k"](hidden).view(hidden_shape).transpose(1, 2)
         value = layer["v"](hidden).view(hidden_shape).transpose(1, 2)
         cos, sin = position_embeddings
         query, key = self.apply_rotary(query, key, cos, sin)
+        if hidden.shape[0] > rows:
+            query, key, value = query[:rows], key[:rows], value[:rows]
         if self.shared_attend is not None:
             out = self.shared_attend(idx, query, key, value, attn.scaling)
         else:
             key, value = self.cache.update(key, value, idx)
             out, _ = self.attention(attn, query, key, value, mask, dropout=0.0, scaling=attn.scaling,
                                     sliding_window=attn.sliding_window)  # fmt: skip
-        out = out.reshape(*input_shape, -1).contiguous()
+        out = out.reshape(rows, hidden.shape[1], -1).contiguous()
+        if hidden.shape[0] > rows:
+            out = torch.cat([out, out.new_zeros((hidden.shape[0] - rows, *out.shape[1:]))])
         return layer["o"](out)

@@ -7,7 +7,10 @@ stopping, finished rows padded), in one of two modes (``rollout.share_prompt``):
 * shared-prompt (the default, :func:`_sample_shared`): each prompt is prefilled once and its ``n`` samples
   attend over one copy of its keys/values (:class:`_SharedPromptCache`), tokens are drawn by inverse CDF
   from uniforms drawn up front, and prompts whose samples all stopped leave the batch. Same distribution
-  as ``generate``, other random numbers, logits equal to float rounding (``tests/test_shared_decode.py``);
+  as ``generate``, other random numbers, logits equal to float rounding (``tests/test_shared_decode.py``).
+  Every row's numbers are independent of the other rows in its batch (ghost rows up to a multiple of
+  :data:`~codea1_core.models.decode_step.BATCH_INVARIANT_ROWS`), so the prompts of a small model are
+  decoded by one process per core (forked; :func:`_decode_split`) with the same tokens as one process;
 * exact (``share_prompt=False``, or ``n == 1``): the same tokens and raw-logit log-probs as ``generate``, bit
   for bit, given the same torch RNG state. It differs only in bookkeeping that does not touch the numbers:
 
@@ -36,7 +39,15 @@ Run: ``pytest tests/test_fast_generate.py tests/test_shared_decode.py``; through
 
 from __future__ import annotations
 
+import copy
+import logging
+import mmap
 import os
+import select
+import signal
+import sys
+import time
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,6 +56,8 @@ from typing import Any
 import torch
 
 from codea1_core.models import decode_step
+
+log = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES: frozenset[str] = frozenset({"qwen2"})
 """Model families whose HF forward accepts ``cache`` + a prepared mask dict, checked by the equality test."""
@@ -128,6 +141,16 @@ class _SharedPromptCache:
         if not bool(prompt_mask.all()):
             zero = torch.zeros((), dtype=self.prompt_keys[0].dtype, device=prompt_mask.device)
             self.prompt_bias = torch.where(prompt_mask.bool(), zero, float("-inf"))[:, None, None, :]
+
+    def subset(self, prompts: torch.Tensor, rows: torch.Tensor) -> _SharedPromptCache:
+        """A cache of these prompts and rows (see :meth:`keep`); ``self`` itself when they are all of them in order."""
+        if prompts.numel() == self.prompt_keys[0].shape[0] and bool(
+            (prompts == torch.arange(prompts.numel(), device=prompts.device)).all()
+        ):
+            return self
+        out = copy.copy(self)  # keep() replaces the lists and tensors, so self is left as it was
+        out.keep(prompts, rows)
+        return out
 
     def keep(self, prompts: torch.Tensor, rows: torch.Tensor) -> None:
         """Keep only these prompts (indices into the current ones) and their rows (``prompts[i] * n + j``)."""
@@ -367,63 +390,69 @@ SMALL_MODEL_HIDDEN = 256
 """Hidden size up to which :func:`_sample_shared` decodes on one intra-op thread (the prefill keeps the caller's
 count): at such widths a decode step is ~100 sub-millisecond ops. Measured on the lab's test rollout (one
 decode, 2 cores): 1 thread 1.27-1.31 s wall for 1.3 s of CPU, 2 threads 1.09-1.10 s for 2.2 s — ~15 % faster for
-twice the CPU; one thread also keeps the decode's rounding independent of ``model.cpu_threads``."""
+twice the CPU; one thread also keeps the decode's rounding independent of ``model.cpu_threads``. The core left
+idle goes to a second decode process instead (:func:`_decode_split`)."""
+
+SPLIT_MIN_TOKENS = 1024
+"""Rows x new tokens each decode process must have at least (a fork of a training process costs ~5-10 ms of
+CPU, a decode step of a few rows ~1 ms): a rollout below twice this stays in one process."""
+
+SPLIT_ENV = "CODEA1_DECODE_PROCESSES"
+"""Environment variable: the most processes one shared decode may use (``1``: one; default: one per core this
+process may run on, see :func:`_split_processes`). The tokens and log-probs are the same for every count
+(``tests/test_shared_decode.py``)."""
 
 
-def _sample_shared(
-    base: Any,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    n: int,
-    max_new_tokens: int,
-    eos_ids: Sequence[int],
-    pad_id: int,
-    do_sample: bool,
-    warpers: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]],
-) -> Sampled:
-    """:func:`sample` with ``share_prompt``: the same distribution, one prefill and one key/value copy per prompt.
+@dataclass
+class _Decode:
+    """Everything one shared decode needs after the prefill; :meth:`run` decodes a subset of its prompts.
 
-    What differs from ``generate``, beyond float rounding (attention sums in another order):
-
-    * random numbers: each row's token at step ``t`` is the inverse CDF of ``softmax(scores)`` at one uniform
-      ``u[row, t]``, all drawn up front from the default generator (``rows x max_new_tokens`` of them, so it
-      ends in the same place whatever stops early). ``generate`` draws a ``[rows, vocab]`` exponential block
-      per step (6 ms on one core at the lab's test rollout, more than the forward); the same seed therefore
-      gives other tokens than ``generate``'s, from the same distribution (``tests/test_shared_decode.py``);
-    * work skipped: once all ``n`` rows of a prompt have stopped, its rows leave the batch (their tokens are
-      pad from then on, as ``generate`` writes them);
-    * small models (:data:`SMALL_MODEL_HIDDEN`) decode on one intra-op thread.
+    ``tokens`` / ``logprobs`` hold every row of the call (prompt-major); a run writes only its own rows, so two
+    runs on disjoint prompts — one in a forked child, writing through shared memory — fill them together.
     """
-    device = input_ids.device
-    prompts, prompt_len = input_ids.shape
-    rows = prompts * n
-    uniforms = torch.rand((rows, max_new_tokens), device=device)
-    logits, prefill_cache, position = _prefill(base, input_ids, attention_mask)
-    cache = _SharedPromptCache(prefill_cache, attention_mask, n, max_new_tokens - 1)
-    del prefill_cache
-    logits, position = logits.repeat_interleave(n, 0), position.repeat_interleave(n, 0)
-    eos = torch.tensor(list(eos_ids), device=device)
-    tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    logprobs = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device)
-    unfinished = torch.ones(rows, dtype=torch.bool, device=device)
-    live = torch.arange(rows, device=device)  # rows still in the batch: whole prompts, prompt-major
-    step = decode_step.DecodeStep(base, cache, None)
-    threads = torch.get_num_threads()
-    single = device.type == "cpu" and base.config.hidden_size <= SMALL_MODEL_HIDDEN and threads > 1
-    if single:
-        torch.set_num_threads(1)
-    steps = 0
-    try:
+
+    base: Any
+    cache: _SharedPromptCache
+    logits: torch.Tensor  # [rows, vocab] float32: the prefill's last logits, each prompt's repeated n times
+    position: torch.Tensor  # [rows, 1]
+    uniforms: torch.Tensor  # [rows, max_new_tokens]
+    tokens: torch.Tensor  # [rows, max_new_tokens] long, pad-filled
+    logprobs: torch.Tensor  # [rows, max_new_tokens] float32, zero-filled
+    n: int
+    eos: torch.Tensor
+    pad_id: int
+    do_sample: bool
+    warpers: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
+
+    def run(self, prompts: torch.Tensor) -> int:
+        """Decode the rows of ``prompts`` (ascending indices); returns the steps they ran (their longest row).
+
+        Each row's numbers do not depend on which other rows share its batch (``tests/test_shared_decode.py``
+        checks split against whole bitwise), so any partition of the prompts gives the same result.
+        """
+        n, device = self.n, self.logits.device
+        live = (prompts[:, None] * n + torch.arange(n, device=device)).reshape(-1)  # rows in the batch
+        cache = self.cache.subset(prompts, live)
+        logits, position = self.logits[live], self.position[live]
+        prompt_len, max_new_tokens = cache.prompt_len, self.tokens.shape[1]
+        unfinished = torch.ones(live.numel(), dtype=torch.bool, device=device)
+        step = decode_step.DecodeStep(self.base, cache, None, min_rows=decode_step.BATCH_INVARIANT_ROWS)
+        steps = 0
         for t in range(max_new_tokens):
             scores = logits
-            for warp in warpers:
-                scores = warp(tokens[live, :t], scores)
-            nxt = _inverse_cdf(scores, uniforms[live, t]) if do_sample else torch.argmax(scores, dim=-1)
-            nxt = torch.where(unfinished, nxt, pad_id)  # generate's pad of done rows
-            tokens[live, t] = nxt
-            logprobs[live, t] = logits.gather(1, nxt[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
+            for warp in self.warpers:
+                scores = warp(self.tokens[live, :t], scores)
+            if self.do_sample:
+                nxt = _inverse_cdf(scores, self.uniforms[live, t])
+            else:
+                nxt = torch.argmax(scores, dim=-1)
+            nxt = torch.where(unfinished, nxt, self.pad_id)  # generate's pad of done rows
+            self.tokens[live, t] = nxt
+            logprob = logits.gather(1, nxt[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
+            # 0 after a row's stop (unused by Policy): the same whichever rows shared the batch
+            self.logprobs[live, t] = torch.where(unfinished, logprob, 0.0)
             steps = t + 1
-            unfinished = unfinished & ~torch.isin(nxt, eos)
+            unfinished = unfinished & ~torch.isin(nxt, self.eos)
             if steps == max_new_tokens or not bool(unfinished.any()):
                 break
             groups = unfinished.view(-1, n).any(dim=1)
@@ -437,10 +466,192 @@ def _sample_shared(
             cache.length = prompt_len + t
             position = position + 1
             logits = step(nxt, position)
+        return steps
+
+
+def _sample_shared(
+    base: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    n: int,
+    max_new_tokens: int,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    do_sample: bool,
+    warpers: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]],
+    processes: int | None = None,
+) -> Sampled:
+    """:func:`sample` with ``share_prompt``: the same distribution, one prefill and one key/value copy per prompt.
+
+    What differs from ``generate``, beyond float rounding (attention sums in another order):
+
+    * random numbers: each row's token at step ``t`` is the inverse CDF of ``softmax(scores)`` at one uniform
+      ``u[row, t]``, all drawn up front from the default generator (``rows x max_new_tokens`` of them, so it
+      ends in the same place whatever stops early). ``generate`` draws a ``[rows, vocab]`` exponential block
+      per step (6 ms on one core at the lab's test rollout, more than the forward); the same seed therefore
+      gives other tokens than ``generate``'s, from the same distribution (``tests/test_shared_decode.py``);
+    * work skipped: once all ``n`` rows of a prompt have stopped, its rows leave the batch (their tokens are
+      pad from then on, as ``generate`` writes them; their log-probs 0, unused by ``Policy``);
+    * small models (:data:`SMALL_MODEL_HIDDEN`) decode on one intra-op thread per process, in as many processes
+      as there are cores (:func:`_decode_split`; ``processes``: None = :func:`_split_processes`): the same
+      tokens and log-probs for every count, bit for bit.
+    """
+    device = input_ids.device
+    prompts, prompt_len = input_ids.shape
+    rows = prompts * n
+    uniforms = torch.rand((rows, max_new_tokens), device=device)
+    logits, prefill_cache, position = _prefill(base, input_ids, attention_mask)
+    cache = _SharedPromptCache(prefill_cache, attention_mask, n, max_new_tokens - 1)
+    del prefill_cache
+    threads = torch.get_num_threads()
+    single = device.type == "cpu" and base.config.hidden_size <= SMALL_MODEL_HIDDEN and threads > 1
+    if processes is None:
+        processes = _split_processes(base, device, prompts, rows * max_new_tokens)
+    processes = max(1, min(processes, prompts))
+    split = processes > 1
+    shape = (rows, max_new_tokens)
+    decode = _Decode(
+        base=base,
+        cache=cache,
+        logits=logits.repeat_interleave(n, 0),
+        position=position.repeat_interleave(n, 0),
+        uniforms=uniforms,
+        tokens=_filled(shape, torch.long, pad_id, split),
+        logprobs=_filled(shape, torch.float32, 0, split),
+        n=n,
+        eos=torch.tensor(list(eos_ids), device=device),
+        pad_id=pad_id,
+        do_sample=do_sample,
+        warpers=warpers,
+    )
+    if single:
+        torch.set_num_threads(1)
+    try:
+        everything = torch.arange(prompts, device=device)
+        steps = _decode_split(decode, everything, processes) if split else decode.run(everything)
     finally:
         if single:
             torch.set_num_threads(threads)
-    return Sampled(tokens[:, :steps].cpu(), logprobs[:, :steps].cpu())
+    return Sampled(decode.tokens[:, :steps].clone(), decode.logprobs[:, :steps].clone())
+
+
+def _split_processes(base: Any, device: torch.device, prompts: int, work: int) -> int:
+    """How many processes decode one shared rollout: one per core, where the decode runs on one thread.
+
+    Only small models (:data:`SMALL_MODEL_HIDDEN`, decoded on one thread) on a Linux CPU; at most the cores this
+    process may run on, the prompts, ``work`` (rows x new tokens) / :data:`SPLIT_MIN_TOKENS`, and
+    :data:`SPLIT_ENV` when set.
+    """
+    if not hasattr(os, "fork") or sys.platform != "linux":
+        return 1
+    if device.type != "cpu" or base.config.hidden_size > SMALL_MODEL_HIDDEN:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    limit = os.environ.get(SPLIT_ENV, "").strip()
+    if limit:
+        try:
+            cores = min(cores, max(1, int(limit)))
+        except ValueError:
+            log.warning("%s=%r is not a whole number: ignored", SPLIT_ENV, limit)
+    return max(1, min(cores, prompts, work // SPLIT_MIN_TOKENS))
+
+
+def _filled(shape: tuple[int, int], dtype: torch.dtype, value: float, shared: bool) -> torch.Tensor:
+    """A tensor filled with ``value``; with ``shared``, in anonymous shared memory that a forked child writes too."""
+    if not shared:
+        return torch.full(shape, value, dtype=dtype)
+    count = shape[0] * shape[1]
+    buffer = mmap.mmap(-1, max(1, count * torch.empty((), dtype=dtype).element_size()))  # MAP_SHARED
+    with warnings.catch_warnings():  # frombuffer warns that an mmap is writable: that is the point
+        warnings.simplefilter("ignore", UserWarning)
+        out = torch.frombuffer(buffer, dtype=dtype, count=count).view(shape)
+    return out.fill_(value)
+
+
+SPLIT_CHILD_GRACE_S = 30.0
+"""How long the parent waits for the child beyond its own half's time before it kills it and decodes that half
+itself (a child that hangs or dies costs time, never a result)."""
+
+
+def _decode_split(decode: _Decode, prompts: torch.Tensor, processes: int) -> int:
+    """Decode ``prompts`` in ``processes`` processes, round robin (part 0 here, the others in forked children).
+
+    A child inherits the model, the prefilled cache and the uniforms by fork (nothing is copied or pickled),
+    decodes its prompts on one thread into the shared ``tokens``/``logprobs`` and leaves through ``os._exit``
+    (no atexit handlers, no flushed buffers, nothing of the parent's touched); its step count comes back
+    through shared memory. A child that fails, hangs past :data:`SPLIT_CHILD_GRACE_S` or is killed is
+    reaped and its prompts are decoded here, with the same result; a Ctrl-C or an error here kills and
+    reaps every child. Returns the steps of the longest row.
+    """
+    parts = [prompts[i::processes] for i in range(processes)]
+    child_steps = _filled((1, processes), torch.long, -1, shared=True)
+    pids: dict[int, int] = {}  # part -> pid
+    try:
+        for part in range(1, processes):
+            with warnings.catch_warnings():  # 3.12+: "this process is multi-threaded, fork() may deadlock"
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+            if pid == 0:  # a child: decode, publish the steps, leave without running anything of the parent's
+                code = 1
+                try:
+                    torch.set_num_threads(1)
+                    child_steps[0, part] = decode.run(parts[part])
+                    code = 0
+                finally:
+                    os._exit(code)
+            pids[part] = pid
+        start = time.monotonic()
+        steps = decode.run(parts[0])
+        deadline = time.monotonic() + (time.monotonic() - start) + SPLIT_CHILD_GRACE_S
+        failed = [part for part, pid in pids.items() if not _wait_child(pid, deadline - time.monotonic())]
+    except BaseException:
+        for pid in pids.values():
+            _kill_child(pid)
+        raise
+    for part in range(1, processes):
+        if part in failed or int(child_steps[0, part]) < 0:
+            log.warning("shared decode: decode process %d of %d failed; its %d prompts were decoded here",
+                        part + 1, processes, parts[part].numel())  # fmt: skip
+            rows = (parts[part][:, None] * decode.n + torch.arange(decode.n)).reshape(-1)
+            decode.tokens[rows] = decode.pad_id
+            decode.logprobs[rows] = 0
+            child_steps[0, part] = decode.run(parts[part])
+        steps = max(steps, int(child_steps[0, part]))
+    return steps
+
+
+def _wait_child(pid: int, timeout: float) -> bool:
+    """Reap ``pid``; True when it exited with status 0 within ``timeout`` seconds (else it is killed, False)."""
+    timeout = max(0.0, timeout)
+    try:  # wake up the moment it exits (Linux >= 5.3); else poll
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None:
+        try:
+            select.select([fd], [], [], timeout)
+        finally:
+            os.close(fd)
+    deadline = time.monotonic() + (0 if fd is not None else timeout)
+    delay = 0.0005
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status) == 0
+        if time.monotonic() >= deadline:
+            _kill_child(pid)
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.005)
+
+
+def _kill_child(pid: int) -> None:
+    """SIGKILL and reap ``pid`` (already gone: nothing to do)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
 
 
 def _inverse_cdf(scores: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
