@@ -61,7 +61,7 @@ lint: setup
 format: setup
 	@$(BIN)/ruff check --fix . && $(BIN)/ruff format .
 
-## lab-compare: 7 arms (golden sparse/boundary, selfplay, codea1, codea1 no Mistake Book, codea1 alpha 0/1) x 5 seeds (DVC experiments)
+## lab-compare: 8 arms (golden sparse/boundary, selfplay, codea1, codea1 no Mistake Book, codea1 alpha 0/1, the default run) x 5 seeds (DVC experiments)
 lab-compare: setup
 	@PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m flows.lab_compare
 

@@ -3,8 +3,8 @@
 What it does: one DVC experiment per (mode, seed) — the arms of ``codea1_core.evaluation.comparison.MODES``: ``golden_sparse``
 (golden tests as scarce as real data's), ``golden_boundary`` (exhaustive boundary tests: the oracle ceiling),
 ``selfplay``, ``codea1``, ``codea1`` without the Mistake Book (``codea1_nomb``) and at α = 0 / 1 (``codea1_a0``,
-``codea1_a1``); every arm but the ceiling trains with ``lab.golden_tests=sparse``; seeds 1..N set ``seed`` and
-``data.seed``
+``codea1_a1``), and ``default`` (``params.yaml`` as shipped: the default ``make run``); every arm but the ceiling
+and ``default`` trains with ``lab.golden_tests=sparse``; seeds 1..N set ``seed`` and ``data.seed``
 — each ``dvc exp run evaluate -S mode=... -S seed=... -n lc-<tag>-<mode>-s<seed>`` (prepare → warmstart → train
 → evaluate; ``register`` is not run and ``tracking.register=false``, so a comparison never touches the model
 registry). It then reads every experiment's ``outputs/eval/metrics.json`` and ``outputs/train/history.csv`` and
@@ -88,6 +88,8 @@ COMMON_OVERRIDES = ["tracking.register=false"]
 """Every experiment: no model versions in the registry (``register`` is not run either; nothing is promoted)."""
 EVAL_FILE = "outputs/eval/metrics.json"
 HISTORY_FILE = "outputs/train/history.csv"
+RUN_FILE = "run.json"
+"""Beside each workspace experiment's two files: ``wall_s``, ``load_before`` and ``commit``."""
 # ------------------------------------------------------------------------------------------------
 # Plan
 # ------------------------------------------------------------------------------------------------
@@ -229,14 +231,27 @@ def restore_workspace(repo: Path, new_dirs: Sequence[Path] = ()) -> bool:
     return True
 
 
+def source_commit(repo: Path) -> str:
+    """``HEAD``'s commit, with ``+changes`` when tracked files differ from it (what the experiments ran)."""
+    try:
+        sha = _cmd(["git", "rev-parse", "--short=7", "HEAD"], repo).strip()
+        dirty = _cmd(["git", "status", "--porcelain", "--untracked-files=no"], repo).strip()
+    except UserError:
+        return "unknown"
+    return f"{sha}+changes" if dirty else sha
+
+
 def run_in_workspace(repo: Path, experiments: Sequence[Experiment], runs: Path, log: Any) -> None:
     """``dvc exp run evaluate -S ... -n NAME`` one after another in the workspace, outputs copied to ``runs/``.
 
     Before: ``params.yaml``, ``dvc.lock`` and every stage output are moved aside (:data:`BACKUP`);
     ``params.yaml`` is reset before each experiment (``-S`` edits it in place); after (also on failure or
     Ctrl-C) :func:`restore_workspace` puts the workspace back as before. Each finished experiment's files are
-    in ``runs/<name>/`` at once, so a killed comparison resumes where it stopped (``--resume TAG``).
+    in ``runs/<name>/`` at once, so a killed comparison resumes where it stopped (``--resume TAG``), with
+    :data:`RUN_FILE` (its wall time, the load average before it, the commit it ran), so that the wall time of
+    a comparison run over several sessions is still known.
     """
+    commit = source_commit(repo)  # before params.yaml is moved aside
     if (repo / BACKUP).exists():
         raise UserError(f"{repo / BACKUP} exists: an earlier lab-compare was interrupted; restore it first")
     paths = _workspace_paths(repo)
@@ -254,15 +269,18 @@ def run_in_workspace(repo: Path, experiments: Sequence[Experiment], runs: Path, 
             args = ["dvc", "exp", "run", "evaluate", *sets, "-n", exp.name]
             log.write(f"$ {' '.join(args)}\n")
             log.flush()  # the experiment's output streams into the same file (tail -f it)
+            started, load = time.monotonic(), os.getloadavg()[0]
             proc = subprocess.run(
                 args, cwd=repo, env=child_env(), stdout=log, stderr=subprocess.STDOUT, check=False
             )
             if proc.returncode != 0:
                 log.write(f"# {exp.name} failed: exit {proc.returncode}\n")
                 continue
+            run = {"wall_s": round(time.monotonic() - started, 1), "load_before": load, "commit": commit}
             with atomic_dir(runs / exp.name) as tmp:  # complete or absent: what --resume relies on
                 for rel in (EVAL_FILE, HISTORY_FILE):
                     shutil.copy2(repo / rel, tmp / Path(rel).name)
+                (tmp / RUN_FILE).write_text(json.dumps(run))
     finally:
         restore_workspace(repo, new_dirs)
 
@@ -290,6 +308,8 @@ def collect_dir(runs: Path, experiments: Sequence[Experiment]) -> list[RunResult
         try:
             res.metrics = json.loads((folder / Path(EVAL_FILE).name).read_text())
             res.history = parse_history((folder / Path(HISTORY_FILE).name).read_text())
+            if (folder / RUN_FILE).is_file():
+                res.run = json.loads((folder / RUN_FILE).read_text())
         except FileNotFoundError:
             res.error = "no outputs (the experiment failed; see dvc.log)"
         except json.JSONDecodeError as exc:
@@ -345,9 +365,12 @@ def write_outputs(out: Path, results: Sequence[RunResult], wall_s: float) -> str
             write_text_atomic(out / "runs" / res.experiment.name / "history.json", json.dumps(res.history))
     experiments = {
         r.experiment.name: {"mode": r.experiment.mode, "seed": r.experiment.seed,
-                            "overrides": list(r.experiment.overrides), "error": r.error or None}
+                            "overrides": list(r.experiment.overrides), "error": r.error or None, **r.run}
         for r in results
     }  # fmt: skip
+    timed = [r.run["wall_s"] for r in results if isinstance(r.run.get("wall_s"), int | float)]
+    experiments_wall_s = round(sum(timed), 1) if timed and len(timed) == len(results) else None
+    commits = sorted({str(r.run["commit"]) for r in results if r.run.get("commit")})
     write_text_atomic(
         out / "table.json",
         json.dumps(
@@ -356,6 +379,8 @@ def write_outputs(out: Path, results: Sequence[RunResult], wall_s: float) -> str
                 "paired": {m: paired(results, m) for m in MODES},
                 "experiments": experiments,
                 "wall_s": wall_s,
+                "experiments_wall_s": experiments_wall_s,
+                "commits": commits,
             },
             indent=1,
         ),
@@ -364,7 +389,11 @@ def write_outputs(out: Path, results: Sequence[RunResult], wall_s: float) -> str
     charts = {"rewards": rewards_chart(results), "mistake_book": mistake_book_chart(results)}
     for name, png in charts.items():
         write_bytes_atomic(out / f"{name}.png", png)
-    notes = f"{len(results)} experiments, wall time {wall_s / 60:.1f} min; mean ± 95 % CI over seeds."
+    total = f", {experiments_wall_s / 60:.1f} min summed over the experiments" if experiments_wall_s else ""
+    notes = (
+        f"{len(results)} experiments at {', '.join(commits) or 'an unrecorded commit'}, wall time "
+        f"{wall_s / 60:.1f} min{total}; mean ± 95 % CI over seeds."
+    )
     write_text_atomic(out / "report.html", report_html(table_md, charts, results, notes))
     return table_md
 
@@ -444,6 +473,10 @@ def main(argv: list[str] | None = None) -> int:
         results = collect(repo, experiments) if runner == "queue" else collect_dir(out / "runs", experiments)
         print(write_outputs(out, results, wall_s))
         print(f"wall time: {wall_s:.0f} s ({wall_s / 60:.1f} min); outputs in {out}")
+        timed = [r.run["wall_s"] for r in results if isinstance(r.run.get("wall_s"), int | float)]
+        if timed:
+            print(f"experiments' own wall time, summed over every session that ran them: {sum(timed) / 60:.1f} min "
+                  f"({len(timed)} of {len(results)} timed)")  # fmt: skip
         outcome["failed"] = sum(1 for r in results if r.error)
 
     code = run_user_errors(run)

@@ -137,8 +137,12 @@ def test_table_markdown_rows_in_mode_order_and_failures_listed():
 def test_arms_cover_the_papers_comparison_and_only_the_ceiling_sees_boundary_tests(repo_root):
     assert set(cmp.MODES) == {
         "golden_sparse", "golden_boundary", "selfplay", "codea1", "codea1_nomb", "codea1_a0", "codea1_a1",
+        "default",
     }  # fmt: skip
     for mode, overrides in cmp.MODES.items():
+        if mode == "default":
+            assert overrides == []  # params.yaml as shipped: what make run runs
+            continue
         coverage = "lab.golden_tests=boundary" if mode == "golden_boundary" else "lab.golden_tests=sparse"
         assert coverage in overrides, mode
     assert "reward.alpha=0.0" in cmp.MODES["codea1_a0"] and "reward.alpha=1.0" in cmp.MODES["codea1_a1"]
@@ -317,6 +321,25 @@ def test_workspace_runner_copies_each_run_and_restores_the_workspace(tmp_path, m
         bad.error.startswith("no outputs")
         and "lc-t-bad-s1 failed: exit 3" in (tmp_path / "dvc.log").read_text()
     )
+    run = json.loads((runs / "lc-t-codea1-s1" / lc.RUN_FILE).read_text())  # wall time kept across sessions
+    assert run["wall_s"] >= 0 and run["commit"] == "unknown" and "load_before" in run and ok.run == run
+    lc.write_outputs(tmp_path / "out", [ok], wall_s=5.0)
+    table = json.loads((tmp_path / "out" / "table.json").read_text())
+    assert table["experiments_wall_s"] == run["wall_s"] and table["commits"] == ["unknown"]
+    lc.write_outputs(tmp_path / "out", [ok, bad], wall_s=5.0)  # an experiment without a time: no false sum
+    assert json.loads((tmp_path / "out" / "table.json").read_text())["experiments_wall_s"] is None
+
+
+def test_source_commit_names_head_and_uncommitted_changes(tmp_path):
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-qm", "base")
+    head = _git(tmp_path, "rev-parse", "--short=7", "HEAD").strip()
+    (tmp_path / "untracked.py").write_text("")
+    assert lc.source_commit(tmp_path) == head
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert lc.source_commit(tmp_path) == f"{head}+changes"
 
 
 # ------------------------------------------------------------------------------------------------

@@ -30,11 +30,14 @@ MODES: dict[str, list[str]] = {
     "codea1_nomb": ["mode=codea1", "mistake_book.enabled=false", SPARSE],
     "codea1_a0": ["mode=codea1", "reward.alpha=0.0", SPARSE],
     "codea1_a1": ["mode=codea1", "reward.alpha=1.0", SPARSE],
+    "default": [],
 }
 """Comparison arms (D10, §15) as ``-S`` overrides. Every arm but ``golden_boundary`` (the oracle ceiling:
-exhaustive boundary tests) sees the sparse golden tests wherever training uses golden tests (golden
-rewards, validation, the Test LLM's warm-start suites); evaluation is the same full set for all.
-``codea1_nomb`` is the §15.4 Mistake Book ablation, ``codea1_a0`` / ``codea1_a1`` the α ablation (§15.3)."""
+exhaustive boundary tests) and ``default`` sees the sparse golden tests wherever training uses golden tests
+(golden rewards, validation, the Test LLM's warm-start suites); evaluation is the same full set for all.
+``codea1_nomb`` is the §15.4 Mistake Book ablation, ``codea1_a0`` / ``codea1_a1`` the α ablation (§15.3).
+``default`` is ``params.yaml`` as shipped (codea1, boundary golden tests): the default ``make run`` across
+seeds, whose seed 1 is the run the README's learning numbers come from."""
 BASELINE_ARM = "golden_sparse"
 """The arm every other one is compared with seed by seed (:func:`paired`): the paper's Golden-Tests row."""
 MODE_COLORS = {
@@ -45,6 +48,7 @@ MODE_COLORS = {
     "codea1_nomb": "tab:red",
     "codea1_a0": "tab:cyan",
     "codea1_a1": "tab:purple",
+    "default": "tab:gray",
 }
 """One colour per mode in every chart."""
 COLUMNS: list[tuple[str, str, str]] = [
@@ -88,6 +92,8 @@ class RunResult:
     metrics: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     error: str = ""
+    run: dict[str, Any] = field(default_factory=dict)
+    """How it ran, when recorded (workspace runner): ``wall_s``, ``load_before``, ``commit``."""
 
 
 def parse_history(text: str) -> list[dict[str, Any]]:
