@@ -204,6 +204,44 @@ def _workspace_paths(repo: Path) -> list[str]:
     return ["params.yaml", "dvc.lock", *_stage_outs(repo)]
 
 
+INDEX_FILE = "git-index-entries.txt"
+"""In :data:`BACKUP`: ``git ls-files --stage`` of the workspace paths before the experiments (``dvc exp run``
+stages the files it writes; the user's staging area is put back as it was)."""
+
+
+def _save_index(repo: Path, paths: Sequence[str], target: Path) -> None:
+    """Record the git index entries of ``paths`` (nothing to record outside a git repository)."""
+    proc = subprocess.run(["git", "ls-files", "--stage", "--", *paths], cwd=repo, capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    if proc.returncode == 0:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(proc.stdout)
+
+
+def _restore_index(repo: Path, saved: Path) -> None:
+    """Put the recorded index entries back: what the experiments staged is unstaged, nothing else changes."""
+    if not saved.is_file():
+        return
+    paths = _workspace_paths(repo)
+    entries = {}
+    for line in saved.read_text().splitlines():
+        info, _, path = line.partition("\t")
+        mode, sha, _stage = info.split()
+        entries[path] = (mode, sha)
+    now = subprocess.run(["git", "ls-files", "--stage", "--", *paths], cwd=repo, capture_output=True, text=True,
+                         check=False)  # fmt: skip
+    current = {line.partition("\t")[2]: tuple(line.split()[:2]) for line in now.stdout.splitlines()}
+    for path in sorted(set(current) | set(entries)):
+        if current.get(path) == entries.get(path):
+            continue
+        if path in entries:
+            mode, sha = entries[path]
+            args = ["git", "update-index", "--add", "--cacheinfo", f"{mode},{sha},{path}"]
+        else:
+            args = ["git", "rm", "--cached", "-q", "--", path]
+        subprocess.run(args, cwd=repo, capture_output=True, check=False)
+
+
 def restore_workspace(repo: Path, new_dirs: Sequence[Path] = ()) -> bool:
     """Delete the experiments' outputs and move the user's files back from :data:`BACKUP`.
 
@@ -214,6 +252,7 @@ def restore_workspace(repo: Path, new_dirs: Sequence[Path] = ()) -> bool:
     backup = repo / BACKUP
     if not backup.is_dir():
         return False
+    _restore_index(repo, backup / INDEX_FILE)
     for rel in _workspace_paths(repo):
         target = repo / rel
         if not (backup / rel).exists() and rel == "params.yaml":
@@ -223,6 +262,7 @@ def restore_workspace(repo: Path, new_dirs: Sequence[Path] = ()) -> bool:
         elif target.exists() or target.is_symlink():
             target.unlink()
         if (backup / rel).exists():
+            target.parent.mkdir(parents=True, exist_ok=True)  # an experiment's stage may have removed it
             os.replace(backup / rel, target)
     shutil.rmtree(backup, ignore_errors=True)
     for folder in new_dirs:
@@ -235,10 +275,12 @@ def source_commit(repo: Path) -> str:
     """``HEAD``'s commit, with ``+changes`` when tracked files differ from it (what the experiments ran)."""
     try:
         sha = _cmd(["git", "rev-parse", "--short=7", "HEAD"], repo).strip()
-        dirty = _cmd(["git", "status", "--porcelain", "--untracked-files=no"], repo).strip()
     except UserError:
         return "unknown"
-    return f"{sha}+changes" if dirty else sha
+    same = subprocess.run(
+        ["git", "diff", "--quiet", "HEAD", "--"], cwd=repo, capture_output=True, check=False
+    )
+    return sha if same.returncode == 0 else f"{sha}+changes"
 
 
 def run_in_workspace(repo: Path, experiments: Sequence[Experiment], runs: Path, log: Any) -> None:
@@ -258,6 +300,7 @@ def run_in_workspace(repo: Path, experiments: Sequence[Experiment], runs: Path, 
     params = (repo / "params.yaml").read_bytes()
     parents = {q for rel in paths for q in (repo / rel).parents if repo in q.parents}
     new_dirs = sorted((q for q in parents if not q.exists()), key=lambda q: -len(q.parts))
+    _save_index(repo, paths, repo / BACKUP / INDEX_FILE)
     for rel in paths:
         if (repo / rel).exists():
             (repo / BACKUP / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -277,6 +277,7 @@ mkdir -p outputs/eval outputs/train data/prepared
 echo '{"test/lab_heldout/mul": 1.5, "name": "'$name'"}' > outputs/eval/metrics.json
 printf 'iteration,code/reward_mean\\n1,0.5\\n' > outputs/train/history.csv
 echo lock > dvc.lock; echo new > data/prepared/x
+git add params.yaml dvc.lock 2>/dev/null || true  # dvc exp run stages what it writes
 """
 
 DVC_YAML = """stages:
@@ -408,6 +409,41 @@ def test_a_hard_killed_run_is_restored_and_resumed_without_redoing_finished_expe
     table = json.loads((repo / "outputs" / "lab_compare" / "table.json").read_text())["table"]
     assert table["codea1"]["code pass@1 held-out seen"]["values"] == [40.0]
     assert table["golden_sparse"]["Mul"]["values"] == [1.5]
+
+
+def test_the_users_staging_area_is_as_before_after_the_experiments(tmp_path, monkeypatch):
+    """`dvc exp run` stages the files it writes; afterwards git's index is the user's again (seen for real)."""
+    repo = _fake_dvc_repo(tmp_path, monkeypatch)
+    _git(repo, "init", "-q")
+    (repo / "dvc.lock").write_text("the user's lock\n")
+    _git(repo, "add", "params.yaml", "dvc.lock", "dvc.yaml")
+    _git(repo, "commit", "-qm", "base")
+    (repo / "params.yaml").write_text("seed: 2\n")
+    _git(repo, "add", "params.yaml")  # the user's own staged change: kept
+    staged = _git(repo, "diff", "--cached", "--stat")
+    exps = [cmp.Experiment("lc-t-codea1-s1", "codea1", 1, ("seed=1",))]
+    with open(tmp_path / "dvc.log", "w") as log:
+        lc.run_in_workspace(repo, exps, repo / "outputs" / "lab_compare" / "runs", log)
+    assert _git(repo, "diff", "--cached", "--stat") == staged and "params.yaml" in staged
+    assert (repo / "dvc.lock").read_text() == "the user's lock\n"
+    assert lc.source_commit(repo).endswith("+changes")  # the user's params change is not committed
+    assert json.loads(
+        (repo / "outputs" / "lab_compare" / "runs" / "lc-t-codea1-s1" / lc.RUN_FILE).read_text()
+    )["commit"].endswith("+changes")
+
+
+def test_restore_puts_files_back_into_folders_an_interrupted_stage_removed(tmp_path):
+    """Ctrl-C while DVC runs a stage: the stage had removed the folder of a backed-up output (seen for real)."""
+    (tmp_path / "dvc.yaml").write_text(DVC_YAML)
+    (tmp_path / "params.yaml").write_text("seed: 1\nedited: by an experiment\n")
+    backup = tmp_path / lc.BACKUP
+    (backup / "outputs" / "train").mkdir(parents=True)
+    (backup / "params.yaml").write_text("seed: 1\n")
+    (backup / "outputs" / "train" / "history.csv").write_text("the user's history")
+    assert not (tmp_path / "outputs").exists()
+    assert lc.restore_workspace(tmp_path) is True
+    assert (tmp_path / "outputs" / "train" / "history.csv").read_text() == "the user's history"
+    assert (tmp_path / "params.yaml").read_text() == "seed: 1\n" and not backup.exists()
 
 
 def test_restore_workspace_without_backup_is_a_no_op(tmp_path):
