@@ -88,9 +88,19 @@ where a core is free)."""
 
 
 def _cpu_s() -> float:
-    """CPU seconds of this process and its reaped children (the second decode process included)."""
+    """CPU seconds of this process, its reaped children and its live decode workers (read from /proc)."""
+    from codea1_core.models import decode_pool
+
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    total = t.user + t.system + t.children_user + t.children_system
+    ticks = os.sysconf("SC_CLK_TCK")
+    for pid in decode_pool.worker_pids():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return total
 
 
 def _run(

@@ -9,9 +9,9 @@ with its own uniforms, finished prompts dropped from the batch), so these tests 
   and with prompts leaving the batch as they finish;
 * the draw: the inverse CDF picks each token with its probability (chi-square against the exact warped
   softmax, many rows of one prompt), never a token a warper removed, and refuses what multinomial refuses;
-* the decode processes: split over forked children (one per core), the result is the one-process result bit
-  for bit, on four model shapes, through ``Policy`` too; a child that dies or hangs costs time, never a
-  token; a Ctrl-C in the parent leaves no child behind.
+* the decode processes: split over warm worker processes (one per core), the result is the one-process
+  result bit for bit, on three model shapes, through ``Policy`` too, after in-place weight updates too; a
+  worker that errs, dies or hangs costs time, never a token; a Ctrl-C in the caller leaves no stale answer.
 """
 
 from __future__ import annotations
@@ -174,19 +174,29 @@ def test_policy_default_uses_the_shared_decode_and_n1_stays_exact(tiny_dir, monk
 
 
 @pytest.fixture
-def forks(monkeypatch):
-    """The pids of the decode children forked during the test (the real ``os.fork`` still runs)."""
-    pids: list[int] = []
-    real_fork = fast_generate.os.fork
+def workers(monkeypatch):
+    """Decode workers: the pids forked during the test and the parts answered by one (all stopped afterwards)."""
+    from codea1_core.models import decode_pool
 
-    def spy() -> int:
+    seen = {"pids": [], "answers": 0}
+    real_fork, real_result = decode_pool.os.fork, decode_pool.DecodePool.result
+
+    def fork() -> int:
         pid = real_fork()
         if pid:
-            pids.append(pid)
+            seen["pids"].append(pid)
         return pid
 
-    monkeypatch.setattr(fast_generate.os, "fork", spy)
-    return pids
+    def result(self, index, timeout):
+        got = real_result(self, index, timeout)
+        seen["answers"] += got is not None
+        return got
+
+    monkeypatch.setattr(decode_pool.os, "fork", fork)
+    monkeypatch.setattr(decode_pool.DecodePool, "result", result)
+    yield seen
+    decode_pool.close_all()
+    assert all(_gone(pid) for pid in seen["pids"]), "a decode worker outlived its pool"
 
 
 def _gone(pid: int) -> bool:
@@ -197,26 +207,30 @@ def _gone(pid: int) -> bool:
     return False
 
 
-def _split_call(model, processes: int, **kwargs) -> fast_generate.Sampled:
-    """One shared decode of 7 prompts x 3 samples with padding, ~8% of the vocabulary ending a row."""
+def _split_call(model, processes: int, warpers=(), seed: int = 6) -> fast_generate.Sampled:
+    """One shared decode of 7 prompts x 3 samples with padding, ~1/6 of the vocabulary ending a row."""
     vocab = fast_generate._base_model(model).config.vocab_size
     ids = torch.randint(3, vocab, (7, 9), generator=torch.Generator().manual_seed(5))
     ids[0, :3], ids[4, :1], ids[5, :2] = 0, 0, 0
     mask = (ids != 0).long()
-    torch.manual_seed(6)
+    torch.manual_seed(seed)
     with torch.no_grad():  # as sample() calls it
         return fast_generate._sample_shared(fast_generate._base_model(model), ids, mask, 3, 40,
-                                        list(range(3, 3 + vocab // 12)), 0, True, kwargs.get("warpers", []),
-                                        processes=processes)  # fmt: skip
+                                            list(range(3, 3 + vocab // 6)), 0, True, list(warpers),
+                                            processes=processes)  # fmt: skip
 
 
-@pytest.mark.parametrize(("name", "lora"), [("lab", False), ("gqa", False), ("eager", False), ("gqa", True)])
+def _same(a: fast_generate.Sampled, b: fast_generate.Sampled) -> bool:
+    return torch.equal(a.tokens, b.tokens) and torch.equal(a.logprobs, b.logprobs)
+
+
+@pytest.mark.parametrize("name", ["lab", "gqa", "eager"])
 @pytest.mark.usefixtures("two_threads")
-def test_two_or_three_decode_processes_give_the_one_process_result_bitwise(name, lora, forks, monkeypatch):
-    """Split over forked children, the tokens and log-probs are the single process's, bit for bit.
+def test_two_or_three_decode_processes_give_the_one_process_result_bitwise(name, workers, monkeypatch):
+    """Split over worker processes, the tokens and log-probs are the single process's, bit for bit.
 
-    Each row's arithmetic must not depend on which rows share its batch; both processes also drop finished
-    prompts on their own schedule (the spy sees the parent's drops), so this covers the compaction too.
+    Each row's arithmetic must not depend on which rows share its batch; every process also drops finished
+    prompts on its own schedule (the spy sees the caller's drops), so this covers the compaction too.
     """
     from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
@@ -224,62 +238,99 @@ def test_two_or_three_decode_processes_give_the_one_process_result_bitwise(name,
     real_keep = fast_generate._SharedPromptCache.keep
     monkeypatch.setattr(fast_generate._SharedPromptCache, "keep",
                         lambda self, p, r: kept.append(len(p)) or real_keep(self, p, r))  # fmt: skip
-    model = random_qwen2(name, lora)
+    model = random_qwen2(name)
     warpers = [TemperatureLogitsWarper(0.8), TopPLogitsWarper(0.9)]
-    one = _split_call(model, 1, warpers=warpers)
-    assert not forks and kept
-    kept.clear()
-    two = _split_call(model, 2, warpers=warpers)
-    assert len(forks) == 1 and _gone(forks[0]) and kept, (
-        "no child decoded, or no prompt left the parent's batch"
-    )
-    assert torch.equal(one.tokens, two.tokens) and torch.equal(one.logprobs, two.logprobs)
+    one = _split_call(model, 1, warpers)
+    assert not workers["pids"] and kept
     assert bool((one.tokens == 0).any()), "no row stopped early: the test would not cover the padding"
-    assert torch.get_num_threads() == 2
+    for processes in (2, 3):
+        kept.clear()
+        answers = workers["answers"]
+        split = _split_call(model, processes, warpers)
+        assert workers["answers"] - answers == processes - 1, "a part was not decoded by a worker"
+        assert kept, "no prompt left the caller's batch: the test would not cover the compaction"
+        assert _same(one, split)
+        assert torch.get_num_threads() == 2
+    assert len(workers["pids"]) == 1 + 2  # a pool of 1 worker, then one of 2: each forked once
 
 
 @pytest.mark.usefixtures("two_threads")
-def test_a_decode_process_that_dies_or_hangs_costs_time_not_results(forks, monkeypatch, caplog):
-    """A child that exits with an error, or never finishes, is reaped; the parent decodes its prompts itself."""
+def test_workers_are_forked_once_and_follow_the_weights(workers):
+    """The second call reuses the warm worker; an in-place weight update (an optimizer step) reaches it."""
+    model = random_qwen2("lab")
+    first = _split_call(model, 2)
+    again = _split_call(model, 2)
+    assert _same(first, again) and len(workers["pids"]) == 1 and workers["answers"] == 2
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(1.5)  # what AdamW's in-place step does to the storage
+    moved = _split_call(model, 2)
+    assert _same(moved, _split_call(model, 1)) and not _same(moved, first)
+    assert len(workers["pids"]) == 1 and workers["answers"] == 3
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_a_decode_process_that_errs_dies_or_hangs_costs_time_not_results(workers, monkeypatch, caplog):
+    """The caller decodes a failed part itself (same result) and the next call forks a fresh worker."""
     model = random_qwen2("lab")
     expected = _split_call(model, 1)
-    parent, real_run = os.getpid(), fast_generate._Decode.run
-    for failure in ("exit", "hang"):
+    real_job = fast_generate._worker_job
+    monkeypatch.setattr(fast_generate, "SPLIT_GRACE_S", 0.5)
+    for failure in ("raise", "exit", "hang"):
 
-        def run(self, prompts, failure=failure):
-            if os.getpid() != parent:
-                if failure == "hang":
-                    time.sleep(600)
-                real_run(self, prompts)  # half-written rows must not survive into the result
+        def job(base, tensors, meta, failure=failure):
+            if failure == "hang":
+                time.sleep(600)
+            real_job(base, tensors, meta)
+            if failure == "exit":
                 os._exit(3)
-            return real_run(self, prompts)
+            raise RuntimeError("boom in the worker")
 
-        monkeypatch.setattr(fast_generate._Decode, "run", run)
-        monkeypatch.setattr(fast_generate, "SPLIT_CHILD_GRACE_S", 0.5)
+        monkeypatch.setattr(fast_generate, "_worker_job", job)
         caplog.clear()
         start = time.monotonic()
-        got = _split_call(model, 2)
-        assert torch.equal(got.tokens, expected.tokens) and torch.equal(got.logprobs, expected.logprobs)
-        assert "decode process 2 of 2 failed" in caplog.text
-        assert _gone(forks[-1]) and time.monotonic() - start < 30
-    assert len(forks) == 2
+        assert _same(_split_call(model, 2), expected)
+        assert "decode worker 1" in caplog.text and "runs in the caller" in caplog.text
+        assert time.monotonic() - start < 30
+    assert workers["answers"] == 0 and len(workers["pids"]) == 3
+    monkeypatch.setattr(fast_generate, "_worker_job", real_job)
+    assert _same(_split_call(model, 2), expected) and workers["answers"] == 1  # a fresh worker answers
 
 
 @pytest.mark.usefixtures("two_threads")
-def test_an_error_in_the_parent_kills_and_reaps_the_decode_processes(forks, monkeypatch):
+def test_an_error_in_the_caller_leaves_no_answer_behind(workers, monkeypatch):
+    """Ctrl-C while the caller decodes its part: the worker with a job in flight is killed, the next call is right."""
     model = random_qwen2("lab")
-    parent, real_run = os.getpid(), fast_generate._Decode.run
+    expected = _split_call(model, 1)
+    real_run = fast_generate._Decode.run
+    parent = os.getpid()
 
     def run(self, prompts):
         if os.getpid() == parent:
-            raise KeyboardInterrupt  # e.g. Ctrl-C while the parent decodes its half
-        time.sleep(600)
+            raise KeyboardInterrupt
         return real_run(self, prompts)
 
     monkeypatch.setattr(fast_generate._Decode, "run", run)
     with pytest.raises(KeyboardInterrupt):
         _split_call(model, 2)
-    assert len(forks) == 1 and _gone(forks[0])
+    assert len(workers["pids"]) == 1 and _gone(workers["pids"][0])
+    monkeypatch.setattr(fast_generate._Decode, "run", real_run)
+    assert _same(_split_call(model, 2), expected) and workers["answers"] == 1
+
+
+def test_peft_models_stay_in_one_process(monkeypatch):
+    """A worker's copy would not follow a PEFT adapter switched after the fork: no split for such models."""
+    monkeypatch.setattr(fast_generate.os, "sched_getaffinity", lambda pid: {0, 1})
+    base = fast_generate._base_model(random_qwen2("gqa", lora=True))
+    assert (
+        fast_generate._split_processes(base, torch.device("cpu"), 32, 100 * fast_generate.SPLIT_MIN_TOKENS)
+        == 1
+    )
+    plain = fast_generate._base_model(random_qwen2("gqa"))
+    assert (
+        fast_generate._split_processes(plain, torch.device("cpu"), 32, 100 * fast_generate.SPLIT_MIN_TOKENS)
+        == 2
+    )
 
 
 def test_one_decode_process_per_core_where_the_decode_runs_on_one_thread(monkeypatch, caplog):
@@ -312,18 +363,18 @@ def test_one_decode_process_per_core_where_the_decode_runs_on_one_thread(monkeyp
 
 
 @pytest.mark.usefixtures("two_threads")
-def test_policy_rollouts_do_not_depend_on_decode_processes(tiny_dir, forks, monkeypatch):  # noqa: F811
+def test_policy_rollouts_do_not_depend_on_decode_processes(tiny_dir, workers, monkeypatch):  # noqa: F811
     cfg = Config().replace(**{"model.device": "cpu", "model.dtype": "float32", "model.finetune": "full"})
     pol = Policy(tiny_dir, cfg, role="test", total_steps=1)
     monkeypatch.setattr(fast_generate.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(fast_generate, "SPLIT_MIN_TOKENS", 1)
     sp = SamplingParams(max_new_tokens=24, seed=3, temperature=0.9, top_p=0.95)
     two = pol.generate(PROMPTS, 4, sp)
-    assert len(forks) >= 1
+    assert workers["answers"] >= 1
     monkeypatch.setenv(fast_generate.SPLIT_ENV, "1")
-    count = len(forks)
+    answers = workers["answers"]
     one = pol.generate(PROMPTS, 4, sp)
-    assert len(forks) == count
+    assert workers["answers"] == answers
     assert [[(c.token_ids, c.logprobs, c.text) for c in g] for g in one] == [
         [(c.token_ids, c.logprobs, c.text) for c in g] for g in two
     ]

@@ -10,7 +10,8 @@ stopping, finished rows padded), in one of two modes (``rollout.share_prompt``):
   as ``generate``, other random numbers, logits equal to float rounding (``tests/test_shared_decode.py``).
   Every row's numbers are independent of the other rows in its batch (ghost rows up to a multiple of
   :data:`~codea1_core.models.decode_step.BATCH_INVARIANT_ROWS`), so the prompts of a small model are
-  decoded by one process per core (forked; :func:`_decode_split`) with the same tokens as one process;
+  decoded by one process per core (warm forked workers, :mod:`codea1_core.models.decode_pool`;
+  :func:`_decode_split`) with the same tokens as in one process;
 * exact (``share_prompt=False``, or ``n == 1``): the same tokens and raw-logit log-probs as ``generate``, bit
   for bit, given the same torch RNG state. It differs only in bookkeeping that does not touch the numbers:
 
@@ -39,15 +40,10 @@ Run: ``pytest tests/test_fast_generate.py tests/test_shared_decode.py``; through
 
 from __future__ import annotations
 
-import copy
 import logging
-import mmap
 import os
-import select
-import signal
 import sys
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -55,7 +51,7 @@ from typing import Any
 
 import torch
 
-from codea1_core.models import decode_step
+from codea1_core.models import decode_pool, decode_step
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +111,44 @@ class _ViewCache:
         return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
 
 
+@dataclass(frozen=True)
+class PromptState:
+    """What the prefill leaves per prompt for the shared decode: its keys/values per layer and its padding bias.
+
+    ``keys[l]`` is ``[prompts, kv_heads, head_dim, prompt_len]`` (stored transposed, so the score product is a
+    plain GEMM), ``values[l]`` ``[prompts, kv_heads, prompt_len, head_dim]``, ``bias`` ``[prompts, 1, 1,
+    prompt_len]`` (0, or -inf on left padding; None when nothing is padded).
+    """
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    bias: torch.Tensor | None
+
+    @classmethod
+    def from_prefill(cls, prefill_cache: Any, prompt_mask: torch.Tensor) -> PromptState:
+        keys = [layer.keys.transpose(-1, -2).contiguous() for layer in prefill_cache.layers]
+        values = [layer.values.contiguous() for layer in prefill_cache.layers]
+        bias = None
+        if not bool(prompt_mask.all()):
+            zero = torch.zeros((), dtype=keys[0].dtype, device=prompt_mask.device)
+            bias = torch.where(prompt_mask.bool(), zero, float("-inf"))[:, None, None, :]
+        return cls(keys, values, bias)
+
+    @property
+    def count(self) -> int:
+        return self.keys[0].shape[0]
+
+    def select(self, prompts: torch.Tensor) -> PromptState:
+        """These prompts only (indices, in order); ``self`` when that is all of them."""
+        if prompts.numel() == self.count and bool(
+            (prompts == torch.arange(self.count, device=prompts.device)).all()
+        ):
+            return self
+        bias = None if self.bias is None else self.bias.index_select(0, prompts)
+        return PromptState([k.index_select(0, prompts) for k in self.keys],
+                           [v.index_select(0, prompts) for v in self.values], bias)  # fmt: skip
+
+
 class _SharedPromptCache:
     """Each prompt's keys/values once, each row's generated keys/values apart; attention over both in one softmax.
 
@@ -127,30 +161,14 @@ class _SharedPromptCache:
     (``tests/test_shared_decode.py``: every log-prob within 1e-5 of HF's forward).
     """
 
-    def __init__(self, prefill_cache: Any, prompt_mask: torch.Tensor, n: int, max_new: int) -> None:
-        self.n, self.prompt_len = n, prompt_mask.shape[1]
-        # prompt keys stored transposed ([..., head_dim, tokens]), once: the score product reads them as a plain GEMM
-        self.prompt_keys = [layer.keys.transpose(-1, -2).contiguous() for layer in prefill_cache.layers]
-        self.prompt_values = [layer.values.contiguous() for layer in prefill_cache.layers]
-        prompts, kv_heads, head_dim, _ = self.prompt_keys[0].shape
-        rows = prompts * n
+    def __init__(self, prompts: PromptState, n: int, max_new: int) -> None:
+        self.n, self.prompt_len = n, prompts.keys[0].shape[-1]
+        self.prompt_keys, self.prompt_values, self.prompt_bias = prompts.keys, prompts.values, prompts.bias
+        count, kv_heads, head_dim, _ = self.prompt_keys[0].shape
+        rows = count * n
         self.keys = [k.new_empty((rows, kv_heads, max_new, head_dim)) for k in self.prompt_keys]
         self.values = [v.new_empty((rows, kv_heads, max_new, head_dim)) for v in self.prompt_values]
         self.length = self.prompt_len
-        self.prompt_bias: torch.Tensor | None = None  # [prompts, 1, 1, prompt_len]: 0 / -inf on left padding
-        if not bool(prompt_mask.all()):
-            zero = torch.zeros((), dtype=self.prompt_keys[0].dtype, device=prompt_mask.device)
-            self.prompt_bias = torch.where(prompt_mask.bool(), zero, float("-inf"))[:, None, None, :]
-
-    def subset(self, prompts: torch.Tensor, rows: torch.Tensor) -> _SharedPromptCache:
-        """A cache of these prompts and rows (see :meth:`keep`); ``self`` itself when they are all of them in order."""
-        if prompts.numel() == self.prompt_keys[0].shape[0] and bool(
-            (prompts == torch.arange(prompts.numel(), device=prompts.device)).all()
-        ):
-            return self
-        out = copy.copy(self)  # keep() replaces the lists and tensors, so self is left as it was
-        out.keep(prompts, rows)
-        return out
 
     def keep(self, prompts: torch.Tensor, rows: torch.Tensor) -> None:
         """Keep only these prompts (indices into the current ones) and their rows (``prompts[i] * n + j``)."""
@@ -394,35 +412,43 @@ twice the CPU; one thread also keeps the decode's rounding independent of ``mode
 idle goes to a second decode process instead (:func:`_decode_split`)."""
 
 SPLIT_MIN_TOKENS = 1024
-"""Rows x new tokens each decode process must have at least (a fork of a training process costs ~5-10 ms of
-CPU, a decode step of a few rows ~1 ms): a rollout below twice this stays in one process."""
+"""Rows x new tokens each decode process must have at least (handing a part to a warm worker costs ~1 ms, a
+decode step of a few rows ~1 ms): a rollout below twice this stays in one process."""
 
 SPLIT_ENV = "CODEA1_DECODE_PROCESSES"
 """Environment variable: the most processes one shared decode may use (``1``: one; default: one per core this
 process may run on, see :func:`_split_processes`). The tokens and log-probs are the same for every count
 (``tests/test_shared_decode.py``)."""
 
+SPLIT_GRACE_S = 30.0
+"""How long the caller waits for a worker's part beyond the time its own part took; then the worker is killed
+and the caller decodes that part itself (a worker that hangs or dies costs time, never a result)."""
+
 
 @dataclass
 class _Decode:
     """Everything one shared decode needs after the prefill; :meth:`run` decodes a subset of its prompts.
 
-    ``tokens`` / ``logprobs`` hold every row of the call (prompt-major); a run writes only its own rows, so two
-    runs on disjoint prompts — one in a forked child, writing through shared memory — fill them together.
+    ``tokens`` / ``logprobs`` hold every row of the call (prompt-major); a run writes only its own rows, so
+    runs on disjoint prompts — here, or in a worker process whose rows are copied in — fill them together.
     """
 
     base: Any
-    cache: _SharedPromptCache
+    prompts: PromptState
     logits: torch.Tensor  # [rows, vocab] float32: the prefill's last logits, each prompt's repeated n times
     position: torch.Tensor  # [rows, 1]
     uniforms: torch.Tensor  # [rows, max_new_tokens]
     tokens: torch.Tensor  # [rows, max_new_tokens] long, pad-filled
     logprobs: torch.Tensor  # [rows, max_new_tokens] float32, zero-filled
     n: int
-    eos: torch.Tensor
+    eos: list[int]
     pad_id: int
     do_sample: bool
     warpers: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
+
+    def rows(self, prompts: torch.Tensor) -> torch.Tensor:
+        """The row indices of ``prompts`` (row ``p * n + j`` is sample ``j`` of prompt ``p``)."""
+        return (prompts[:, None] * self.n + torch.arange(self.n, device=prompts.device)).reshape(-1)
 
     def run(self, prompts: torch.Tensor) -> int:
         """Decode the rows of ``prompts`` (ascending indices); returns the steps they ran (their longest row).
@@ -431,10 +457,12 @@ class _Decode:
         checks split against whole bitwise), so any partition of the prompts gives the same result.
         """
         n, device = self.n, self.logits.device
-        live = (prompts[:, None] * n + torch.arange(n, device=device)).reshape(-1)  # rows in the batch
-        cache = self.cache.subset(prompts, live)
+        live = self.rows(prompts)  # rows in the batch
+        max_new_tokens = self.tokens.shape[1]
+        cache = _SharedPromptCache(self.prompts.select(prompts), n, max_new_tokens - 1)
         logits, position = self.logits[live], self.position[live]
-        prompt_len, max_new_tokens = cache.prompt_len, self.tokens.shape[1]
+        prompt_len = cache.prompt_len
+        eos = torch.tensor(self.eos, device=device)
         unfinished = torch.ones(live.numel(), dtype=torch.bool, device=device)
         step = decode_step.DecodeStep(self.base, cache, None, min_rows=decode_step.BATCH_INVARIANT_ROWS)
         steps = 0
@@ -452,7 +480,7 @@ class _Decode:
             # 0 after a row's stop (unused by Policy): the same whichever rows shared the batch
             self.logprobs[live, t] = torch.where(unfinished, logprob, 0.0)
             steps = t + 1
-            unfinished = unfinished & ~torch.isin(nxt, self.eos)
+            unfinished = unfinished & ~torch.isin(nxt, eos)
             if steps == max_new_tokens or not bool(unfinished.any()):
                 break
             groups = unfinished.view(-1, n).any(dim=1)
@@ -467,6 +495,46 @@ class _Decode:
             position = position + 1
             logits = step(nxt, position)
         return steps
+
+    def part(self, prompts: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """What a worker needs to decode ``prompts``: tensors (copied into its shared memory) and settings."""
+        live, state = self.rows(prompts), self.prompts.select(prompts)
+        tensors = {
+            "logits": self.logits[live],
+            "position": self.position[live],
+            "uniforms": self.uniforms[live],
+        }
+        for layer, (keys, values) in enumerate(zip(state.keys, state.values, strict=True)):
+            tensors[f"keys.{layer}"], tensors[f"values.{layer}"] = keys, values
+        if state.bias is not None:
+            tensors["bias"] = state.bias
+        meta = {"layers": len(state.keys), "n": self.n, "eos": list(self.eos), "pad_id": self.pad_id,
+                "do_sample": self.do_sample, "warpers": list(self.warpers), "max_new": self.tokens.shape[1]}  # fmt: skip
+        return tensors, meta
+
+
+def _worker_job(base: Any, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> tuple[dict, int]:
+    """A decode worker's job (:mod:`codea1_core.models.decode_pool`): :meth:`_Decode.run` over all its prompts."""
+    layers = range(meta["layers"])
+    state = PromptState([tensors[f"keys.{i}"] for i in layers], [tensors[f"values.{i}"] for i in layers],
+                        tensors.get("bias"))  # fmt: skip
+    rows, max_new = tensors["logits"].shape[0], meta["max_new"]
+    decode = _Decode(
+        base=base,
+        prompts=state,
+        logits=tensors["logits"],
+        position=tensors["position"],
+        uniforms=tensors["uniforms"],
+        tokens=torch.full((rows, max_new), meta["pad_id"], dtype=torch.long),
+        logprobs=torch.zeros((rows, max_new), dtype=torch.float32),
+        n=meta["n"],
+        eos=meta["eos"],
+        pad_id=meta["pad_id"],
+        do_sample=meta["do_sample"],
+        warpers=meta["warpers"],
+    )
+    steps = decode.run(torch.arange(state.count))
+    return {"tokens": decode.tokens[:, :steps], "logprobs": decode.logprobs[:, :steps]}, steps
 
 
 def _sample_shared(
@@ -497,29 +565,27 @@ def _sample_shared(
       tokens and log-probs for every count, bit for bit.
     """
     device = input_ids.device
-    prompts, prompt_len = input_ids.shape
+    prompts, _ = input_ids.shape
     rows = prompts * n
     uniforms = torch.rand((rows, max_new_tokens), device=device)
     logits, prefill_cache, position = _prefill(base, input_ids, attention_mask)
-    cache = _SharedPromptCache(prefill_cache, attention_mask, n, max_new_tokens - 1)
+    state = PromptState.from_prefill(prefill_cache, attention_mask)
     del prefill_cache
     threads = torch.get_num_threads()
     single = device.type == "cpu" and base.config.hidden_size <= SMALL_MODEL_HIDDEN and threads > 1
     if processes is None:
         processes = _split_processes(base, device, prompts, rows * max_new_tokens)
     processes = max(1, min(processes, prompts))
-    split = processes > 1
-    shape = (rows, max_new_tokens)
     decode = _Decode(
         base=base,
-        cache=cache,
+        prompts=state,
         logits=logits.repeat_interleave(n, 0),
         position=position.repeat_interleave(n, 0),
         uniforms=uniforms,
-        tokens=_filled(shape, torch.long, pad_id, split),
-        logprobs=_filled(shape, torch.float32, 0, split),
+        tokens=torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device),
+        logprobs=torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device),
         n=n,
-        eos=torch.tensor(list(eos_ids), device=device),
+        eos=[int(e) for e in eos_ids],
         pad_id=pad_id,
         do_sample=do_sample,
         warpers=warpers,
@@ -527,24 +593,25 @@ def _sample_shared(
     if single:
         torch.set_num_threads(1)
     try:
-        everything = torch.arange(prompts, device=device)
-        steps = _decode_split(decode, everything, processes) if split else decode.run(everything)
+        steps = _decode_split(decode, processes)
     finally:
         if single:
             torch.set_num_threads(threads)
-    return Sampled(decode.tokens[:, :steps].clone(), decode.logprobs[:, :steps].clone())
+    return Sampled(decode.tokens[:, :steps].cpu(), decode.logprobs[:, :steps].cpu())
 
 
 def _split_processes(base: Any, device: torch.device, prompts: int, work: int) -> int:
     """How many processes decode one shared rollout: one per core, where the decode runs on one thread.
 
-    Only small models (:data:`SMALL_MODEL_HIDDEN`, decoded on one thread) on a Linux CPU; at most the cores this
-    process may run on, the prompts, ``work`` (rows x new tokens) / :data:`SPLIT_MIN_TOKENS`, and
-    :data:`SPLIT_ENV` when set.
+    Only plain small models (:data:`SMALL_MODEL_HIDDEN`, decoded on one thread; no PEFT layers, whose switches
+    a worker's copy would not follow) on a Linux CPU; at most the cores this process may run on, the prompts,
+    ``work`` (rows x new tokens) / :data:`SPLIT_MIN_TOKENS`, and :data:`SPLIT_ENV` when set.
     """
     if not hasattr(os, "fork") or sys.platform != "linux":
         return 1
     if device.type != "cpu" or base.config.hidden_size > SMALL_MODEL_HIDDEN:
+        return 1
+    if any(type(module).__module__.startswith("peft.") for module in base.modules()):
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     limit = os.environ.get(SPLIT_ENV, "").strip()
@@ -556,102 +623,46 @@ def _split_processes(base: Any, device: torch.device, prompts: int, work: int) -
     return max(1, min(cores, prompts, work // SPLIT_MIN_TOKENS))
 
 
-def _filled(shape: tuple[int, int], dtype: torch.dtype, value: float, shared: bool) -> torch.Tensor:
-    """A tensor filled with ``value``; with ``shared``, in anonymous shared memory that a forked child writes too."""
-    if not shared:
-        return torch.full(shape, value, dtype=dtype)
-    count = shape[0] * shape[1]
-    buffer = mmap.mmap(-1, max(1, count * torch.empty((), dtype=dtype).element_size()))  # MAP_SHARED
-    with warnings.catch_warnings():  # frombuffer warns that an mmap is writable: that is the point
-        warnings.simplefilter("ignore", UserWarning)
-        out = torch.frombuffer(buffer, dtype=dtype, count=count).view(shape)
-    return out.fill_(value)
+def _decode_split(decode: _Decode, processes: int) -> int:
+    """Decode every prompt over ``processes`` processes, round robin: part 0 here, the others in warm workers.
 
-
-SPLIT_CHILD_GRACE_S = 30.0
-"""How long the parent waits for the child beyond its own half's time before it kills it and decodes that half
-itself (a child that hangs or dies costs time, never a result)."""
-
-
-def _decode_split(decode: _Decode, prompts: torch.Tensor, processes: int) -> int:
-    """Decode ``prompts`` in ``processes`` processes, round robin (part 0 here, the others in forked children).
-
-    A child inherits the model, the prefilled cache and the uniforms by fork (nothing is copied or pickled),
-    decodes its prompts on one thread into the shared ``tokens``/``logprobs`` and leaves through ``os._exit``
-    (no atexit handlers, no flushed buffers, nothing of the parent's touched); its step count comes back
-    through shared memory. A child that fails, hangs past :data:`SPLIT_CHILD_GRACE_S` or is killed is
-    reaped and its prompts are decoded here, with the same result; a Ctrl-C or an error here kills and
-    reaps every child. Returns the steps of the longest row.
+    The workers (:mod:`codea1_core.models.decode_pool`, one pool per model, forked once) get their part's
+    prefill state and the model's current weights through shared memory and return their rows, which are
+    copied in. A worker that is busy with another thread's decode, fails, dies or hangs past
+    :data:`SPLIT_GRACE_S` costs time only: its part is decoded here. Returns the steps of the longest row.
     """
-    parts = [prompts[i::processes] for i in range(processes)]
-    child_steps = _filled((1, processes), torch.long, -1, shared=True)
-    pids: dict[int, int] = {}  # part -> pid
-    try:
-        for part in range(1, processes):
-            with warnings.catch_warnings():  # 3.12+: "this process is multi-threaded, fork() may deadlock"
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
-            if pid == 0:  # a child: decode, publish the steps, leave without running anything of the parent's
-                code = 1
-                try:
-                    torch.set_num_threads(1)
-                    child_steps[0, part] = decode.run(parts[part])
-                    code = 0
-                finally:
-                    os._exit(code)
-            pids[part] = pid
-        start = time.monotonic()
-        steps = decode.run(parts[0])
-        deadline = time.monotonic() + (time.monotonic() - start) + SPLIT_CHILD_GRACE_S
-        failed = [part for part, pid in pids.items() if not _wait_child(pid, deadline - time.monotonic())]
-    except BaseException:
-        for pid in pids.values():
-            _kill_child(pid)
-        raise
-    for part in range(1, processes):
-        if part in failed or int(child_steps[0, part]) < 0:
-            log.warning("shared decode: decode process %d of %d failed; its %d prompts were decoded here",
-                        part + 1, processes, parts[part].numel())  # fmt: skip
-            rows = (parts[part][:, None] * decode.n + torch.arange(decode.n)).reshape(-1)
-            decode.tokens[rows] = decode.pad_id
-            decode.logprobs[rows] = 0
-            child_steps[0, part] = decode.run(parts[part])
-        steps = max(steps, int(child_steps[0, part]))
-    return steps
-
-
-def _wait_child(pid: int, timeout: float) -> bool:
-    """Reap ``pid``; True when it exited with status 0 within ``timeout`` seconds (else it is killed, False)."""
-    timeout = max(0.0, timeout)
-    try:  # wake up the moment it exits (Linux >= 5.3); else poll
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        fd = None
-    if fd is not None:
+    everything = torch.arange(decode.prompts.count)
+    pool = decode_pool.pool_for(decode.base, processes - 1, _worker_job) if processes > 1 else None
+    if pool is None:
+        return decode.run(everything)
+    parts = [everything[i::processes] for i in range(processes)]
+    with pool.claim() as mine:
+        if not mine:
+            return decode.run(everything)
+        max_new = decode.tokens.shape[1]
+        sent = []
         try:
-            select.select([fd], [], [], timeout)
-        finally:
-            os.close(fd)
-    deadline = time.monotonic() + (0 if fd is not None else timeout)
-    delay = 0.0005
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status) == 0
-        if time.monotonic() >= deadline:
-            _kill_child(pid)
-            return False
-        time.sleep(delay)
-        delay = min(delay * 2, 0.005)
-
-
-def _kill_child(pid: int) -> None:
-    """SIGKILL and reap ``pid`` (already gone: nothing to do)."""
-    try:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    except (ProcessLookupError, ChildProcessError):
-        pass
+            for index, part in enumerate(parts[1:]):
+                tensors, meta = decode.part(part)
+                out_bytes = part.numel() * decode.n * max_new * 12  # long tokens + float32 log-probs
+                sent.append(pool.submit(index, tensors, meta, out_bytes))
+            start = time.monotonic()
+            steps = decode.run(parts[0])
+        except BaseException:  # e.g. Ctrl-C: no worker may keep an answer nobody will read
+            pool.abandon()
+            raise
+        deadline = time.monotonic() + (time.monotonic() - start) + SPLIT_GRACE_S
+        for index, (part, ok) in enumerate(zip(parts[1:], sent, strict=True)):
+            got = pool.result(index, deadline - time.monotonic()) if ok else None
+            if got is None:
+                steps = max(steps, decode.run(part))
+                continue
+            outputs, part_steps = got
+            rows = decode.rows(part)
+            decode.tokens[rows, :part_steps] = outputs["tokens"]
+            decode.logprobs[rows, :part_steps] = outputs["logprobs"]
+            steps = max(steps, part_steps)
+    return steps
 
 
 def _inverse_cdf(scores: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
