@@ -411,9 +411,11 @@ decode, 2 cores): 1 thread 1.27-1.31 s wall for 1.3 s of CPU, 2 threads 1.09-1.1
 twice the CPU; one thread also keeps the decode's rounding independent of ``model.cpu_threads``. The core left
 idle goes to a second decode process instead (:func:`_decode_split`)."""
 
-SPLIT_MIN_TOKENS = 1024
-"""Rows x new tokens each decode process must have at least (handing a part to a warm worker costs ~1 ms, a
-decode step of a few rows ~1 ms): a rollout below twice this stays in one process."""
+SPLIT_MIN_TOKENS = 2048
+"""Rows x new tokens (at most) each decode process must have. Handing a part over costs a few ms and every
+process repeats each step's ~2 ms of fixed overhead, while rows often stop long before ``max_new_tokens``: the
+lab's code rollout (32 x 96, ~22 tokens per row after the warm start) measured slower split than in one
+process at 2 threads, its test rollout (128 x 128) 1.2-1.3x faster. A rollout below twice this stays in one."""
 
 SPLIT_ENV = "CODEA1_DECODE_PROCESSES"
 """Environment variable: the most processes one shared decode may use (``1``: one; default: one per core this
