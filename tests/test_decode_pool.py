@@ -74,6 +74,8 @@ def test_a_job_runs_on_the_current_weights_in_one_warm_worker(forks):
         model.bias.data = torch.zeros(5)  # a new tensor altogether
         assert torch.equal(_run(pool, model, x), model(x) * 2.0)
     assert len(forks) == 1 and decode_pool.pool_for(model, 1, apply) is pool
+    assert decode_pool.pool_for(model, 3, apply) is pool and pool.size == 3  # grown, not forked anew
+    assert decode_pool.pool_for(model, 2, apply) is pool and pool.size == 3 and len(forks) == 1
 
 
 def test_a_job_bigger_than_the_arena_gets_a_bigger_one(forks, monkeypatch):

@@ -224,6 +224,12 @@ class DecodePool:
     def __post_init__(self) -> None:
         self.workers = [None] * self.size
 
+    def grow(self, size: int) -> None:
+        """At least ``size`` worker slots (a job uses the first ones it needs; each is forked on first use)."""
+        if size > self.size:
+            self.workers.extend([None] * (size - self.size))
+            self.size = size
+
     # -- use ----------------------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -382,13 +388,15 @@ def _live_pools() -> list[DecodePool]:
 
 
 def pool_for(model: torch.nn.Module, workers: int, job: Job) -> DecodePool | None:
-    """The pool of ``workers`` workers running ``job`` for ``model`` (made on first use; None without fork)."""
+    """The pool running ``job`` for ``model``, with at least ``workers`` worker slots (made on first use; None
+    without fork)."""
     if workers < 1 or not hasattr(os, "fork"):
         return None
     key = id(model)
     with _POOLS_LOCK:
         pool = _POOLS.get(key)
-        if pool is not None and pool.model_ref() is model and pool.size == workers and pool.job is job:
+        if pool is not None and pool.model_ref() is model and pool.job is job:
+            pool.grow(workers)  # calls of other sizes share one pool; workers are forked on first use
             return pool
     if pool is not None:
         pool.close()
