@@ -39,6 +39,7 @@ import signal
 import socket
 import struct
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -312,7 +313,9 @@ class DecodePool:
         mine, theirs = socket.socketpair()
         parent = os.getpid()
         try:
-            pid = os.fork()
+            with warnings.catch_warnings():  # 3.12+: "this process is multi-threaded, fork() may deadlock the
+                warnings.simplefilter("ignore", DeprecationWarning)  # child": it runs no code of the others
+                pid = os.fork()
         except OSError as exc:
             log.warning("decode worker %d: fork failed (%s); decoding in one process", index + 1, exc)
             mine.close()
