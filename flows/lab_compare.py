@@ -354,7 +354,7 @@ def collect_dir(runs: Path, experiments: Sequence[Experiment]) -> list[RunResult
             if (folder / RUN_FILE).is_file():
                 res.run = json.loads((folder / RUN_FILE).read_text())
         except FileNotFoundError:
-            res.error = "no outputs (the experiment failed; see dvc.log)"
+            res.error = "no outputs (not run yet, or it failed: see dvc.log)"
         except json.JSONDecodeError as exc:
             res.error = f"unreadable {folder / Path(EVAL_FILE).name}: {exc}"
         results.append(res)
