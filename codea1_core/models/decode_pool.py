@@ -23,6 +23,8 @@ caller runs that part itself: a failure costs time, never a result. The next sub
 What it does not: share a model across processes for writing, run on GPUs, or work for models whose behaviour
 depends on Python state changed after the fork (e.g. a PEFT adapter switched off): callers pass plain
 modules whose numbers depend only on their tensors and config (checked: a config change refreshes the pool).
+Weights written through ``tensor.data`` bypass torch's version counter and would not be resent; nothing in
+this project does that (optimizer steps and ``load_state_dict`` write in place, counted).
 """
 
 from __future__ import annotations
