@@ -23,9 +23,11 @@ Two runners (``--runner``, default ``auto``):
     every stage output of ``dvc.yaml`` are moved to ``.dvc/tmp/lab_compare_backup``; ``params.yaml`` is reset
     before each experiment; each run's two files are copied to ``runs/<name>/``; afterwards (also on failure
     or Ctrl-C) the experiments' outputs are deleted and the user's files moved back. While it runs, the
-    workspace holds the experiment being run — do not use the repo for anything else meanwhile. After a hard
-    kill (SIGKILL, power loss) the next start restores the workspace first; ``--resume TAG`` then runs only
-    the experiments without results in ``runs/``. Content-addressed caches the stages keep beside their
+    workspace holds the experiment being run — do not use the repo for anything else meanwhile. A running
+    comparison holds ``.dvc/tmp/lab_compare.lock`` (``flock``): a second one in the same repo stops with a
+    clear error, and ``--collect-only`` never touches the workspace, so peeking at a running comparison's
+    results is safe. After a hard kill (SIGKILL, power loss) the kernel drops the lock and the next start
+    restores the workspace first; ``--resume TAG`` then runs only the experiments without results in ``runs/``. Content-addressed caches the stages keep beside their
     outputs (``outputs/eval/mutants``, ``outputs/eval/baseline_cache``) stay: keyed by content, they only
     save later runs work.
 Either way each experiment also stays a git ref under ``refs/exps`` (``dvc exp show``; ``dvc exp remove -A``).
@@ -48,6 +50,8 @@ quoted, e.g. ``"tracking.backend='null'"``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import io
 import json
 import os
@@ -55,7 +59,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +202,41 @@ def _stage_outs(repo: Path) -> list[str]:
 
 BACKUP = Path(".dvc") / "tmp" / "lab_compare_backup"
 """Where the workspace runner keeps the user's params, lock and stage outputs while experiments run."""
+
+
+LOCK = Path(".dvc") / "tmp" / "lab_compare.lock"
+"""Held (``flock``) by a running comparison, from its start-up restore to its final one; it holds the pid."""
+
+
+@contextlib.contextmanager
+def workspace_lock(repo: Path) -> Iterator[None]:
+    """Hold :data:`LOCK` for a comparison; a clear error when another comparison in ``repo`` holds it.
+
+    Without it a second start (a ``--resume`` typed twice, a peek at the results) took the running comparison's
+    backup for one left by a killed run and restored it under the experiment being run (seen for real: the
+    experiment lost ``data/prepared`` and failed, and the user's workspace was never put back). The kernel
+    releases the lock when its process dies, however it dies, so a hard-killed run's backup is restorable.
+    """
+    path = repo / LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            owner = handle.read().strip() or "unknown"
+            raise UserError(
+                f"another lab-compare is running in {repo} (pid {owner}; {path} is locked): wait for it or stop "
+                "it first. `--collect-only TAG` reads the results so far without touching the workspace."
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.truncate(0)
 
 
 def _workspace_paths(repo: Path) -> list[str]:
@@ -476,13 +515,20 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> None:
         repo = Path(args.repo).resolve()
-        if restore_workspace(repo):  # a run killed hard left the user's files aside: put them back first
-            print(f"lab-compare: restored the workspace left by an interrupted run ({BACKUP})")
+        with contextlib.ExitStack() as stack:
+            if not args.collect_only:  # collecting reads runs/ only: safe beside a running comparison
+                stack.enter_context(workspace_lock(repo))
+                if restore_workspace(repo):  # a run killed hard left the user's files aside: put them back
+                    print(f"lab-compare: restored the workspace left by an interrupted run ({BACKUP})")
+            compare(repo)
+
+    def compare(repo: Path) -> None:
         tag = args.collect_only or args.resume or time.strftime("%Y%m%d-%H%M%S")
         seeds = 1 if args.quick else args.seeds
         extra = [*(QUICK_OVERRIDES if args.quick else []), *COMMON_OVERRIDES, *args.overrides]
         experiments = plan([m for m in args.modes.split(",") if m], seeds, extra, tag)
-        validate(repo / "params.yaml", experiments)
+        if not args.collect_only:  # mid-run, params.yaml is the running experiment's
+            validate(repo / "params.yaml", experiments)
         out, start = repo / args.out, time.monotonic()
         runner = args.runner
         if runner == "auto":

@@ -11,6 +11,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -385,13 +386,7 @@ def test_a_hard_killed_run_is_restored_and_resumed_without_redoing_finished_expe
     tmp_path, monkeypatch
 ):
     repo = _fake_dvc_repo(tmp_path, monkeypatch)
-    # State after SIGKILL during the 2nd experiment: the user's files in the backup, an experiment's in place.
-    backup = repo / lc.BACKUP
-    (backup / "data" / "prepared").mkdir(parents=True)
-    os.replace(repo / "params.yaml", backup / "params.yaml")
-    os.replace(repo / "data" / "prepared" / "mine", backup / "data" / "prepared" / "mine")
-    (repo / "params.yaml").write_text("seed: 1\nedited: by an experiment\n")
-    (repo / "data" / "prepared" / "x").write_text("experiment data")
+    backup = _killed_run_state(repo)  # SIGKILL during the 2nd experiment
     (repo / "dvc.lock").write_text("experiment lock")
     runs = repo / "outputs" / "lab_compare" / "runs"
     (runs / "lc-t-codea1-s1").mkdir(parents=True)
@@ -460,3 +455,53 @@ def test_recollecting_keeps_the_recorded_wall_time(tmp_path):
     assert lc.recorded_wall_s(path, default=1.0) == 7200.5
     path.write_text("{not json")
     assert lc.recorded_wall_s(path, default=1.0) == 1.0
+
+
+def _killed_run_state(repo: Path) -> Path:
+    """The workspace as a comparison leaves it mid-experiment: the user's files in the backup."""
+    backup = repo / lc.BACKUP
+    (backup / "data" / "prepared").mkdir(parents=True)
+    os.replace(repo / "params.yaml", backup / "params.yaml")
+    os.replace(repo / "data" / "prepared" / "mine", backup / "data" / "prepared" / "mine")
+    (repo / "params.yaml").write_text("seed: 1\nedited: by an experiment\n")
+    (repo / "data" / "prepared" / "x").write_text("experiment data")
+    return backup
+
+
+def test_a_running_comparison_is_never_restored_under_its_experiment(tmp_path, monkeypatch, capsys):
+    """Seen for real: `--collect-only` while a comparison ran restored its backup and broke the experiment."""
+    repo = _fake_dvc_repo(tmp_path, monkeypatch)
+    backup = _killed_run_state(repo)
+    runs = repo / "outputs" / "lab_compare" / "runs"
+    (runs / "lc-t-codea1-s1").mkdir(parents=True)
+    (runs / "lc-t-codea1-s1" / "metrics.json").write_text('{"code/lab_heldout_seen/base/pass@1": 40.0}')
+    (runs / "lc-t-codea1-s1" / "history.csv").write_text("iteration,code/reward_mean\n1,0.25\n")
+    args = ["--modes", "codea1", "--seeds", "1", "--repo", str(repo)]
+    with lc.workspace_lock(repo):  # the running comparison (flock: another open file, as in another process)
+        assert lc.main([*args, "--collect-only", "t"]) == 0  # reads runs/, leaves the workspace alone
+        assert lc.main([*args, "--resume", "t", "--runner", "workspace"]) == 2
+        assert "another lab-compare is running" in capsys.readouterr().err
+        assert (repo / "data" / "prepared" / "x").exists() and (backup / "params.yaml").exists()
+        assert (repo / lc.LOCK).read_text().strip() == str(os.getpid())
+    assert lc.main([*args, "--resume", "t", "--runner", "workspace"]) == 0  # released: now it is a killed run's
+    assert (repo / "params.yaml").read_text() == "seed: 1\n" and not backup.exists()
+    assert sorted(p.name for p in (repo / "data" / "prepared").iterdir()) == ["mine"]
+
+
+def test_the_lock_dies_with_its_process(tmp_path):
+    """A hard-killed comparison does not leave the repo locked: the kernel drops a dead process's flock."""
+    (tmp_path / ".dvc" / "tmp").mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl,sys,time; f=open(sys.argv[1],'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+         "print('held', flush=True); time.sleep(60)", str(tmp_path / lc.LOCK)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(UserError, match="another lab-compare"), lc.workspace_lock(tmp_path):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with lc.workspace_lock(tmp_path):
+        pass
