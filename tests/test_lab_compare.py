@@ -483,7 +483,8 @@ def test_a_running_comparison_is_never_restored_under_its_experiment(tmp_path, m
         assert "another lab-compare is running" in capsys.readouterr().err
         assert (repo / "data" / "prepared" / "x").exists() and (backup / "params.yaml").exists()
         assert (repo / lc.LOCK).read_text().strip() == str(os.getpid())
-    assert lc.main([*args, "--resume", "t", "--runner", "workspace"]) == 0  # released: now it is a killed run's
+    # released: now the backup is a killed run's, restored before resuming
+    assert lc.main([*args, "--resume", "t", "--runner", "workspace"]) == 0
     assert (repo / "params.yaml").read_text() == "seed: 1\n" and not backup.exists()
     assert sorted(p.name for p in (repo / "data" / "prepared").iterdir()) == ["mine"]
 
