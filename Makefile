@@ -61,11 +61,11 @@ lint: setup
 format: setup
 	@$(BIN)/ruff check --fix . && $(BIN)/ruff format .
 
-## lab-compare: 8 arms (golden sparse/boundary, selfplay, codea1, codea1 no Mistake Book, codea1 alpha 0/1, the default run) x 5 seeds (DVC experiments)
+## lab-compare: 8 arms (golden sparse/boundary, selfplay, codea1, codea1 no Mistake Book, codea1 alpha 0/1, codea1 on boundary tests) x 5 seeds (DVC experiments)
 lab-compare: setup
 	@PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m flows.lab_compare
 
-## readme-numbers: rewrite the README's learning numbers from the versioned outputs/eval/metrics.json (after make run)
+## readme-numbers: rewrite the README's measured blocks (learning, seeds, lab-compare) from outputs/eval/metrics.json and docs/lab_compare/
 readme-numbers: setup
 	@$(BIN)/python -m flows.readme_numbers
 

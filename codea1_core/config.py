@@ -405,12 +405,15 @@ class LabConfig:
     """Test-LLM warm-start conversations per training problem (test prompts are ~3x longer)."""
     warmstart_batch_size: int = 4
     """SFT batch size of the warm start."""
-    golden_tests: Literal["sparse", "boundary"] = "boundary"
+    golden_tests: Literal["sparse", "boundary"] = "sparse"
     """Golden tests that TRAINING sees (golden-mode rewards, validation, the warm start's golden calls):
     ``boundary`` = each problem's exhaustive boundary tests plus two ordinary inputs (an oracle ceiling);
     ``sparse`` = two or three happy-path tests per problem, like MBPP's three asserts, that at least half
     of each family's buggy variants pass (the paper's premise: human tests are scarce). Evaluation
-    (the ``test`` split) always uses the full set and reports ``base``, ``plus`` and ``sparse`` pass@k."""
+    (the ``test`` split) always uses the full set and reports ``base``, ``plus`` and ``sparse`` pass@k.
+    Default ``sparse``: over 5 seeds of ``make lab-compare`` codea1 gained the same with either (paired
+    boundary − sparse +0.8 ± 2.9 points) and its Test LLM's ``pass@5`` was 4.9 ± 1.4 points higher, on every
+    seed, with the sparse warm-start suites (README, "The paper's comparison in small")."""
 
 
 @dataclass(frozen=True)

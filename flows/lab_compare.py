@@ -3,8 +3,8 @@
 What it does: one DVC experiment per (mode, seed) — the arms of ``codea1_core.evaluation.comparison.MODES``: ``golden_sparse``
 (golden tests as scarce as real data's), ``golden_boundary`` (exhaustive boundary tests: the oracle ceiling),
 ``selfplay``, ``codea1``, ``codea1`` without the Mistake Book (``codea1_nomb``) and at α = 0 / 1 (``codea1_a0``,
-``codea1_a1``), and ``default`` (``params.yaml`` as shipped: the default ``make run``); every arm but the ceiling
-and ``default`` trains with ``lab.golden_tests=sparse``; seeds 1..N set ``seed`` and ``data.seed``
+``codea1_a1``), and ``codea1_boundary`` (codea1 with the boundary tests; ``codea1`` is the default ``make run``);
+every arm but the ceiling and ``codea1_boundary`` trains with ``lab.golden_tests=sparse``; seeds 1..N set ``seed`` and ``data.seed``
 — each ``dvc exp run evaluate -S mode=... -S seed=... -n lc-<tag>-<mode>-s<seed>`` (prepare → warmstart → train
 → evaluate; ``register`` is not run and ``tracking.register=false``, so a comparison never touches the model
 registry). It then reads every experiment's ``outputs/eval/metrics.json`` and ``outputs/train/history.csv`` and

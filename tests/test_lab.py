@@ -12,7 +12,7 @@ from codea1_core.config import ConfigError, LabConfig
 from codea1_core.data import lab
 from codea1_core.data.lab import FAMILIES, buggy_variants, lab_problems, tokenizer_corpus, warmstart_examples
 
-CFG = LabConfig()
+CFG = LabConfig(golden_tests="boundary")  # every test asserts the full set unless it says sparse
 
 
 def _outputs(source: str, calls: list[str]) -> list:

@@ -138,13 +138,11 @@ def test_table_markdown_rows_in_mode_order_and_failures_listed():
 def test_arms_cover_the_papers_comparison_and_only_the_ceiling_sees_boundary_tests(repo_root):
     assert set(cmp.MODES) == {
         "golden_sparse", "golden_boundary", "selfplay", "codea1", "codea1_nomb", "codea1_a0", "codea1_a1",
-        "default",
+        "codea1_boundary",
     }  # fmt: skip
     for mode, overrides in cmp.MODES.items():
-        if mode == "default":
-            assert overrides == []  # params.yaml as shipped: what make run runs
-            continue
-        coverage = "lab.golden_tests=boundary" if mode == "golden_boundary" else "lab.golden_tests=sparse"
+        boundary = mode in ("golden_boundary", "codea1_boundary")
+        coverage = "lab.golden_tests=boundary" if boundary else "lab.golden_tests=sparse"
         assert coverage in overrides, mode
     assert "reward.alpha=0.0" in cmp.MODES["codea1_a0"] and "reward.alpha=1.0" in cmp.MODES["codea1_a1"]
     assert cmp.BASELINE_ARM == "golden_sparse" and set(cmp.MODE_COLORS) == set(cmp.MODES)
@@ -153,6 +151,15 @@ def test_arms_cover_the_papers_comparison_and_only_the_ceiling_sees_boundary_tes
 
     cfgs = {m: load_config(repo_root / "params.yaml", cmp.MODES[m]) for m in ("codea1_a1", "golden_sparse")}
     assert cfgs["codea1_a1"].reward.alpha == 1.0 and cfgs["golden_sparse"].lab.golden_tests == "sparse"
+
+
+def test_the_codea1_arm_is_the_default_run(repo_root):
+    """The README's default run across seeds is the codea1 arm: it must be params.yaml as shipped."""
+    from codea1_core.config import load_config
+
+    params = repo_root / "params.yaml"
+    assert load_config(params, cmp.MODES["codea1"]) == load_config(params, [])
+    assert load_config(params, cmp.MODES["codea1_boundary"]) != load_config(params, [])
 
 
 def test_ci95_is_the_student_t_interval_of_the_mean():
