@@ -390,7 +390,9 @@ def test_quick_compare_in_a_temp_clone(repo_root, tmp_path):
     assert (clone / "params.yaml").read_bytes() == params_before
     assert (_git(clone, "rev-parse", "HEAD"), _git(clone, "status", "--porcelain")) == git_before
     # the queue ran every stage in temp copies: none of its (git-ignored) outputs appeared in the workspace
-    assert not [p for p in ("data/prepared", "outputs/warmstart", "outputs/train/final") if (clone / p).exists()]
+    assert not [
+        p for p in ("data/prepared", "outputs/warmstart", "outputs/train/final") if (clone / p).exists()
+    ]
 
 
 def test_a_hard_killed_run_is_restored_and_resumed_without_redoing_finished_experiments(
