@@ -3,8 +3,9 @@
 What it does: one DVC experiment per (mode, seed) — the arms of ``codea1_core.evaluation.comparison.MODES``: ``golden_sparse``
 (golden tests as scarce as real data's), ``golden_boundary`` (exhaustive boundary tests: the oracle ceiling),
 ``selfplay``, ``codea1``, ``codea1`` without the Mistake Book (``codea1_nomb``) and at α = 0 / 1 (``codea1_a0``,
-``codea1_a1``), and ``codea1_boundary`` (codea1 with the boundary tests; ``codea1`` is the default ``make run``);
-every arm but the ceiling and ``codea1_boundary`` trains with ``lab.golden_tests=sparse``; seeds 1..N set ``seed`` and ``data.seed``
+``codea1_a1``), and ``codea1_boundary`` (codea1 with the boundary tests; ``codea1`` is the default
+``make run``); every arm but the ceiling and ``codea1_boundary`` trains with ``lab.golden_tests=sparse``;
+seeds 1..N set ``seed`` and ``data.seed``
 — each ``dvc exp run evaluate -S mode=... -S seed=... -n lc-<tag>-<mode>-s<seed>`` (prepare → warmstart → train
 → evaluate; ``register`` is not run and ``tracking.register=false``, so a comparison never touches the model
 registry). It then reads every experiment's ``outputs/eval/metrics.json`` and ``outputs/train/history.csv`` and
@@ -27,9 +28,9 @@ Two runners (``--runner``, default ``auto``):
     comparison holds ``.dvc/tmp/lab_compare.lock`` (``flock``): a second one in the same repo stops with a
     clear error, and ``--collect-only`` never touches the workspace, so peeking at a running comparison's
     results is safe. After a hard kill (SIGKILL, power loss) the kernel drops the lock and the next start
-    restores the workspace first; ``--resume TAG`` then runs only the experiments without results in ``runs/``. Content-addressed caches the stages keep beside their
-    outputs (``outputs/eval/mutants``, ``outputs/eval/baseline_cache``) stay: keyed by content, they only
-    save later runs work.
+    restores the workspace first; ``--resume TAG`` then runs only the experiments without results in
+    ``runs/``. Content-addressed caches the stages keep beside their outputs (``outputs/eval/mutants``,
+    ``outputs/eval/baseline_cache``) stay: keyed by content, they only save later runs work.
 Either way each experiment also stays a git ref under ``refs/exps`` (``dvc exp show``; ``dvc exp remove -A``).
 MLflow: queued runs log to their temp copy's ``mlflow/`` store (dropped with it); workspace runs log to the
 user's store (``tracking.*``), as any ``dvc exp run`` would.

@@ -79,8 +79,8 @@ def render_seeds(runs: dict[int, dict[str, Any]], commit: str) -> str:
     """The default run across seeds: one row per seed, then the gain's mean and range."""
     lines = [
         _fill(
-            f"The default run across seeds — the `{DEFAULT_ARM}` arm of `make lab-compare` (`params.yaml` as shipped) at "
-            f"`{commit}`, each seed a full run with `seed` and `data.seed` set; seed 1 is the run above:"
+            f"The default run across seeds — the `{DEFAULT_ARM}` arm of `make lab-compare` (`params.yaml` as "
+            f"shipped) at `{commit}`, each seed a full run with `seed` and `data.seed` set; seed 1 is the run above:"
         ),
         "",
         "| seed | headline pass@1, warm start → trained | all held-out pass@1 | test `pass@5` | `mut@5` "

@@ -154,11 +154,13 @@ def test_arms_cover_the_papers_comparison_and_only_the_ceiling_sees_boundary_tes
 
 
 def test_the_codea1_arm_is_the_default_run(repo_root):
-    """The README's default run across seeds is the codea1 arm: it must be params.yaml as shipped."""
+    """The README's default run across seeds is the arm readme_numbers reads: it must be params.yaml as shipped."""
     from codea1_core.config import load_config
+    from flows.readme_numbers import DEFAULT_ARM
 
     params = repo_root / "params.yaml"
-    assert load_config(params, cmp.MODES["codea1"]) == load_config(params, [])
+    assert DEFAULT_ARM == "codea1"
+    assert load_config(params, cmp.MODES[DEFAULT_ARM]) == load_config(params, [])
     assert load_config(params, cmp.MODES["codea1_boundary"]) != load_config(params, [])
 
 
