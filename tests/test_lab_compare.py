@@ -131,7 +131,7 @@ def test_table_markdown_rows_in_mode_order_and_failures_listed():
 
 
 # ------------------------------------------------------------------------------------------------
-# Arms, confidence intervals and the paired comparison (issue 17)
+# Arms, confidence intervals and the paired comparison
 # ------------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""The README states its measured numbers exactly as the committed outputs say (issue 17, item 5)."""
+"""The README states its measured numbers exactly as the committed outputs say."""
 
 from __future__ import annotations
 
