@@ -41,7 +41,8 @@ def test_drift_is_detected_then_rewritten(repo_root: Path, tmp_path: Path, capsy
         "make readme-numbers" in last and "README.md learning" in last and "docs/results.md learning" in last
     )
     assert readme_numbers.main([], repo=repo) == 0
-    row = f"| {readme_numbers._num(metrics[f'warmstart/{key}'])} | 99 | **{99.0 - metrics[f'warmstart/{key}']:+.1f}** |"
+    warm = metrics[f"warmstart/{key}"]
+    row = f"| {readme_numbers._num(warm)} | 99 | **{99.0 - warm:+.1f}** |"
     for rel in readme_numbers.FILES:
         text = (repo / rel).read_text()
         assert row in text, rel
