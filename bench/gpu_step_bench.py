@@ -123,7 +123,7 @@ def build_model(work: Path, shrink: bool, lab_cfg: Any) -> tuple[Path, dict]:
 
 
 def rollout_and_score(state: dict, it: int) -> tuple[Any, Any]:
-    """Code rollouts .. Mistake Book (ALGORITHM.md §3 steps 2-10); returns (code GroupBatch, test GroupBatch)."""
+    """Code rollouts .. Mistake Book (docs/method.md §3 steps 2-10); returns (code GroupBatch, test GroupBatch)."""
     from codea1_core.method import loop
     from codea1_core.method.outcomes import plan_problem
     from codea1_core.method.parsing import extract_code, extract_tests

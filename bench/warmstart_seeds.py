@@ -1,4 +1,4 @@
-"""Benchmark: the lab warm start alone, per seed — its held-out pass@1 and how far seeds spread (issue 17).
+"""Benchmark: the lab warm start alone, per seed — its held-out pass@1 and how far seeds spread.
 
 What it measures: for each seed, the Code-LLM warm start exactly as the ``warmstart`` stage builds it
 (``flows.warmstart.warm_start`` with ``seed`` and ``data.seed`` set, code role only), then the evaluate
@@ -6,8 +6,8 @@ stage's protocol on the held-out lab problems (``eval.n_samples`` samples at ``e
 process sandbox, ``tasks.evaluate.score_codes``): ``code/lab_heldout_seen/base/pass@1`` (the headline),
 the SFT's final training loss, and what the seen-family samples are: the reference exactly (``ref``), one of
 the family's known buggy variants (``bug``) or anything else (``other``: mostly the right shape with
-constants that are not the prompt's, i.e. memorized training constants; issue 17's failing seeds).
-It prints one line per seed, then the median, min / median (the issue's acceptance: no seed below half
+constants that are not the prompt's, i.e. memorized training constants).
+It prints one line per seed, then the median, min / median (the target: no seed below half
 the median) and max - min, all measured in this run.
 
 What it does not: train with RL or touch ``outputs/``; everything lives in a temporary folder.
@@ -109,7 +109,7 @@ def main() -> int:
     verdict = "n/a (median 0)"
     if median:
         ratio = min(values) / median
-        verdict = f"{ratio:.2f} ({'ok' if ratio >= 0.5 else 'BELOW'} the issue's 0.5)"
+        verdict = f"{ratio:.2f} ({'ok' if ratio >= 0.5 else 'BELOW'} the target's 0.5)"
     spread = max(values) - min(values)
     print(
         f"median {median:.1f}  min {min(values):.1f}  max {max(values):.1f}  spread {spread:.1f}  min/median {verdict}"

@@ -3,7 +3,7 @@
 ``params.yaml`` is the single source of truth for every knob. ``Config.from_dict`` (and
 ``load_config``) reject unknown keys and wrong types with the dotted key path in the message, e.g.
 ``reward.alpha: expected float, got str '0.5x'``. ``key=value`` overrides from the CLI go through the
-same path (:func:`apply_overrides`). Defaults follow ``ALGORITHM.md`` §11 and §19 where it gives one;
+same path (:func:`apply_overrides`). Defaults follow ``docs/method.md`` §11 and §19 where it gives one;
 the built-in CPU lab overrides sizes in ``params.yaml``.
 
 This module is pure: it reads YAML and builds dataclasses, nothing else.
@@ -54,7 +54,7 @@ class DataConfig:
     reference_call_timeout_s: float = 20.0
     """Per-call time limit when ``prepare`` runs reference solutions (some EvalPlus inputs are heavy)."""
     train_batch_size: int = 256
-    """B: problems per training step (ALGORITHM.md §2)."""
+    """B: problems per training step (docs/method.md §2)."""
     epochs: int = 3
     """Passes over the training set; steps = floor(|D| / B) * epochs (last partial batch dropped)."""
     seed: int = 1
@@ -72,7 +72,7 @@ class ModelConfig:
     test_path: str = "outputs/warmstart/test"
     """Test-LLM start (ignored in ``golden`` and ``selfplay`` modes)."""
     finetune: Literal["lora", "full"] = "lora"
-    """``lora`` (adapters; reference = adapter disabled) or ``full`` (frozen reference copy). ALGORITHM.md D8."""
+    """``lora`` (adapters; reference = adapter disabled) or ``full`` (frozen reference copy). docs/method.md D8."""
     lora_rank: int = 16
     """LoRA rank r."""
     lora_alpha: int = 32
@@ -102,7 +102,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    """Sampling of code and tests (ALGORITHM.md §3, §11)."""
+    """Sampling of code and tests (docs/method.md §3, §11)."""
 
     backend: Literal["hf", "vllm"] = "hf"
     """``hf`` (transformers ``generate``, CPU or GPU) or ``vllm`` (GPU, ``pip install -e .[gpu]``)."""
@@ -147,7 +147,7 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class GrpoConfig:
-    """The GRPO update (ALGORITHM.md §10, D8, D9)."""
+    """The GRPO update (docs/method.md §10, D8, D9)."""
 
     clip_low: float = 0.2
     """PPO clip ratio below 1."""
@@ -185,7 +185,7 @@ class GrpoConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    """Reward formulas (ALGORITHM.md §7, D7)."""
+    """Reward formulas (docs/method.md §7, D7)."""
 
     alpha: float = 0.5
     """Weight of validity against the adversarial term in the test reward."""
@@ -201,7 +201,7 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class TestsConfig:
-    """Parsing and gating of generated tests (ALGORITHM.md §5.2, D5)."""
+    """Parsing and gating of generated tests (docs/method.md §5.2, D5)."""
 
     parse_mode: Literal["strict", "official"] = "strict"
     """``strict`` (D5: call on either side, other forms counted invalid) or ``official``."""
@@ -219,7 +219,7 @@ class TestsConfig:
 
 @dataclass(frozen=True)
 class MistakeBookConfig:
-    """The Mistake Book (ALGORITHM.md §8, D6)."""
+    """The Mistake Book (docs/method.md §8, D6)."""
 
     enabled: bool = True
     """Replay and update the book (``false`` = the no-Mistake-Book ablation)."""
@@ -233,7 +233,7 @@ class MistakeBookConfig:
 
 @dataclass(frozen=True)
 class SandboxConfig:
-    """Execution of untrusted code (ALGORITHM.md D2-D4)."""
+    """Execution of untrusted code (docs/method.md D2-D4)."""
 
     backend: Literal["process", "docker", "ray"] = "process"
     """``process`` (fork-server pool, everywhere), ``docker`` (needs an engine) or ``ray`` (the process pool in
@@ -274,7 +274,7 @@ class SandboxConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Benchmark evaluation (ALGORITHM.md §13)."""
+    """Benchmark evaluation (docs/method.md §13)."""
 
     n_samples: int = 32
     """Samples per problem for avg@n / pass@k."""
@@ -385,7 +385,8 @@ class LabConfig:
     """SFT epochs of the warm start (both roles, unless ``warmstart_code_epochs`` sets the Code LLM's)."""
     warmstart_code_epochs: int = 0
     """SFT epochs of the Code-LLM warm start; 0 = ``warmstart_epochs``. Apart because copying the prompt's
-    constants is learnt late (issue 17) while the Test LLM's imperfect suites need no more epochs."""
+    constants is learnt late (with fewer epochs, whether it is learnt depends on the seed) while the Test
+    LLM's imperfect suites need no more epochs."""
     warmstart_lr: float = 1.0e-3
     """SFT learning rate of the warm start."""
     buggy_fraction: float = 0.5
@@ -397,7 +398,7 @@ class LabConfig:
     fresh ones (never a ``val``/``test`` parameter set) up to this count; 0 (or <= ``train_per_family``) =
     the training problems alone. Why: the task is to copy the prompt's constants into the code; with 12
     parameter sets seen 24 times each, a tiny model can memorize the 12 answers instead, and whether it
-    learns to copy then depends on the seed (issue 17: held-out pass@1 2.7 / 10.4 / 14.1 / 23.7 / 25.3 over
+    learns to copy then depends on the seed (measured held-out pass@1 2.7 / 10.4 / 14.1 / 23.7 / 25.3 over
     seeds 1-5). ``params.yaml``: 48 sets x 1 conversation x ``warmstart_code_epochs: 12`` measured
     42.8 / 40.7 / 35.7 / 39.6 / 37.7 (``bench/warmstart_seeds.py``; 9 epochs: seed 1 only 21.3, copying is
     learnt late). Every family supplies ``2 * heldout_per_family + this <= 60`` parameter sets."""
@@ -413,7 +414,7 @@ class LabConfig:
     (the ``test`` split) always uses the full set and reports ``base``, ``plus`` and ``sparse`` pass@k.
     Default ``sparse``: over 5 seeds of ``make lab-compare`` codea1 gained the same with either (paired
     boundary − sparse +0.8 ± 2.9 points) and its Test LLM's ``pass@5`` was 4.9 ± 1.4 points higher, on every
-    seed, with the sparse warm-start suites (README, "The paper's comparison in small")."""
+    seed, with the sparse warm-start suites (docs/results.md)."""
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ class CallOutcome:
 
     ``value`` is the decoded plain value when ``status == "ok"`` (else None); ``error`` is
     ``"ExcType: message"`` for failures. ``infra_error`` means the executor failed, not the program:
-    it is never scored (ALGORITHM.md D4).
+    it is never scored (docs/method.md D4).
     """
 
     status: CallStatus
@@ -86,7 +86,7 @@ class Problem:
 
 
 # --------------------------------------------------------------------------------------------------
-# Parsed test responses (ALGORITHM.md §5.2, D5) — produced by ``codea1_core.method.parsing``
+# Parsed test responses (docs/method.md §5.2, D5) — produced by ``codea1_core.method.parsing``
 # --------------------------------------------------------------------------------------------------
 
 
@@ -119,7 +119,7 @@ class ParsedSuite:
 
 
 # --------------------------------------------------------------------------------------------------
-# Execution outcomes (ALGORITHM.md §6, D1-D4) — assembled by ``codea1_core.method.outcomes``
+# Execution outcomes (docs/method.md §6, D1-D4) — assembled by ``codea1_core.method.outcomes``
 # --------------------------------------------------------------------------------------------------
 
 

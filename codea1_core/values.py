@@ -1,4 +1,4 @@
-"""Safe codec for plain values, the trusted tolerant comparison, and source literals (ALGORITHM.md D2).
+"""Safe codec for plain values, the trusted tolerant comparison, and source literals (docs/method.md D2).
 
 What it does:
   * :func:`encode` turns a *plain* value into compact tagged bytes. Plain means exactly (``type(x) is``)
@@ -224,7 +224,7 @@ _NUMBER_TYPES = (int, float, bool, complex)
 
 
 def values_equal(a: Any, b: Any, rel_tol: float = 1e-6, abs_tol: float = 1e-6) -> bool:
-    """Trusted comparison of two decoded plain values (ALGORITHM.md D2, §18.2).
+    """Trusted comparison of two decoded plain values (docs/method.md D2, §18.2).
 
     Python ``==`` semantics, except that when either side of a numeric pair is a float the comparison
     is ``math.isclose`` with the given tolerances (NaN never equals anything, ±inf only itself).

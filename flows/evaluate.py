@@ -1,6 +1,6 @@
 """Evaluate stage: benchmark the Code LLM and the Test LLM, write metrics and an HTML report.
 
-What it does (ALGORITHM.md §13), read top to bottom:
+What it does (docs/method.md §13), read top to bottom:
   1. resolve the models: ``--code-model/--test-model`` (or the function arguments, or the params keys
      ``eval.code_model/eval.test_model``, e.g. ``codea1 evaluate eval.code_model=DIR``) win, else the latest
      training export ``<orchestration.checkpoint_dir>/final/{code,test}``, else ``model.code_path`` /

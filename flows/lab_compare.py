@@ -1,4 +1,4 @@
-"""``make lab-compare``: the paper's comparison in small, as DVC experiments (ALGORITHM.md §14, §15, D10).
+"""``make lab-compare``: the paper's comparison in small, as DVC experiments (docs/method.md §14, §15, D10).
 
 What it does: one DVC experiment per (mode, seed) — the arms of ``codea1_core.evaluation.comparison.MODES``: ``golden_sparse``
 (golden tests as scarce as real data's), ``golden_boundary`` (exhaustive boundary tests: the oracle ceiling),

@@ -1,4 +1,4 @@
-"""The ``prepare`` stage: problem sources -> reference-verified parquet sets (ALGORITHM.md §12, D1).
+"""The ``prepare`` stage: problem sources -> reference-verified parquet sets (docs/method.md §12, D1).
 
 What it does, top to bottom:
   1. Load ``data.train_sources`` (-> ``train``), ``data.val_sources`` (-> ``val``) and every

@@ -1,9 +1,10 @@
-"""The README's measured numbers, rewritten from the versioned outputs that state them.
+"""The measured numbers of ``README.md`` and ``docs/results.md``, rewritten from the outputs that state them.
 
-What it does: renders three blocks of ``README.md``, each between its ``<!-- NAME:begin -->`` /
-``<!-- NAME:end -->`` markers, from files committed beside the code:
+What it does: renders generated blocks, each between its ``<!-- NAME:begin -->`` / ``<!-- NAME:end -->``
+markers, from files committed beside the code (:data:`FILES` says which file holds which blocks; a block may
+sit in several files and says the same in each):
 
-* ``learning``: the default ``make run``'s warm start → trained numbers, from ``outputs/eval/metrics.json``
+* ``learning``: the default ``make run``'s warm start → trained table, from ``outputs/eval/metrics.json``
   (versioned by git beside ``dvc.lock``, written by the evaluate stage) and the seed in ``params.yaml``;
 * ``seeds``: the default run across seeds (the ``codea1`` arm of ``make lab-compare``, which is ``params.yaml``
   as shipped: ``tests/test_lab_compare.py`` keeps them equal), from
@@ -11,12 +12,13 @@ What it does: renders three blocks of ``README.md``, each between its ``<!-- NAM
 * ``lab-compare``: the comparison's tables (``docs/lab_compare/table.md``) with its commit, experiment count and
   wall time (``docs/lab_compare/table.json``).
 
-It either rewrites the blocks (atomically) or, with ``--check``, exits 1 when the README's text differs from
-what the files say. ``tests/test_readme_numbers.py`` runs the check, so a commit that changes the outputs
-without the README (or the reverse) fails the suite: the README's numbers are the ones its commit regenerates.
+It either rewrites the blocks (atomically, file by file) or, with ``--check``, exits 1 when any file's block
+differs from what the outputs say. ``tests/test_readme_numbers.py`` runs the check, so a commit that changes the
+outputs without the documents (or the reverse) fails the suite: the documents' numbers are the ones their commit
+regenerates.
 
 What it does not: run anything. Regenerate the outputs with ``make run`` and ``make lab-compare`` (its
-results copied into ``docs/lab_compare/``: see the README), then ``make readme-numbers``.
+results copied into ``docs/lab_compare/``: see ``docs/results.md``), then ``make readme-numbers``.
 
 How to run: ``python -m flows.readme_numbers [--check]``.
 """
@@ -61,18 +63,31 @@ def _num(value: float) -> str:
     return f"{value:.1f}".replace(".0", "") if value == int(value) else f"{value:.1f}"
 
 
+LEARNING_ROWS: list[tuple[str, str]] = [
+    ("Code LLM pass@1, training families, new parameters (the headline)", HEADLINE),
+    ("Code LLM pass@1, all held-out problems", "code/lab_heldout/base/pass@1"),
+    ("Code LLM pass@1, families never trained on", "code/lab_heldout_unseen/base/pass@1"),
+    ("Test LLM validity `pass@5`: tests correct on the reference", "test/lab_heldout/pass@5"),
+    ("Test LLM kill rate `mut@5`: over the suites that pass the reference", "test/lab_heldout/mut@5"),
+    ("Test LLM kill rate `mut@5_all`: over all suites", "test/lab_heldout/mut@5_all"),
+]
+"""The learning table's rows: (label, metric key); every key has ``warmstart/`` and ``delta/`` twins."""
+
+
 def render(metrics: dict[str, Any], seed: int) -> str:
-    """The README paragraph for one run's ``metrics.json`` (keys ``warmstart/…``, ``…``, ``delta/…``)."""
-    return (
-        f"Warm start → trained (seed {seed}): headline `{HEADLINE}` **{_trio(metrics, HEADLINE)}**, all held-out\n"
-        f"problems {_trio(metrics, 'code/lab_heldout/base/pass@1')}, unseen families "
-        f"{_trio(metrics, 'code/lab_heldout_unseen/base/pass@1', delta=False)}; Test LLM validity `pass@5` "
-        f"{_trio(metrics, 'test/lab_heldout/pass@5')},\n"
-        f"mutant kill rate `mut@5` {_trio(metrics, 'test/lab_heldout/mut@5', delta=False)} over the suites that "
-        f"pass the reference (`mut@5_all`, over all suites:\n"
-        f"{_trio(metrics, 'test/lab_heldout/mut@5_all', delta=False)}). Regenerated from `outputs/eval/metrics.json` "
-        f"by `make readme-numbers`."
-    )
+    """The learning table for one run's ``metrics.json`` (keys ``warmstart/…``, ``…``, ``delta/…``)."""
+    lines = ["| held-out lab problems, % | warm start | trained | Δ |", "|---|---|---|---|"]
+    for label, key in LEARNING_ROWS:
+        delta = f"{metrics[f'delta/{key}']:+.1f}".replace("+0.0", "0").replace("-0.0", "0")
+        if key == HEADLINE:
+            delta = f"**{delta}**"
+        lines.append(f"| {label} | {_num(metrics[f'warmstart/{key}'])} | {_num(metrics[key])} | {delta} |")
+    lines += [
+        "",
+        f"Seed {seed}, `params.yaml` as shipped; the headline is `{HEADLINE}`. Regenerated from",
+        "`outputs/eval/metrics.json` by `make readme-numbers`.",
+    ]
+    return "\n".join(lines)
 
 
 def render_seeds(runs: dict[int, dict[str, Any]], commit: str) -> str:
@@ -169,48 +184,68 @@ BLOCKS: dict[str, tuple[str, Callable[[Path], str]]] = {
 """Block name -> (its source, for messages; what the block must say for the files committed in a repo)."""
 
 
-def _span(readme: str, path: Path, name: str) -> tuple[int, int]:
+FILES: dict[str, tuple[str, ...]] = {
+    "README.md": ("learning",),
+    "docs/results.md": ("learning", "seeds", "lab-compare"),
+}
+"""Which generated blocks each document holds (paths relative to the repository)."""
+
+
+def _span(text: str, path: Path, name: str) -> tuple[int, int]:
     """Offsets of the text between a block's markers; a clear error when they are missing."""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    match = re.search(re.escape(begin) + r"\n(.*?)\n" + re.escape(end), readme, flags=re.S)
+    match = re.search(re.escape(begin) + r"\n(.*?)\n" + re.escape(end), text, flags=re.S)
     if match is None:
         raise SystemExit(f"{path}: the markers {begin} / {end} are missing")
     return match.start(1), match.end(1)
 
 
 def expected(repo: Path = REPO, name: str = "learning") -> str:
-    """What the README block ``name`` must say for the files committed in ``repo``."""
+    """What the block ``name`` must say for the files committed in ``repo``."""
     source, render_block = BLOCKS[name]
     try:
         return render_block(repo)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SystemExit(
-            f"README block {name!r}: cannot render it from {source}: {type(exc).__name__}: {exc}"
+            f"generated block {name!r}: cannot render it from {source}: {type(exc).__name__}: {exc}"
         ) from None
 
 
 def main(argv: list[str] | None = None, repo: Path = REPO) -> int:
     args = sys.argv[1:] if argv is None else argv
-    readme_path = repo / "README.md"
-    readme = readme_path.read_text()
-    stale = []
-    for name in BLOCKS:
-        start, end = _span(readme, readme_path, name)
-        want = expected(repo, name)
-        if readme[start:end] != want:
-            stale.append(name)
-            if "--check" in args:
-                print(f"README says ({name}):\n{readme[start:end]}\nthe files say:\n{want}\n")
-            readme = readme[:start] + want + readme[end:]
+    check = "--check" in args
+    wants: dict[str, str] = {}
+    stale: list[tuple[str, str]] = []  # (file, block)
+    rewritten: dict[Path, str] = {}
+    for rel, names in FILES.items():
+        path = repo / rel
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise SystemExit(f"{path}: cannot read it: {exc.strerror or exc}") from None
+        for name in names:
+            start, end = _span(text, path, name)
+            if name not in wants:
+                wants[name] = expected(repo, name)
+            want = wants[name]
+            if text[start:end] != want:
+                stale.append((rel, name))
+                if check:
+                    print(f"{rel} says ({name}):\n{text[start:end]}\nthe files say:\n{want}\n")
+                text = text[:start] + want + text[end:]
+        rewritten[path] = text
     if not stale:
-        print(f"{readme_path.name}: every measured block matches its files ({', '.join(BLOCKS)})")
+        blocks = "; ".join(f"{rel}: {', '.join(names)}" for rel, names in FILES.items())
+        print(f"every generated block matches its files ({blocks})")
         return 0
-    if "--check" in args:
-        sources = "; ".join(f"{n}: {BLOCKS[n][0]}" for n in stale)
-        print(f"{readme_path}: these blocks differ from their files ({sources}); run `make readme-numbers`")
+    if check:
+        listed = "; ".join(f"{rel} {name} (from {BLOCKS[name][0]})" for rel, name in stale)
+        print(f"these blocks differ from their files: {listed}; run `make readme-numbers`")
         return 1
-    write_text_atomic(readme_path, readme)
-    print(f"{readme_path.name}: rewrote {', '.join(stale)} from their files")
+    for path, text in rewritten.items():
+        if path.read_text() != text:
+            write_text_atomic(path, text)
+    print(f"rewrote {', '.join(f'{rel} {name}' for rel, name in stale)} from their files")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Test-time collaboration: the Code LLM proposes, the Test LLM's white-box tests pick (ALGORITHM.md §15.6).
+"""Test-time collaboration: the Code LLM proposes, the Test LLM's white-box tests pick (docs/method.md §15.6).
 
 What it does: N candidate solutions from the Code LLM; for each distinct candidate one test suite from
 the Test LLM written against that candidate (white-box, the §4.2 prompt); every distinct test call runs

@@ -1,6 +1,6 @@
 """The ``train`` stage: co-evolve the Code LLM and the Test LLM, one Prefect flow run per training run.
 
-What it does: ALGORITHM.md §3's loop, top to bottom, each step a named Prefect task run (``rollout_code[it=3]``
+What it does: docs/method.md §3's loop, top to bottom, each step a named Prefect task run (``rollout_code[it=3]``
 ...): sample B problems (seeded, last partial batch dropped), roll out code, roll out tests (white-box; black-box
 for ``selfplay``), gate them, replay the Mistake Book, execute in two phases, score, update the book, build both
 GRPO batches (TOPVAR for the Test LLM) and update both policies in the same step, validate every ``eval.every``
@@ -15,7 +15,7 @@ Outputs (``orchestration.checkpoint_dir``, default ``outputs/train``): ``checkpo
 iteration, in the checkpoint (``state.json``: what resume reads); ``history.csv`` and ``metrics.json`` are derived
 from it by :func:`finish` (and on SIGTERM).
 
-Faults (issue 21): one run per workspace (``train.lock``); before the flow starts, checkpoints are verified
+Faults: one run per workspace (``train.lock``); before the flow starts, checkpoints are verified
 (fallback to the newest intact one) and the MLflow store is probed, so these fail in one line. ``finish()`` is
 idempotent and rewrites every non-persistent DVC out from the last checkpoint (DVC deletes them before a
 re-run: a resumed run with nothing left to do must still complete the stage), and registers one model version
@@ -222,7 +222,7 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
 
 
 def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
-    """One training step, ALGORITHM.md §3 steps 1-16, each piece a task run named ``<task>[it=N]``."""
+    """One training step, docs/method.md §3 steps 1-16, each piece a task run named ``<task>[it=N]``."""
     from codea1_core.method.outcomes import plan_golden, plan_problem
 
     cfg, ex, times = run.cfg, run.executor, {}

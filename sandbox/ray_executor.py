@@ -13,7 +13,7 @@ private result channel with its per-run token (see ``sandbox/executor.py`` for w
 covered). Values are decoded inside the actor's ``ProcessExecutor`` (our trusted code, never the
 program's) and travel to the driver as plain data.
 
-Infrastructure failures (ALGORITHM.md D4): an actor or node lost mid-step (killed, out of memory, node
+Infrastructure failures (docs/method.md D4): an actor or node lost mid-step (killed, out of memory, node
 removed, watchdog expired) loses no job: its chunks are re-queued for the other actors (and a replacement
 actor is started on the node while the node is alive); a job lost more than ``infra_retries`` times is
 reported as ``infra_error`` — never as a failed call — and ``tasks/execute.py`` aborts the step only past

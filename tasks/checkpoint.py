@@ -1,4 +1,4 @@
-"""Atomic per-iteration checkpoints and resume (ALGORITHM.md §3 step 16; our resume rule: every iteration).
+"""Atomic per-iteration checkpoints and resume (docs/method.md §3 step 16; our resume rule: every iteration).
 
 What it does: after every iteration writes ``<checkpoint_dir>/checkpoints/it_NNNNNN/`` holding both policies
 (``Policy.save``: weights/adapters, optimizer, scheduler, RNG), the Mistake Book JSON, ``state.json``

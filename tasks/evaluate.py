@@ -1,4 +1,4 @@
-"""Code-LLM benchmark evaluation task: generate, execute once, score purely (ALGORITHM.md §13.1).
+"""Code-LLM benchmark evaluation task: generate, execute once, score purely (docs/method.md §13.1).
 
 What it does: :func:`evaluate_code` — Code LLM on one benchmark with the EvalPlus protocol: ``n`` samples
 per problem, one :func:`tasks.execute.run_jobs` for the whole benchmark (identical samples of a problem run

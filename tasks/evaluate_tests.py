@@ -1,4 +1,4 @@
-"""Test-LLM benchmark evaluation task: generate suites, run the core's two-phase plan (ALGORITHM.md §13.2).
+"""Test-LLM benchmark evaluation task: generate suites, run the core's two-phase plan (docs/method.md §13.2).
 
 What it does: :func:`evaluate_tests` — Test LLM on held-out problems with references: one suite per
 problem written against the reference (white-box, the UnLeakedTestBench setting); the core

@@ -1,6 +1,6 @@
 """Execution task: run a step's programs in the sandbox in two phases and assemble the outcome matrices.
 
-What it does (ALGORITHM.md §3 step 8, §6, D1-D4): :func:`run_jobs` is the one function through which every
+What it does (docs/method.md §3 step 8, §6, D1-D4): :func:`run_jobs` is the one function through which every
 sandbox use runs its jobs, with the one infrastructure guard (training, evaluation, ``solve``, ``attack``,
 prepare). The ``execute`` task: phase 1 runs every problem's reference job in ONE
 ``run_many`` (the executor shards it across its warm pool); phase 2 runs every candidate job of every

@@ -1,6 +1,6 @@
 """Mistake Book tasks: replay retrieval before execution, merge after scoring, persist every iteration.
 
-What it does (ALGORITHM.md §3 steps 7 and 10, §8, D6): ``retrieve_replay`` takes up to ``top_k`` stored tests
+What it does (docs/method.md §3 steps 7, 10; §8, D6): ``retrieve_replay`` takes up to ``top_k`` stored tests
 per problem BEFORE this step's update; ``merge_mistake_book`` applies the official update rule per problem with
 the outcome matrices' ``failed_tests()`` / ``passed_replay()`` (valid codes only, duplicates counted) and
 writes the book JSON atomically (a DVC out). With ``mistake_book.enabled: false`` nothing is replayed or stored.
@@ -62,7 +62,7 @@ def merge_mistake_book(
         passed += sum(bool(f) for f in flags)
     metrics = {f"mistake_book/{k}": v for k, v in totals.items()}
     metrics["mistake_book/size"] = float(book.size())
-    # nothing replayed (early in the first epoch): not a rate of 0 — NaN, like code/pass_hist (§14)
+    # nothing replayed (early in the first epoch): not a rate of 0 — NaN, like code/pass_hist (§8)
     metrics["mistake_book/replay_pass_rate"] = passed / replayed if replayed else float("nan")
     if path is not None:
         write_json_atomic(path, book.to_dict(), fsync=True)

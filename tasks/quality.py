@@ -1,4 +1,4 @@
-"""Great Expectations data-quality gates: prepared problems and generated tests (ARCHITECTURE.md §1).
+"""Great Expectations data-quality gates: prepared problems and generated tests (docs/method.md D5).
 
 What it does:
   * :func:`validate_problems` checks a problem set before it is written or trained on: schema, unique

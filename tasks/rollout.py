@@ -1,6 +1,6 @@
 """Rollout tasks: sample code and tests, parse them, gate the generated tests.
 
-What it does: thin Prefect tasks around ``Policy.generate`` (ALGORITHM.md §3 steps 2-6), the parsers of
+What it does: thin Prefect tasks around ``Policy.generate`` (docs/method.md §3 steps 2-6), the parsers of
 ``codea1_core.method.parsing`` and the data engineer's GX gate (``tasks.quality.gate_tests``). Sampling seeds are
 derived from (cfg.seed, iteration, role), so a resumed run samples what the uninterrupted run sampled.
 What it does not: execute anything or compute rewards.

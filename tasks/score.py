@@ -1,7 +1,7 @@
 """Scoring and in-training validation tasks.
 
 What it does: ``score`` turns a step's outcome matrices into rewards and masks with the pure
-``codea1_core.method.rewards`` functions (ALGORITHM.md §7, D4, D7) and averages their metrics; ``evaluate`` runs the
+``codea1_core.method.rewards`` functions (docs/method.md §7, D4, D7) and averages their metrics; ``evaluate`` runs the
 periodic Code-LLM validation (§3 step 16) with the benchmark protocol, ``tasks.evaluate.evaluate_code``
 (the Code-LLM half of evaluation only: the train stage does not depend on the mutant generator).
 What it does not: execute code or touch the Mistake Book.

@@ -1,4 +1,4 @@
-"""Test-time collaboration runs (ALGORITHM.md §15.6): generate, run through the one guard, let the core pick.
+"""Test-time collaboration (docs/method.md §15.6): generate, run through the one guard, let the core pick.
 
 What it does: :func:`select_many` asks the Test LLM for one white-box suite per distinct candidate, runs
 the core's plan (:mod:`codea1_core.evaluation.solve`) in one :func:`tasks.execute.run_jobs` batch and

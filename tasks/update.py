@@ -1,4 +1,4 @@
-"""Update tasks: one lockstep GRPO step of the Code LLM and of the Test LLM (ALGORITHM.md §3 steps 13-15, §10).
+"""Update tasks: one lockstep GRPO step of the Code LLM and of the Test LLM (docs/method.md §3 steps 13-15, §10).
 
 What it does: hands the GRPO samples built by ``codea1_core.method.loop`` (advantages per group, TOPVAR groups for
 the Test LLM) to ``Policy.step`` and prefixes the returned metrics (``code/``, ``test/``, ``grpo/``). Both

@@ -1,4 +1,4 @@
-"""Issue 21, defects 3 and 4: corrupted checkpoints are never trusted; one training run per workspace.
+"""Corrupted checkpoints are never trusted; one training run per workspace.
 
 Before: a truncated weights file failed after 51 s without a path, a truncated ``state.json`` was a bare
 ``JSONDecodeError``, an empty ``rng.pt`` an ``EOFError`` without message, and 4 KB of zeros inside the weights

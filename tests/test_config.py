@@ -16,7 +16,7 @@ from codea1_core.config import Config, ConfigError, apply_overrides, load_config
 def test_repo_params_load_and_match_defaults_where_unset(repo_root: Path) -> None:
     cfg = load_config(repo_root / "params.yaml")
     assert cfg.mode == "codea1"
-    # ALGORITHM.md §19 defaults that params.yaml does not change
+    # docs/method.md §19 defaults that params.yaml does not change
     assert cfg.reward.alpha == 0.5 and cfg.reward.k == 8 and cfg.reward.adv_mode == "official"
     assert cfg.grpo.clip_low == 0.2 and cfg.grpo.clip_high == 0.28 and cfg.grpo.dual_clip_c == 10.0
     assert cfg.grpo.kl_coef == 0.001 and cfg.grpo.update_n == 1

@@ -1,4 +1,4 @@
-"""Issue 21, defect 5: bad values fail at load, in one line naming the dotted key.
+"""Bad values fail at load, in one line naming the dotted key.
 
 Before, ``rollout.n_code=0``, ``reward.k=0``, a negative batch size or timeout, ``sandbox.workers=0`` failed
 after 35-50 s of work with 110-200 lines; ``reward.alpha=2.0`` and ``rollout.temperature=-1`` were accepted;

@@ -1,4 +1,4 @@
-"""Core is pure (STYLE.md habit 1): no module of ``codea1_core/`` imports orchestration, tracking,
+"""Core is pure: no module of ``codea1_core/`` imports orchestration, tracking,
 data-versioning, data-validation, process-spawning or sandbox code.
 
 Every import statement counts, including ones inside functions and ``importlib.import_module("x")`` /
@@ -53,7 +53,7 @@ def test_core_modules_import_nothing_banned():
         for path in modules
         for hit in banned_imports(path.read_text("utf-8"), str(path.relative_to(CORE.parent)))
     ]
-    assert problems == [], "codea1_core must stay pure (STYLE.md habit 1):\n" + "\n".join(problems)
+    assert problems == [], "codea1_core must stay pure:\n" + "\n".join(problems)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Issue 21, defect 5 (data): the sha256 sums published in the data folder's README are checked.
+"""Data: the sha256 sums published in the data folder's README are checked.
 
 Before, a modified benchmark file that still parsed was read without a word (every evaluation number
 silently changed); the README's sums were never looked at.

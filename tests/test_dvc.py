@@ -135,7 +135,7 @@ def _headline(data: dict) -> dict:
 
 
 def test_two_experiments_compare_in_exp_show(stub_repo: Path) -> None:
-    """Regression (issue 18): outputs/ was git-ignored, so experiment commits held no metrics ("!" everywhere).
+    """Regression: outputs/ was git-ignored, so experiment commits held no metrics ("!" everywhere).
 
     The baseline commit and two `dvc exp run`s must each carry their own headline metrics, readable by
     `dvc exp show --json` and `dvc metrics diff`.
@@ -225,7 +225,7 @@ CODE_DIRS = ("codea1_core", "tasks", "flows", "sandbox")
 
 @pytest.mark.parametrize("stage", ["prepare", "warmstart", "train", "evaluate", "register"])
 def test_stage_deps_list_no_code_the_stage_does_not_import(repo_root: Path, stage: str) -> None:
-    """Regression (issue 15): the train stage listed ``mutants.py``, ``report.py`` and ``benchmarks.py``
+    """Regression: the train stage listed ``mutants.py``, ``report.py`` and ``benchmarks.py``
     (through a ``tasks/evaluate.py`` it no longer needs), so editing the mutant generator re-ran training.
     Every listed code dep (a module of the four packages, or ``sandbox/`` as a whole) must be imported."""
     spec = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"][stage]
@@ -237,7 +237,7 @@ def test_stage_deps_list_no_code_the_stage_does_not_import(repo_root: Path, stag
 
 
 def test_train_stage_does_not_depend_on_the_test_llm_evaluation(repo_root: Path) -> None:
-    """Regression (issue 15): ``tasks/score.py`` (in-training validation) imported ``tasks/evaluate.py``
+    """Regression: ``tasks/score.py`` (in-training validation) imported ``tasks/evaluate.py``
     whole, mutants and benchmark loaders included, so editing the mutant generator re-ran training."""
     spec = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]["train"]
     imported = _closure(repo_root / "flows/train.py", repo_root)
@@ -247,7 +247,7 @@ def test_train_stage_does_not_depend_on_the_test_llm_evaluation(repo_root: Path)
 
 
 def test_golden_tests_coverage_reprepares_the_data(repo_root: Path) -> None:
-    """Issue 17: ``lab.golden_tests`` decides the prepared training problems, so prepare must track it
+    """``lab.golden_tests`` decides the prepared training problems, so prepare must track it
     (warmstart tracks the whole ``lab`` section; train and evaluate follow through ``data/prepared``)."""
     stages = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]
     assert "lab.golden_tests" in stages["prepare"]["params"]

@@ -1,4 +1,4 @@
-"""One backend switch (issue 16): evaluate, solve and attack generate through vLLM when ``rollout.backend: vllm``.
+"""One backend switch: evaluate, solve and attack generate through vLLM when ``rollout.backend: vllm``.
 
 vLLM is GPU-only, so the fake ``vllm`` module of ``tests/test_vllm_engine.py`` stands in for it; HF
 ``generate`` is made to fail, so any generation that does not go through the engine fails the test.

@@ -92,9 +92,10 @@ def test_golden_mbpp_asserts_pass5_100(n, shared_data_dir, executor, tmp_path):
 
 
 def test_lab_sparse_tests_let_a_bug_through_that_the_boundary_set_catches(executor, tmp_path):
-    """Issue 17, end to end through the prepared parquet and the real sandbox: on the held-out lab set a
-    buggy variant that passes a problem's sparse golden tests scores 100 on ``sparse`` and 0 on ``base``
-    (the boundary set) and ``plus`` (the full set); the reference scores 100 on all three."""
+    """Sparse golden tests let bugs through, end to end via the prepared parquet and the real sandbox: on
+    the held-out lab set a buggy variant that passes a problem's sparse golden tests scores 100 on ``sparse``
+    and 0 on ``base`` (the boundary set) and ``plus`` (the full set); the reference scores 100 on all
+    three."""
     from dataclasses import replace
 
     from codea1_core.config import LabConfig

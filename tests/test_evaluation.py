@@ -129,7 +129,7 @@ def _typed_problem() -> Problem:
 
 
 def test_training_and_evaluation_run_the_same_program_text():
-    """Regression (issue 15): ``verdicts.program_for`` (evaluation) and ``outcomes.candidate_program``
+    """Regression: ``verdicts.program_for`` (evaluation) and ``outcomes.candidate_program``
     (training) built a sample's program differently — evaluation left out the reference's imports and put
     its import lines before a ``from __future__`` line — so a code was judged on another program than
     the one it was trained on. Training, golden mode, evaluation and ``solve`` now run one text."""
@@ -149,7 +149,7 @@ def test_training_and_evaluation_run_the_same_program_text():
 
 
 def test_an_evaluated_sample_may_start_with_a_future_import():
-    """Regression (issue 15): evaluation put the prompt's imports before the sample's
+    """Regression: evaluation put the prompt's imports before the sample's
     ``from __future__`` line, a SyntaxError, so a correct sample failed every call (program_error)."""
     p = _typed_problem()
     jobs = build_code_jobs([p], [[FUTURE_SAMPLE]])
@@ -214,7 +214,7 @@ def test_aggregate_code_drops_infra_samples_and_counts_them():
 
 
 def test_sparse_verdict_judges_only_the_named_sparse_calls():
-    """Issue 17: a lab sample is judged on the sparse golden tests too, from the same outcomes."""
+    """A lab sample is judged on the sparse golden tests too, from the same outcomes."""
     p = problem(
         tests=(("add(0, 0)", 0), ("add(1, 2)", 3)),
         plus=(("add(5, 5)", 10),),
@@ -292,7 +292,7 @@ def test_mutant_killed_and_aggregate_tests():
 
 
 def test_mut_at_k_over_all_suites_counts_failing_suites_as_killing_nothing():
-    """Issue 17: mut@k over passing suites only swings 0 -> 57 with few valid suites; ``mut@k_all``
+    """mut@k over passing suites only swings 0 -> 57 with few valid suites; ``mut@k_all``
     divides by every suite (a suite failing the reference kills nothing) and both denominators show."""
     good = (TestVerdict("f(1)", "2", True, 2),)
     records = [
@@ -424,7 +424,7 @@ class FlakyExecutor(FakeExecutor):
 
 
 def test_evaluation_runs_through_the_training_guard_retry_then_abort(tmp_path):
-    """Regression (issue 15): evaluation had its own infra guard (``tasks/evaluate.check_infra``, raising
+    """Regression: evaluation had its own infra guard (``tasks/evaluate.check_infra``, raising
     ``SandboxInfraError``) without training's batch retry, so one worker-pool hiccup aborted a benchmark
     that training would have recovered from. Both now go through ``tasks.execute.run_jobs``."""
     from tasks.evaluate import score_codes

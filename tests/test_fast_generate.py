@@ -3,7 +3,7 @@
 The default shared-prompt decode samples the same distribution with its own random numbers:
 ``tests/test_shared_decode.py``.
 
-Guards against a fast rollout path that silently changes what the lab samples (issue 20: the default
+Guards against a fast rollout path that silently changes what the lab samples (the default
 ``make run`` numbers must not move when rollouts get faster). Every comparison is ``torch.equal`` /
 ``==`` on tokens and float32 log-probs, not a tolerance.
 """
@@ -251,7 +251,7 @@ def random_qwen2(name: str, lora: bool = False):
 def test_hand_written_decode_step_equals_hf_forward(name, lora, padded):
     """DecodeStep's logits are bitwise HF's forward with its DynamicCache (what ``generate`` runs), 4 steps.
 
-    Guards the hand-written decode step (issue 20): any op that differs from modeling_qwen2's in order,
+    Guards the hand-written decode step: any op that differs from modeling_qwen2's in order,
     dtype or shape shows up as a changed float32 logit. Configs: the lab's, GQA, eager attention, LoRA.
     """
     from codea1_core.models import decode_step

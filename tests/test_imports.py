@@ -115,7 +115,7 @@ def layering_breaches(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_no_import_cycle_among_project_modules(repo_root: Path) -> None:
-    """Regression (issue 15): ``flows.evaluate`` and ``flows.solve`` imported each other (``solve_benchmark``
+    """Regression: ``flows.evaluate`` and ``flows.solve`` imported each other (``solve_benchmark``
     one way, ``load_policy`` the other, both inside functions), and ``sandbox.executor`` /
     ``sandbox.docker_executor`` did too; a cycle hides which module is the base of the other."""
     found = [c for c in cycles(import_graph(repo_root)) if frozenset(c) not in ALLOWED_CYCLES]

@@ -131,7 +131,7 @@ def test_table_markdown_rows_in_mode_order_and_failures_listed():
 
 
 # ------------------------------------------------------------------------------------------------
-# Arms, confidence intervals and the paired comparison (issue 17)
+# Arms, confidence intervals and the paired comparison
 # ------------------------------------------------------------------------------------------------
 
 
@@ -154,7 +154,7 @@ def test_arms_cover_the_papers_comparison_and_only_the_ceiling_sees_boundary_tes
 
 
 def test_the_codea1_arm_is_the_default_run(repo_root):
-    """The README's default run across seeds is the arm readme_numbers reads: it must be params.yaml as shipped."""
+    """The seed table of docs/results.md is the arm readme_numbers reads: it must be params.yaml as shipped."""
     from codea1_core.config import load_config
     from flows.readme_numbers import DEFAULT_ARM
 

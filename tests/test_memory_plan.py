@@ -1,4 +1,4 @@
-"""The memory plan (issue 16): the estimator against measured CPU memory, ``codea1 plan``, the train-start check.
+"""The memory plan: the estimator against measured CPU memory, ``codea1 plan``, the train-start check.
 
 Measured on small random-init Qwen2 models (no downloads): saved-for-backward bytes of the real update
 forward (``torch.autograd.graph.saved_tensors_hooks``) and the kernel's peak RSS of one real ``Policy.step``
@@ -94,7 +94,7 @@ def test_saved_activations_match_the_real_forward(models, name, checkpointing):
 
 
 def test_step_peak_matches_measured_rss_without_full_vocab_logits(tmp_path):
-    """Bug (issue 16): the update kept full-vocabulary float32 logits (and their log-softmax) for a whole
+    """Bug: the update kept full-vocabulary float32 logits (and their log-softmax) for a whole
     micro-batch; on this shape one step then peaked ~3x above the plan (2.2 GB measured on e7470d3).
     """
     probe = ROOT / "tests" / "memory_probe.py"

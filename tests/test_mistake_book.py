@@ -1,4 +1,4 @@
-"""Mistake Book worked examples (ALGORITHM.md §8, D6): epochs, tie-breaks, cap, serialization, invariants."""
+"""Mistake Book worked examples (docs/method.md §8, D6): epochs, tie-breaks, cap, serialization, invariants"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The pure execution plan and OutcomeMatrix assembly (ALGORITHM.md §6, D1-D4).
+"""The pure execution plan and OutcomeMatrix assembly (docs/method.md §6, D1-D4).
 
 Programs run through a tiny in-process fake executor (``local_run``): these are unit tests of the layer
 above the sandbox. One test at the end runs the same plan through the real ``sandbox`` when it exists.

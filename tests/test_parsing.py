@@ -1,4 +1,4 @@
-"""Code and assert extraction (ALGORITHM.md §5, D5): both parse modes, reason codes, and property tests."""
+"""Code and assert extraction (docs/method.md §5, D5): both parse modes, reason codes, and property tests."""
 
 from __future__ import annotations
 
@@ -335,7 +335,7 @@ def test_strict_substitution_cannot_blow_up():
 
 
 def test_parse_warnings_about_generated_text_stay_off_the_console() -> None:
-    """Regression (issue 18): parsing model output printed SyntaxWarnings to the console."""
+    """Regression: parsing model output printed SyntaxWarnings to the console."""
     import subprocess
     import sys
 

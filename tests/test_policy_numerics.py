@@ -1,4 +1,4 @@
-"""Real-model numerics of the update (issue 16): bf16 full fine-tuning learns; blocked log-probs match.
+"""Real-model numerics of the update: bf16 full fine-tuning learns; blocked log-probs match.
 
 All on a tiny random-init Qwen2 model built locally (no downloads), CPU.
 """
@@ -61,7 +61,7 @@ def fp32_and_bf16_runs(tiny_dir):
 
 
 def test_bf16_full_finetune_moves_weights_like_fp32(fp32_and_bf16_runs):
-    """Bug (issue 16): AdamW on bf16 weights rounded almost every lr-1e-6 update away (~2% of elements moved).
+    """Bug: AdamW on bf16 weights rounded almost every lr-1e-6 update away (~2% of elements moved).
 
     With float32 master weights the bf16 full fine-tuning run moves its weights like the float32 run:
     nearly every element moves, with the same sign and a similar total size.

@@ -150,7 +150,7 @@ def test_prepare_full_evalplus_and_mbpp(tmp_path, shared_data_dir, prefect_harne
 
 
 def test_prepare_reference_infra_failure_aborts_through_the_one_guard(tmp_path, monkeypatch):
-    """Regression (issue 15): prepare had its own copy of the infra guard (a bare RuntimeError, no retry);
+    """Regression: prepare had its own copy of the infra guard (a bare RuntimeError, no retry);
     it now goes through ``tasks.execute.run_jobs`` (limit 0: nothing with an infra failure is cached)."""
     import flows.prepare as prepare
     from codea1_core.data.lab import lab_problems

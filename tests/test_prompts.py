@@ -1,4 +1,4 @@
-"""Prompt builders (ALGORITHM.md §4): structure, determinism, and that the code round-trips through parsing."""
+"""Prompt builders (docs/method.md §4): structure, determinism, and that the code round-trips through parsing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The README states its measured numbers exactly as the committed outputs say (issue 17, item 5)."""
+"""The README and docs/results.md state their measured numbers exactly as the committed outputs say."""
 
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ from flows import readme_numbers
 
 
 def test_readme_matches_the_committed_outputs(repo_root: Path) -> None:
-    """Fails when `make run` / `make lab-compare` results changed but the README still quotes the old numbers."""
+    """Fails when `make run` / `make lab-compare` results changed but a document still quotes the old numbers."""
     assert readme_numbers.main(["--check"], repo=repo_root) == 0
 
 
 def _scratch(repo_root: Path, tmp_path: Path) -> Path:
-    """README, params, the make-run metrics and the committed lab-compare results, copied."""
+    """The documents with generated blocks, params, the make-run metrics and the lab-compare results, copied."""
     (tmp_path / "outputs" / "eval").mkdir(parents=True)
-    for rel in ["README.md", "params.yaml", "outputs/eval/metrics.json"]:
+    (tmp_path / "docs").mkdir()
+    for rel in [*readme_numbers.FILES, "params.yaml", "outputs/eval/metrics.json"]:
         shutil.copy(repo_root / rel, tmp_path / rel)
     lab = readme_numbers.LAB_COMPARE
     shutil.copytree(repo_root / lab, tmp_path / lab, ignore=shutil.ignore_patterns("*.png", "history.*"))
@@ -35,12 +36,32 @@ def test_drift_is_detected_then_rewritten(repo_root: Path, tmp_path: Path, capsy
     metrics_path.write_text(json.dumps(metrics))
 
     assert readme_numbers.main(["--check"], repo=repo) == 1
-    assert "make readme-numbers" in capsys.readouterr().out
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert (
+        "make readme-numbers" in last and "README.md learning" in last and "docs/results.md learning" in last
+    )
     assert readme_numbers.main([], repo=repo) == 0
-    text = (repo / "README.md").read_text()
-    assert f"→ 99 (+{99.0 - metrics[f'warmstart/{key}']:.1f})**" in text
+    warm = metrics[f"warmstart/{key}"]
+    row = f"| {readme_numbers._num(warm)} | 99 | **{99.0 - warm:+.1f}** |"
+    for rel in readme_numbers.FILES:
+        text = (repo / rel).read_text()
+        assert row in text, rel
+        assert text.count(readme_numbers.BEGIN) == 1  # rewritten in place, nothing duplicated
     assert readme_numbers.main(["--check"], repo=repo) == 0
-    assert text.count(readme_numbers.BEGIN) == 1  # rewritten in place, nothing duplicated
+
+
+@pytest.mark.parametrize("rel", list(readme_numbers.FILES))
+def test_a_hand_edited_block_in_any_document_fails_the_check(repo_root, tmp_path, capsys, rel) -> None:
+    """The outputs did not change, but one document's generated block did: the check names that file."""
+    repo = _scratch(repo_root, tmp_path)
+    path = repo / rel
+    text = path.read_text()
+    start = text.index(readme_numbers.BEGIN)
+    path.write_text(text[:start] + text[start:].replace("| 58.5 |", "| 60.0 |", 1))
+    assert readme_numbers.main(["--check"], repo=repo) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert f"{rel} learning" in last and [r for r in readme_numbers.FILES if r != rel][0] not in last
+    assert readme_numbers.main([], repo=repo) == 0 and path.read_text() == text
 
 
 def test_a_changed_lab_compare_result_changes_the_seeds_and_table_blocks(repo_root, tmp_path, capsys) -> None:
@@ -61,9 +82,11 @@ def test_a_changed_lab_compare_result_changes_the_seeds_and_table_blocks(repo_ro
 
     assert readme_numbers.main(["--check"], repo=repo) == 1
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert "seeds:" in last and "lab-compare:" in last and "learning:" not in last
+    assert (
+        "docs/results.md seeds" in last and "docs/results.md lab-compare" in last and "learning" not in last
+    )
     assert readme_numbers.main([], repo=repo) == 0
-    text = (repo / "README.md").read_text()
+    text = (repo / "docs" / "results.md").read_text()
     assert f"→ 88 (**{88.0 - metrics[f'warmstart/{key}']:+.1f}**)" in text and "one more line" in text
     assert readme_numbers.main(["--check"], repo=repo) == 0
 
@@ -92,12 +115,13 @@ def test_seed_summary_is_the_mean_and_range_of_the_gains() -> None:
     assert "at `abc1234`" in prose and text.count("\n| ") == 4  # header + 3 seeds
 
 
-def test_missing_markers_is_one_clear_line(repo_root: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("rel", list(readme_numbers.FILES))
+def test_missing_markers_is_one_clear_line(repo_root: Path, tmp_path: Path, rel: str) -> None:
     repo = _scratch(repo_root, tmp_path)
-    (repo / "README.md").write_text("# no markers\n")
+    (repo / rel).write_text("# no markers\n")
     with pytest.raises(SystemExit) as exc:
         readme_numbers.main(["--check"], repo=repo)
-    assert "markers" in str(exc.value) and "README.md" in str(exc.value)
+    assert "markers" in str(exc.value) and rel in str(exc.value)
 
 
 def test_missing_results_name_the_command_that_makes_them(repo_root: Path, tmp_path: Path) -> None:

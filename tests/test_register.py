@@ -84,7 +84,7 @@ def test_equal_number_is_not_promoted() -> None:
 def test_each_role_on_its_own_metric_and_never_without_beating_its_warm_start(
     cfg: Config, tmp_path: Path
 ) -> None:
-    """Regression (issue 18): the Test LLM was promoted on a code metric, and +0.0 over the warm start
+    """Regression: the Test LLM was promoted on a code metric, and +0.0 over the warm start
     became champion."""
     out = tmp_path / "register.json"
     warm = {"warmstart/code/lab_heldout/pass@1": 0.40, "warmstart/test/lab_heldout/pass@5": 0.10}

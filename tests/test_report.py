@@ -125,7 +125,7 @@ def test_evaluate_flow_writes_metrics_and_report(tmp_path, prefect_harness, monk
     assert headline["test"] == {"trained": 100.0} and "code" not in headline  # no such metric here
     from prefect.artifacts import Artifact
 
-    art = Artifact.get("codea1-learning")  # issue 18: a markdown artifact per run with the learning table
+    art = Artifact.get("codea1-learning")  # a markdown artifact per run with the learning table
     assert art is not None and art.type == "markdown" and "| `test/toy/pass@5` | 100 |" in art.data
 
 

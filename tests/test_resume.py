@@ -1,6 +1,6 @@
 """Kill-and-resume: SIGKILL the training process mid-run, re-run it, compare with an uninterrupted run.
 
-Invariants (ALGORITHM.md §3 step 16 + our resume rule): no completed iteration is lost, no MLflow step is
+Invariants (docs/method.md §3 step 16 + our resume rule): no completed iteration is lost, no MLflow step is
 logged twice, the MLflow run id is reused, and the history, the Mistake Book and the final weights equal
 those of an uninterrupted run with the same seed. The killed run is a real subprocess
 (``python -m flows.train``) talking to the test session's Prefect API.

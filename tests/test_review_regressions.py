@@ -57,7 +57,7 @@ def test_outcome_parquet_rederives_the_rewards(tmp_path):
     """Bug: ``tasks/score.write_outcomes`` JSON-encoded every list column (``fails``, ``calls``,
     ``expected``, ``reasons``), so the per-iteration ``outcomes/it_N.parquet`` could not be read back by
     ``OutcomeMatrix.from_rows`` (it iterated the characters of ``"[false, true]"``) and no reward could be
-    re-derived from it (ALGORITHM.md §3 step 9: rewards are a pure function of the outcomes)."""
+    re-derived from it (docs/method.md §3 step 9: rewards are a pure function of the outcomes)."""
     pq = pytest.importorskip("pyarrow.parquet")
     from tasks.score import write_outcomes
 

@@ -1,4 +1,4 @@
-"""Rewards (ALGORITHM.md §7, D4, D7) on hand-built outcome matrices: worked examples and edge cases."""
+"""Rewards (docs/method.md §7, D4, D7) on hand-built outcome matrices: worked examples and edge cases."""
 
 from __future__ import annotations
 

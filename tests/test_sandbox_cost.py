@@ -1,4 +1,4 @@
-"""Per-program cost of the process sandbox (#20), and the child state that cheaper set-up must keep.
+"""Per-program cost of the process sandbox (faults, wake-ups), and the child state cheaper set-up keeps.
 
 A forked child pays a copy-on-write page fault for every page it writes (every Python object it
 touches: its reference count is written), and on this kind of VM a minor fault costs several
@@ -41,7 +41,7 @@ def _minor_faults(pid: int) -> int:
 
 
 def test_a_trivial_program_costs_few_page_faults():
-    """Regression (#20): ~720 minor faults per trivial program (worker, zygote and child) at 9832c81,
+    """Regression: ~720 minor faults per trivial program (worker, zygote and child) at 9832c81,
     ~470 after: each child walked ``sys.modules``, built its text streams, signal dispositions and
     environment, ran ``random``'s and ``threading``'s at-fork handlers and two full ctypes calls.
     ~445 at 2af5b63, ~340 after: each child called ``signal.signal``'s Python wrapper (an enum
@@ -60,7 +60,7 @@ def test_a_trivial_program_costs_few_page_faults():
 
 
 def test_a_trivial_programs_child_costs_few_page_faults():
-    """Regression (#20): the forked child alone (the zygote's reaped children) took ~310 minor faults per
+    """Regression: the forked child alone (the zygote's reaped children) took ~310 minor faults per
     trivial program at 2af5b63, ~225 after (see the test above); ~50 of them came back if the harness
     used ``signal.signal`` again, ~20 if the child joined its cgroup and process group itself."""
     jobs = [(f"def f(x):\n    return x + {i}\n", ["f(1)"]) for i in range(120)]
@@ -97,7 +97,7 @@ def _worker_waits_per_program(jobs: list, warm: int) -> tuple[list, float]:
 
 
 def test_fast_calls_wake_the_worker_once_not_once_each():
-    """Regression (#20): the worker woke up for every frame of the child (set-up done, defined, one per
+    """Regression: the worker woke up for every frame of the child (set-up done, defined, one per
     call): ~14 blocking waits per program of 10 fast calls at 2af5b63, ~5 after (frames arriving together
     are read together, see ``_supervise``); each wake-up is a context switch and a pass of its loop."""
     jobs = [(f"def f(x):\n    return x + {i}\n", ["f(1)"] * 10) for i in range(120)]
@@ -118,7 +118,7 @@ def test_slow_calls_still_wake_the_worker_once_each():
 
 
 def test_children_carry_no_thread_or_subprocess_machinery(ex):
-    """Regression (#20): ``sandbox/__init__.py`` imported ``sandbox.executor`` and ``limits.py`` imported
+    """Regression: ``sandbox/__init__.py`` imported ``sandbox.executor`` and ``limits.py`` imported
     ``ctypes.util``, so every worker, hence every zygote and child, held ``subprocess`` and ``threading``;
     threading's at-fork handler alone cost ~0.6 ms of CPU per child."""
     out = ex.run("import sys\n", ["sorted({'threading', 'subprocess', 'tempfile'} & set(sys.modules))"])

@@ -389,7 +389,7 @@ def test_host_is_unchanged_and_pool_still_serves(corpus):
 
 
 # --------------------------------------------------------------------------------------------------
-# Holes found by the second hostile probe (issue 14): one test each. Programs that must share a worker
+# Holes found by the second hostile probe: one test each. Programs that must share a worker
 # run on a one-worker pool, one after the other.
 # --------------------------------------------------------------------------------------------------
 

@@ -33,8 +33,8 @@ from flows.train import train_flow
 
 
 def test_deployment_objects(tmp_path: Path, repo_root: Path) -> None:
-    """Issue 15: serve and deploy built their deployments separately, through adapter flows; now both build
-    :data:`DEPLOYMENTS` with the stages' own flows, whose parameters are the one flow signature."""
+    """One builder: serve and deploy built their deployments separately, through adapter flows; now both
+    build :data:`DEPLOYMENTS` with the stages' own flows, whose parameters are the one flow signature."""
     params = tmp_path / "p.yaml"
     params.write_text("mode: golden\n")
     train, evaluate, pipeline = build_deployments(str(params), ["reward.alpha=0.25"], cron="0 3 * * *")
@@ -53,7 +53,7 @@ def test_deployment_objects(tmp_path: Path, repo_root: Path) -> None:
 
 
 def test_every_flow_takes_params_and_overrides() -> None:
-    """Issue 15: flows took their config three ways (a dict, a ``Config`` with ``validate_parameters=False``, an
+    """One flow signature: flows took their config three ways (a dict, a ``Config`` with ``validate_parameters=False``, an
     adapter's ``mode``); every flow now starts with ``(params="params.yaml", overrides=None)``, JSON-friendly."""
     import inspect
 
@@ -86,7 +86,7 @@ def test_every_stage_entry_takes_params_and_overrides() -> None:
 
 
 def test_bad_cron_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Regression (issue 18): `serve --cron bad` printed a 69-line traceback."""
+    """Regression: `serve --cron bad` printed a 69-line traceback."""
     params = tmp_path / "p.yaml"
     params.write_text("mode: golden\n")
     assert serve_main(["--params", str(params), "--cron", "bad"]) == 2
@@ -95,7 +95,7 @@ def test_bad_cron_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_mode_override_is_honoured_and_writes_to_the_run_folder(tmp_path: Path) -> None:
-    """Regression (issue 18): the train deployment's mode was never applied (golden trained codea1) and its
+    """Regression: the train deployment's mode was never applied (golden trained codea1) and its
     runs wrote into the workspace's DVC outputs."""
     from mlflow.tracking import MlflowClient
 
@@ -118,7 +118,7 @@ def test_mode_override_is_honoured_and_writes_to_the_run_folder(tmp_path: Path) 
 
 @pytest.mark.slow
 def test_pipeline_deployment_trains_evaluates_and_registers_in_its_run_folder(tmp_path: Path) -> None:
-    """Issue 18: a deployment run registered versions with no evaluation; the pipeline runs all three, in
+    """Regression: a deployment run registered versions with no evaluation; the pipeline runs all three, in
     its own folder, and the evaluation lands on the training run."""
     from mlflow.tracking import MlflowClient
 

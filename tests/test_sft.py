@@ -107,7 +107,7 @@ def test_malformed_examples_are_named(tiny_dir, tmp_path, bad, match):
 
 
 def test_sft_logs_one_line_per_epoch_with_loss(tiny_dir, tmp_path, caplog):
-    """Regression (issue 18): the warm start printed nothing for 33 minutes (progress and logging off)."""
+    """Regression: the warm start printed nothing for 33 minutes (progress and logging off)."""
     import logging
 
     with caplog.at_level(logging.INFO, logger="codea1.sft"):

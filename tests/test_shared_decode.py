@@ -1,6 +1,6 @@
 """The shared-prompt decode (``rollout.share_prompt: true``, the default) samples what ``generate`` samples.
 
-It is not bitwise ``generate`` (issue 20: one prefill and one key/value copy per prompt, inverse-CDF sampling
+It is not bitwise ``generate`` (one prefill and one key/value copy per prompt, inverse-CDF sampling
 with its own uniforms, finished prompts dropped from the batch), so these tests check the two halves of
 "the same distribution" separately and end to end:
 
@@ -169,7 +169,7 @@ def test_policy_default_uses_the_shared_decode_and_n1_stays_exact(tiny_dir, monk
 
 
 # ------------------------------------------------------------------------------------------------
-# Two decode processes (issue 20): the second core decodes half of the prompts, the result is the same
+# Two decode processes: the second core decodes half of the prompts, the result is the same
 # ------------------------------------------------------------------------------------------------
 
 

@@ -145,7 +145,7 @@ def test_attack_user_errors_are_one_line(tmp_path, capsys):
     ],
 )
 def test_cli_help_lists_the_real_options(command: str, options: list[str]) -> None:
-    """Regression (issue 18): `codea1 solve/attack/serve --help` listed no options."""
+    """Regression: `codea1 solve/attack/serve --help` listed no options."""
     from typer.testing import CliRunner
 
     from flows.cli import app
@@ -158,7 +158,7 @@ def test_cli_help_lists_the_real_options(command: str, options: list[str]) -> No
 
 
 def test_solve_never_chooses_a_candidate_that_does_not_parse():
-    """Regression (issue 18): `solve` returned a "chosen candidate" that was not valid Python."""
+    """Regression: `solve` returned a "chosen candidate" that was not valid Python."""
     broken = "def add(a, b):\n    return a +"  # the executor may still "pass" it: the parser must decide
     res = select_many([problem()], [[broken, BUGGY]], TESTER, CFG, FakeExecutor())[0]
     assert res.code == BUGGY and res.chosen == 1
@@ -168,7 +168,7 @@ def test_solve_never_chooses_a_candidate_that_does_not_parse():
 
 
 def test_attack_ranks_findings_by_agreement_across_suites(tmp_path):
-    """Issue 18: findings come most-agreed first, with how many suites wrote each test."""
+    """Findings come most-agreed first, with how many suites wrote each test."""
     f = tmp_path / "sut.py"
     f.write_text(SUT)
     suites = iter(
@@ -182,7 +182,7 @@ def test_attack_ranks_findings_by_agreement_across_suites(tmp_path):
 
 
 def test_attack_says_when_the_lab_toy_meets_a_function_outside_its_training():
-    """Regression (issue 18): `attack` on a non-lab function returned the tiny model's noise without saying so."""
+    """Regression: `attack` on a non-lab function returned the tiny model's noise without saying so."""
     from flows.attack import toy_model_note
 
     note = toy_model_note(Config(), "median", None)
@@ -208,7 +208,7 @@ class _BrokenSandbox:
 
 
 def test_solve_and_attack_abort_on_infra_failures_instead_of_scoring_them(tmp_path):
-    """Regression (issue 15): ``solve`` ran the sandbox without any infra guard, so a dead worker pool
+    """Regression: ``solve`` ran the sandbox without any infra guard, so a dead worker pool
     counted as failed tests and failed samples (a score); ``attack`` had its own copy of the guard
     (a bare RuntimeError, no retry). Both now go through ``tasks.execute.run_jobs``."""
     from tasks.execute import InfraFailure

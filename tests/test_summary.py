@@ -30,7 +30,7 @@ def test_headline_without_baseline_keeps_trained_numbers() -> None:
 
 
 def test_progress_line_format() -> None:
-    """Issue 18: training printed no step counter, rewards or ETA."""
+    """Regression: training printed no step counter, rewards or ETA."""
     from flows.train import progress_line
 
     history = [{"time/iteration_s": 5.0}, {"time/iteration_s": 5.2}]

@@ -1,6 +1,6 @@
-"""Issue 21, defect 2: tautological tests (``assert f(2) == f(2)``) must earn nothing.
+"""Tautological tests (``assert f(2) == f(2)``) must earn nothing.
 
-The predicted answer is evaluated next to the reference (ALGORITHM.md §6.2), so an answer that calls the
+The predicted answer is evaluated next to the reference (docs/method.md §6.2), so an answer that calls the
 entry point always "predicts" the GT value: such a suite scored 8 kept / 0 invalid before. Expected values
 must now be plain data (``tests.literal_answers``, default on) in both parse modes and in the GX gate, with
 the reason ``expected_not_literal``; gate rows are NFKC-normalised before the name checks.

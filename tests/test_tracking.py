@@ -99,7 +99,7 @@ def test_register_and_aliases(cfg: Config, tiny_model_dir: Path) -> None:
 def test_champion_loads_as_transformers_model_and_with_from_pretrained(
     cfg: Config, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """Regression (issue 18): registered versions had no MLmodel file, so no MLflow loader could read them."""
+    """Regression: registered versions had no MLmodel file, so no MLflow loader could read them."""
     import mlflow.transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -129,7 +129,7 @@ def test_champion_loads_as_transformers_model_and_with_from_pretrained(
 
 
 def test_evaluation_is_recorded_on_and_nested_under_the_training_run(cfg: Config, tmp_path: Path) -> None:
-    """Regression (issue 18): evaluation lived in a separate run with no link to its training run."""
+    """Regression: evaluation lived in a separate run with no link to its training run."""
     train = MlflowTracker(cfg, run_name="train-codea1-seed1-alpha0.5")
     report = tmp_path / "report.html"
     report.write_text("<html></html>")

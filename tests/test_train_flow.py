@@ -336,7 +336,7 @@ def test_modes_and_ablations(prefect_harness, tiny_model, tmp_path, monkeypatch,
 def test_history_is_recorded_once_per_iteration_and_derived_once(
     prefect_harness, tiny_model, tmp_path, monkeypatch
 ) -> None:
-    """Regression (issue 15): the history was rewritten in three formats (history.csv, metrics.jsonl,
+    """Regression: the history was rewritten in three formats (history.csv, metrics.jsonl,
     metrics.json) every iteration and read back in two. The checkpoint's state holds it (what resume reads);
     history.csv and metrics.json are derived from it once, when the run finishes, and read back the same."""
     import math

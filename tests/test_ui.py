@@ -28,7 +28,7 @@ def _listening(port: int) -> bool:
 
 
 def test_prefect_child_env_follows_the_port(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Regression (issue 18): with PREFECT_API_URL exported for :4200, `--prefect-port 4301` served a UI
+    """Regression: with PREFECT_API_URL exported for :4200, `--prefect-port 4301` served a UI
     pointing at :4200."""
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
     env = prefect_env(4301)

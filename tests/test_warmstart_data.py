@@ -1,4 +1,4 @@
-"""The Code LLM's warm-start data covers many parameter sets per family (issue 17, seed spread).
+"""The Code LLM's warm-start data covers many parameter sets per family (else seeds spread).
 
 Bug guarded: the warm start trained on the 12 training problems per family, 4 conversations each. The tiny
 model could memorize those 12 constants instead of learning to copy the prompt's constants into the code,
@@ -25,7 +25,7 @@ def _key(problem) -> tuple[str, str]:
 
 
 WIDE = ["lab.warmstart_code_problems_per_family=48", "lab.warmstart_code_examples_per_problem=1"]
-"""The wider warm start of issue 17 (``params.yaml``'s default since the 5-seed measurement)."""
+"""The wider warm start (``params.yaml``'s default since the 5-seed measurement)."""
 
 
 def test_wide_warm_start_covers_fresh_parameter_sets_never_evaluated():
@@ -95,7 +95,7 @@ def test_warmstart_stage_feeds_the_extra_problems_to_the_code_role_only(tmp_path
 
 def test_the_default_warm_start_copies_constants_from_many_parameter_sets():
     """The default run trains the Code LLM on 48 parameter sets per family, once each per epoch, for 12 epochs:
-    the setting measured across 5 seeds (issue 17); the 12 training sets x 4 left seed 3 at 2.7."""
+    the setting measured across 5 seeds; the 12 training sets x 4 left seed 3 at 2.7."""
     lab_cfg = load_config(REPO / "params.yaml", []).lab
     train = lab_problems(lab_cfg, "train")
     problems = warmstart_code_problems(lab_cfg, train)

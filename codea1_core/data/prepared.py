@@ -1,4 +1,4 @@
-"""Reference verification and the prepared parquet files (ALGORITHM.md D1).
+"""Reference verification and the prepared parquet files (docs/method.md D1).
 
 What it does:
 

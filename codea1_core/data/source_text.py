@@ -1,4 +1,4 @@
-"""Dataset source text -> golden-test calls, prompts and descriptions, with ``ast`` only (ALGORITHM.md §12).
+"""Dataset source text -> golden-test calls, prompts and descriptions, with ``ast`` only (docs/method.md §12).
 
 What it does, for the loaders of ``codea1_core.data.datasets``:
 

@@ -1,4 +1,4 @@
-"""Adapters for the external benchmarks of ALGORITHM.md §12.2-§12.3: BigCodeBench and UnLeakedTestBench.
+"""Adapters for the external benchmarks of docs/method.md §12.2-§12.3: BigCodeBench and UnLeakedTestBench.
 
 What it does: reads a local copy of each public release (JSON array, JSON lines or parquet) and turns
 its rows into :class:`~codea1_core.types.Problem` objects the evaluator understands.

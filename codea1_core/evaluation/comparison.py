@@ -1,6 +1,6 @@
 """The lab comparison's numbers: per-mode aggregates over seeds, the table, the plots and the HTML report.
 
-What it does: the pure half of ``make lab-compare`` (``flows/lab_compare.py``, ALGORITHM.md §14, §15, D10):
+What it does: the pure half of ``make lab-compare`` (``flows/lab_compare.py``, docs/method.md §14, §15, D10):
 the comparison arms (:data:`MODES`, as ``key=value`` config overrides), one :class:`RunResult` per
 experiment, :func:`aggregate` (mean, sample std and 95 % CI over seeds per mode and column), :func:`paired`
 (each arm minus ``golden_sparse`` seed by seed), :func:`table_markdown` (aggregate, paired and per-seed
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SPARSE = "lab.golden_tests=sparse"
-"""The data every learning arm trains on: scarce golden tests, as in real datasets (issue 17)."""
+"""The data every learning arm trains on: scarce golden tests, as in real datasets (the paper's premise)."""
 MODES: dict[str, list[str]] = {
     "golden_sparse": ["mode=golden", SPARSE],
     "golden_boundary": ["mode=golden", "lab.golden_tests=boundary"],

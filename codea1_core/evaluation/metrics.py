@@ -1,4 +1,4 @@
-"""Evaluation metrics of both roles (ALGORITHM.md §13): pass@k, avg@k, validity, attack rate, mut@k, Mul.
+"""Evaluation metrics of both roles (docs/method.md §13): pass@k, avg@k, validity, attack rate, mut@k, Mul.
 
 What: pure arithmetic over outcome flags and counts that the sandbox and the evaluation task produce.
 Rates are fractions in [0, 1]; only :func:`mul` works in points (percent), as the paper reports it.

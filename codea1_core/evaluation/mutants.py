@@ -1,4 +1,4 @@
-"""Mutants of a reference solution, for the Test-LLM mutation score mut@k (ALGORITHM.md §13.2).
+"""Mutants of a reference solution, for the Test-LLM mutation score mut@k (docs/method.md §13.2).
 
 What: :func:`generate_mutants` applies Cosmic-Ray's own mutation operators (binary/comparison/unary
 operator replacement, boolean replacement, break/continue swap, number replacement, exception

@@ -1,6 +1,6 @@
 """Test-LLM benchmark plan: which suites run where, in two phases, and how their records are assembled.
 
-What it does (ALGORITHM.md §13.2, UnLeakedTestBench definitions), the training pattern of
+What it does (docs/method.md §13.2, UnLeakedTestBench definitions), the training pattern of
 :mod:`codea1_core.method.outcomes` applied to evaluation — the core plans, one task runs, the core
 assembles:
 

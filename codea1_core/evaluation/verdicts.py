@@ -1,12 +1,12 @@
 """Benchmark evaluation, pure parts: job building, verdicts and aggregation.
 
 What it does:
-  * Code LLM (ALGORITHM.md §13.1, EvalPlus protocol): one sandbox program per *distinct* sample of a
+  * Code LLM (docs/method.md §13.1, EvalPlus protocol): one sandbox program per *distinct* sample of a
     problem (identical code is deduplicated and runs once), with every base and plus input as one call;
     a sample passes ``base`` when all base calls match the reference output and ``plus`` when it passes
     base AND all plus inputs (EvalPlus semantics). EvalPlus' special oracles (``find_zero``, MBPP set
     equality, ...) are applied in the trusted parent. Aggregates unbiased pass@k and avg@n per split.
-  * Test LLM (ALGORITHM.md §13.2, UnLeakedTestBench definitions): the first ``k`` asserts of one suite per
+  * Test LLM (docs/method.md §13.2, UnLeakedTestBench definitions): the first ``k`` asserts of one suite per
     problem are checked on the reference (pass@k), the suites that fully pass it are run on mutants of the
     reference (mut@k), and Mul = pass@k × mut@k / 100.
     The two-phase plan of that check (reference, then mutants) is :mod:`codea1_core.evaluation.suites`;
@@ -14,7 +14,7 @@ What it does:
 
 What it does not: generate text, run code (the caller passes executor outcomes in), touch files, or
 import prefect/mlflow/sandbox. Infrastructure failures (``infra_error``) are never scored: affected
-samples and mutants are dropped from the denominators and counted (ALGORITHM.md D4).
+samples and mutants are dropped from the denominators and counted (docs/method.md D4).
 
 A sample runs as :func:`codea1_core.method.outcomes.candidate_program`, the program training runs it as.
 
@@ -299,7 +299,7 @@ class TestVerdict:
 def reference_exprs(tests: Sequence[Any]) -> list[str]:
     """Interleaved ``[call_1, answer_1, call_2, answer_2, ...]`` evaluated in the reference program.
 
-    The predicted ANSWER is evaluated in the sandbox like any call (ALGORITHM.md §18.2 proposal) and
+    The predicted ANSWER is evaluated in the sandbox like any call (docs/method.md §18.2 proposal) and
     compared in the trusted parent (D2).
     """
     return [expr for t in tests for expr in (t.call, t.answer)]
@@ -365,7 +365,7 @@ class SuiteRecord:
 
 
 def aggregate_tests(bench: str, records: Sequence[SuiteRecord], k: int) -> dict[str, float]:
-    """``test/<bench>/pass@k``, ``mut@k``, ``mul`` (ALGORITHM.md §13.2) in percent.
+    """``test/<bench>/pass@k``, ``mut@k``, ``mul`` (docs/method.md §13.2) in percent.
 
     ``pass@k`` is the share of generated tests (first k asserts of one suite) correct on the reference;
     ``pass@k_ult`` uses the strict UnLeakedTestBench denominator k × #problems (missing tests count as

@@ -1,4 +1,4 @@
-"""GRPO pieces shared by both policies (ALGORITHM.md §9, §10, D8, D9).
+"""GRPO pieces shared by both policies (docs/method.md §9, §10, D8, D9).
 
 What:
   * :func:`group_advantages` — outcome advantages A = (R − mean)/(std_unbiased + eps) per group (§10, D8);

@@ -1,6 +1,6 @@
 """Pure helpers of one training iteration: the problem sampler, per-iteration seeds, training batches.
 
-What it does: everything of ALGORITHM.md §3 that is arithmetic rather than I/O — which problems step ``t``
+What it does: everything of docs/method.md §3 that is arithmetic rather than I/O — which problems step ``t``
 draws (§3 step 1), the sampling seed of an iteration, the Code-LLM and Test-LLM GRPO batches built from
 rollouts and scores (§3 steps 11-14, §9, §10), and the config fingerprint that decides whether a checkpoint
 may be resumed.

@@ -1,4 +1,4 @@
-"""The Mistake Book: historical failing tests replayed against later code (ALGORITHM.md §8, D6).
+"""The Mistake Book: historical failing tests replayed against later code (docs/method.md §8, D6).
 
 What: :class:`MistakeBook` is plain state plus pure operations.
   * Entries are canonical (call source, expected value) pairs with a frequency, ``first_seen`` and

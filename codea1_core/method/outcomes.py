@@ -1,8 +1,8 @@
-"""The pure execution plan of one problem and the assembly of its :class:`OutcomeMatrix` (ALGORITHM.md §6).
+"""The pure execution plan of one problem and the assembly of its :class:`OutcomeMatrix` (docs/method.md §6).
 
 What it does: decides which expressions run where, then turns the executor's
 :class:`~codea1_core.types.CallOutcome` lists back into per-suite quantities (V, I, failure flags) and
-replay pass flags. Two phases per problem (ARCHITECTURE.md §3):
+replay pass flags. Two phases per problem (docs/method.md §6.2):
 
 1. ``plan.reference_job()`` — the reference solution evaluates every unique call of all M·N suites and
    every unique predicted answer, once each (GT filling, D1).

@@ -1,4 +1,4 @@
-"""Parsing of model responses: code extraction (ALGORITHM.md §5.1) and assert extraction (§5.2, D5).
+"""Parsing of model responses: code extraction (docs/method.md §5.1) and assert extraction (§5.2, D5).
 
 What it does: :func:`extract_code` pulls the candidate program out of a Code-LLM response;
 :func:`extract_tests` turns a Test-LLM response into a :class:`~codea1_core.types.ParsedSuite` of

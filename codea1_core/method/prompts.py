@@ -1,4 +1,4 @@
-"""Prompt builders for both roles (ALGORITHM.md §4), as chat messages.
+"""Prompt builders for both roles (docs/method.md §4), as chat messages.
 
 What it does: turns a :class:`~codea1_core.types.Problem` (and, for the white-box Test LLM, one
 candidate program) into ``[{"role": "system", ...}, {"role": "user", ...}]`` messages, and renders

@@ -1,4 +1,4 @@
-"""Rewards of both roles as pure functions of an :class:`~codea1_core.types.OutcomeMatrix` (ALGORITHM.md §7).
+"""Rewards of both roles as pure functions of an :class:`OutcomeMatrix` (docs/method.md §7).
 
 What it does: :func:`score_problem` computes the code reward R_code(m) (§7.2), the test reward
 R_test(m, n) (§7.3) with gating on valid(m) and the non-printable penalty, infra masks (D4) and

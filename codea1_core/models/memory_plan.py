@@ -1,7 +1,7 @@
 """Peak GPU memory of a training config, estimated before anything is loaded: does it fit, and what to change.
 
 What it does: from a model's architecture (its HF ``config.json`` as a dict) and a :class:`Config`, adds up
-what one GPU holds at the peak of a training step (ALGORITHM.md §3 step 15, the two GRPO updates):
+what one GPU holds at the peak of a training step (docs/method.md §3 step 15, the two GRPO updates):
 
 * ``weights``: the trained policies (two in ``codea1`` mode, one in ``golden``/``selfplay``), in their
   parameter dtype: float32 master weights for full fine-tuning in a half dtype (``policy.master_dtypes``);

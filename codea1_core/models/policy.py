@@ -1,10 +1,10 @@
 """One trainable policy (role ``code`` or ``test``): batched sampling and the lockstep GRPO step on HF models.
 
 What it does: loads an HF causal LM + tokenizer, wraps it in a LoRA adapter (``model.finetune == "lora"``;
-the reference policy is the same model with the adapter disabled, ALGORITHM.md D8) or keeps a frozen
+the reference policy is the same model with the adapter disabled, docs/method.md D8) or keeps a frozen
 reference copy (``full``); samples completions in left-padded batches (:meth:`Policy.generate`: through
 :mod:`codea1_core.models.fast_generate` where that reproduces HF ``generate`` token for token, else ``generate``); runs one
-GRPO training step (:meth:`Policy.step`, ALGORITHM.md §3 steps 13-15 and §10) with its own AdamW optimizer
+GRPO training step (:meth:`Policy.step`, docs/method.md §3 steps 13-15 and §10) with its own AdamW optimizer
 and warm-up + cosine schedule; saves/loads resumable checkpoints and exports merged HF model directories.
 Two ``Policy`` objects (code and test) live in one process and never share parameters or optimizers.
 
@@ -40,7 +40,7 @@ LOGPROB_BLOCK_TOKENS = 1024
 
 
 class PromptTooLongError(ConfigError):
-    """A prompt over its token limit: an error, never truncated (ALGORITHM.md §3 step 5, Test-LLM prompts)."""
+    """A prompt over its token limit: an error, never truncated (docs/method.md §3 step 5)."""
 
 
 def check_prompt_lengths(lengths: list[int], limit: int, what: str) -> None:
@@ -50,7 +50,7 @@ def check_prompt_lengths(lengths: list[int], limit: int, what: str) -> None:
         i, n = over[0]
         raise PromptTooLongError(
             f"{what}: prompt {i} has {n} tokens > limit {limit} ({len(over)} of {len(lengths)} over); "
-            "over-long prompts are not truncated (ALGORITHM.md §3)"
+            "over-long prompts are not truncated (docs/method.md §3)"
         )
 
 
@@ -161,7 +161,7 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
 
 
 class Policy:
-    """A trainable causal LM for one role; see the module docstring and ARCHITECTURE.md §4."""
+    """A trainable causal LM for one role; see the module docstring."""
 
     def __init__(self, model_path: str, cfg: Config, role: str = "code", total_steps: int = 100) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -454,7 +454,7 @@ class Policy:
                 )
 
     def step(self, batch: TrainBatch) -> dict[str, float]:
-        """One GRPO training step (ALGORITHM.md §10): mini-batches x exact token-mean micro-batches.
+        """One GRPO training step (docs/method.md §10): mini-batches x exact token-mean micro-batches.
 
         Old log-probs are recomputed with the current weights when ``batch.old_logprobs`` is None, and
         reference log-probs come from the adapter-disabled model (LoRA) or the frozen copy (full), both

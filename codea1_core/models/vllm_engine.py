@@ -5,7 +5,7 @@ n, sampling) -> list[list[Completion]]`` contract as :meth:`codea1_core.models.p
 incl. EOS, per-token log-probs under the raw temperature-1 logits, ``stop``/``length``). After each GRPO
 step, :meth:`VllmRollout.sync` saves the role's adapter as a new version folder and switches that role to a
 new ``LoRARequest`` (a fresh integer id, so vLLM never serves a stale cached adapter). Before the first sync
-a role samples from its base model, which equals the zero-initialised adapter (ALGORITHM.md D8).
+a role samples from its base model, which equals the zero-initialised adapter (docs/method.md D8).
 
 Engines: with ``rollout.shared_engine`` (default) one engine serves both adapters over one base model
 (``max_loras=2``; the two roles must then start from the same base); otherwise one engine per role, each
