@@ -40,8 +40,8 @@ def _entry_modules() -> list[str]:
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     modules = {re.search(r"python -m (\S+)", s["cmd"]).group(1) for s in stages.values()}
     makefile = (REPO / "Makefile").read_text()
-    modules |= set(re.findall(r"python -m (flows\.\w+)", makefile))
-    modules |= {"flows.cli", "flows.serve", "flows.ui", "flows.lab_compare", "flows.solve", "flows.attack"}
+    modules |= set(re.findall(r"python -m ((?:flows|tools)\.\w+)", makefile))
+    modules |= {"flows.cli", "flows.serve", "tools.ui", "tools.lab_compare", "flows.solve", "flows.attack"}
     return sorted(modules)
 
 

@@ -1,4 +1,4 @@
-"""``flows/lab_compare.py``: plan, aggregation, table, collection from experiment refs; one slow real run.
+"""``tools/lab_compare.py``: plan, aggregation, table, collection from experiment refs; one slow real run.
 
 The fast tests use synthetic metrics and a real (tiny) git repository for the ``refs/exps`` collection; the
 ``slow`` test runs ``--quick`` with two modes through DVC's experiment queue in a temp clone of the repo.
@@ -18,7 +18,7 @@ import pytest
 
 from codea1_core.config import ConfigError
 from codea1_core.evaluation import comparison as cmp
-from flows import lab_compare as lc
+from tools import lab_compare as lc
 from flows.common import UserError
 
 
@@ -156,7 +156,7 @@ def test_arms_cover_the_papers_comparison_and_only_the_ceiling_sees_boundary_tes
 def test_the_codea1_arm_is_the_default_run(repo_root):
     """The README's default run across seeds is the arm readme_numbers reads: it must be params.yaml as shipped."""
     from codea1_core.config import load_config
-    from flows.readme_numbers import DEFAULT_ARM
+    from tools.readme_numbers import DEFAULT_ARM
 
     params = repo_root / "params.yaml"
     assert DEFAULT_ARM == "codea1"

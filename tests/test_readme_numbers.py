@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import readme_numbers
+from tools import readme_numbers
 
 
 def test_readme_matches_the_committed_outputs(repo_root: Path) -> None:
