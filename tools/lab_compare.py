@@ -45,7 +45,7 @@ The numbers (aggregates, table, plots, HTML) are computed by ``codea1_core/evalu
 runs, collects and writes.
 What it does not: change the pipeline, or pick a winner (read the table with its std and number of seeds).
 
-Run: ``python -m flows.lab_compare [--seeds 5] [--modes golden_sparse,codea1,...] [--quick]
+Run: ``python -m tools.lab_compare [--seeds 5] [--modes golden_sparse,codea1,...] [--quick]
 [--runner auto|queue|workspace] [--jobs 1] [--out DIR] [--collect-only TAG] [--resume TAG] [key=value ...]``
 (``make lab-compare``). Values go to ``dvc exp run -S`` as YAML: write strings that look like YAML keywords
 quoted, e.g. ``"tracking.backend='null'"``.
@@ -490,7 +490,7 @@ def write_outputs(out: Path, results: Sequence[RunResult], wall_s: float) -> str
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m flows.lab_compare``; exit 0 when every experiment produced results, 1 otherwise."""
+    """``python -m tools.lab_compare``; exit 0 when every experiment produced results, 1 otherwise."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5, help="seeds 1..N per mode (default 5)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma list from {list(MODES)}")
@@ -551,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  resuming: {len(done)} finished, {len(experiments) - len(done)} to run")
             if runner == "workspace":
                 print(
-                    f"  interrupted? continue with: python -m flows.lab_compare --resume {tag} [same options]"
+                    f"  interrupted? continue with: python -m tools.lab_compare --resume {tag} [same options]"
                 )
             # one Prefect API for every experiment's stages (flows.prefect_server), not one per stage
             with shared_api(), open(out / "dvc.log", "a" if args.resume else "w") as log:
