@@ -32,7 +32,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from codea1_core.files import atomic_dir, write_json_atomic, write_text_atomic
+from codea1_core.atomic import atomic_dir, write_json_atomic, write_text_atomic
 
 STATE_SCHEMA = "codea1.train_state/1"
 MANIFEST = "MANIFEST.json"

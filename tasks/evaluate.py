@@ -80,7 +80,7 @@ def score_codes(
     return metrics
 
 
-@task(name="evaluate-code", task_run_name="evaluate-code[{bench}]", cache_policy=NO_CACHE)
+@task(name="evaluate_code", task_run_name="evaluate_code[{bench}]", cache_policy=NO_CACHE)
 def evaluate_code_task(
     policy: Any,
     problems: list[Problem],

@@ -26,10 +26,10 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from codea1_core.atomic import write_text_atomic
 from codea1_core.config import Config
 from codea1_core.evaluation.suites import plan_suites
 from codea1_core.evaluation.verdicts import SuiteRecord, suite_metrics
-from codea1_core.files import write_text_atomic
 from codea1_core.models.sampling import sampling_params
 from codea1_core.types import Problem
 from tasks.execute import run_jobs
@@ -113,7 +113,7 @@ def score_suites(
     return suite_metrics(bench, records, k, subsets), records
 
 
-@task(name="evaluate-tests", task_run_name="evaluate-tests[{bench}]", cache_policy=NO_CACHE)
+@task(name="evaluate_tests", task_run_name="evaluate_tests[{bench}]", cache_policy=NO_CACHE)
 def evaluate_tests_task(
     policy: Any,
     problems: list[Problem],

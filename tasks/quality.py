@@ -5,7 +5,7 @@ What it does:
     ids, non-empty prompt / reference, an identifier entry point, golden tests present and the
     ``passing`` flag (``metadata["reference_passes"]``, set by ``prepare`` after the reference passed
     every golden test in the sandbox). Any failure raises :class:`DataQualityError` naming the ids.
-  * :func:`gate_tests` screens generated tests ``(problem_id, suite_id, call, answer, entry_point)``
+  * :func:`gx_gate_tests` screens generated tests ``(problem_id, suite_id, call, answer, entry_point)``
     before they reach the sandbox. Per-row check columns are computed with ``ast`` (memoised per distinct
     source); GX expectations over the frame decide, and each failed expectation is a reason code:
 
@@ -26,7 +26,7 @@ What it does:
 
 What it does not: run code or parse model responses (``codea1_core.method.parsing`` does that).
 GX runs on one ephemeral context created on first use and reused (progress bars off).
-How to run: ``gate_tests.fn(rows, cfg.tests, report_path)``; ``pytest tests/test_quality.py``;
+How to run: ``gx_gate_tests.fn(rows, cfg.tests, report_path)``; ``pytest tests/test_quality.py``;
 ``python -m bench.gate_bench`` times 20,000 rows.
 """
 
@@ -47,8 +47,8 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from codea1_core.atomic import write_json_atomic
 from codea1_core.config import TestsConfig
-from codea1_core.files import write_json_atomic
 from codea1_core.types import Problem, literal_value
 
 DEFAULT_REPORT_DIR = Path("outputs/quality")
@@ -75,7 +75,7 @@ class DataQualityError(Exception):
 
 @dataclass(frozen=True)
 class GateResult:
-    """Outcome of :func:`gate_tests`: one reason per row (``"ok"`` when accepted)."""
+    """Outcome of :func:`gx_gate_tests`: one reason per row (``"ok"`` when accepted)."""
 
     accepted_mask: np.ndarray
     reasons: list[str]
@@ -187,7 +187,7 @@ def _problem_expectations() -> list[tuple[str, Any]]:
     ]
 
 
-@task(name="validate-problems", cache_policy=NO_CACHE)
+@task(name="validate_problems", cache_policy=NO_CACHE)
 def validate_problems(problems: list[Problem], report_path: str | Path | None = None) -> dict[str, Any]:
     """Check a problem set with GX; returns the report (also written to ``report_path`` when given).
 
@@ -335,8 +335,8 @@ def _test_expectations(cfg: TestsConfig) -> list[tuple[str, Any]]:
     ]
 
 
-@task(name="gate-tests", cache_policy=NO_CACHE)
-def gate_tests(
+@task(name="gx_gate_tests", cache_policy=NO_CACHE)
+def gx_gate_tests(
     rows: pd.DataFrame | list[dict[str, Any]], cfg: TestsConfig, report_path: str | Path | None = None
 ) -> GateResult:
     """Screen generated tests with GX; the first failed check (in the order above) is a row's reason.

@@ -183,7 +183,7 @@ def _local_imports(path: Path, root: Path) -> set[Path]:
                 continue
             for candidate in (root / f"{name.replace('.', '/')}.py", root / name.replace(".", "/")):
                 if candidate.parent == root and candidate.name != "sandbox":
-                    continue  # `from codea1_core import loop`: the namespace itself is not a dependency
+                    continue  # `from codea1_core.method import batches`: the namespace itself is not a dependency
                 if candidate.is_dir() and candidate.parent.name == "codea1_core":
                     found.add(candidate / "__init__.py")  # a core sub-package: its (docstring-only) __init__
                 elif candidate.is_file() or (candidate / "__init__.py").is_file():

@@ -19,7 +19,7 @@ from codea1_core.evaluation.benchmarks import (
     load_bigcodebench,
     load_unleakedtestbench,
 )
-from codea1_core.evaluation.solve import CandidateScore, score_candidates, select_candidate
+from codea1_core.evaluation.collaboration import CandidateScore, score_candidates, select_candidate
 from codea1_core.evaluation.verdicts import (
     SampleVerdict,
     SuiteRecord,
@@ -143,7 +143,7 @@ def test_training_and_evaluation_run_the_same_program_text():
         plan = plan_problem(p, [code], [[ParsedSuite()]])
         trained = plan.candidate_jobs(FakeExecutor().run(*plan.reference_job()))[0][0]
         assert evaluated == trained == golden, code
-        from codea1_core.evaluation.solve import plan_solve
+        from codea1_core.evaluation.collaboration import plan_solve
 
         assert plan_solve([p], [[code]], [""], "strict").jobs()[0][0] == trained, code
 

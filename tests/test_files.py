@@ -1,4 +1,4 @@
-"""The one atomic write (``codea1_core/files.py``) and the callers that used to carry their own copy.
+"""The one atomic write (``codea1_core/atomic.py``) and the callers that used to carry their own copy.
 
 Regression tests name their bug; each failed on fc37ae2, where the write was implemented ten times:
 ``save_prepared``/the GX report/prepare's cache wrote 0600 files (``mkstemp``), the checkpoint writes left
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from codea1_core.files import (
+from codea1_core.atomic import (
     atomic_dir,
     atomic_path,
     replace_dir,
@@ -165,9 +165,9 @@ def test_replace_dir_onto_a_missing_target_creates_the_parent(tmp_path: Path) ->
 
 
 def test_no_other_module_implements_an_atomic_write(repo_root: Path) -> None:
-    """Issue 15: the temp-file-then-rename write existed ten times; only ``codea1_core/files.py`` may rename
+    """Issue 15: the temp-file-then-rename write existed ten times; only ``codea1_core/atomic.py`` may rename
     into place now (``lab_compare`` moves whole workspace paths aside and back, which is not a write)."""
-    allowed = {"codea1_core/files.py": 4, "tools/lab_compare.py": 2}
+    allowed = {"codea1_core/atomic.py": 4, "tools/lab_compare.py": 2}
     found = {}
     for folder in ("codea1_core", "tasks", "flows", "tools", "bench"):
         for path in sorted((repo_root / folder).rglob("*.py")):

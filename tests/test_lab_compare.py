@@ -18,8 +18,8 @@ import pytest
 
 from codea1_core.config import ConfigError
 from codea1_core.evaluation import comparison as cmp
-from tools import lab_compare as lc
 from flows.common import UserError
+from tools import lab_compare as lc
 
 
 def _result(mode: str, seed: int, pass1: float, reward: float, error: str = "") -> cmp.RunResult:

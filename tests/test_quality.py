@@ -9,7 +9,7 @@ import pytest
 
 from codea1_core import config as config_mod
 from codea1_core.types import Problem, TestCase
-from tasks.quality import DataQualityError, gate_tests, validate_problems
+from tasks.quality import DataQualityError, gx_gate_tests, validate_problems
 
 
 def _problem(pid: str, **kw) -> Problem:
@@ -65,7 +65,7 @@ def test_validate_problems_names_every_offending_id(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------
-# gate_tests
+# gx_gate_tests
 # --------------------------------------------------------------------------------------------------
 
 CASES = [
@@ -98,7 +98,7 @@ CASES = [
 
 def test_gate_tests_reason_per_row_counts_and_metrics(tmp_path):
     cfg = config_mod.TestsConfig(max_call_chars=45, max_answer_chars=45, max_rejected_frac=0.9)
-    result = gate_tests.fn([row for row, _ in CASES], cfg, tmp_path / "gate.json")
+    result = gx_gate_tests.fn([row for row, _ in CASES], cfg, tmp_path / "gate.json")
     assert result.reasons == [reason for _, reason in CASES]
     assert result.accepted_mask.tolist() == [reason == "ok" for _, reason in CASES]
     rejected = sum(reason != "ok" for _, reason in CASES)
@@ -113,9 +113,9 @@ def test_gate_tests_reason_per_row_counts_and_metrics(tmp_path):
 
 def test_gate_tests_accepts_a_dataframe_and_empty_input(tmp_path):
     frame = pd.DataFrame([_row("f(1)"), _row("f(2)")])
-    result = gate_tests.fn(frame, config_mod.TestsConfig())
+    result = gx_gate_tests.fn(frame, config_mod.TestsConfig())
     assert result.accepted_mask.tolist() == [True, True] and result.report_path is None
-    empty = gate_tests.fn([], config_mod.TestsConfig())
+    empty = gx_gate_tests.fn([], config_mod.TestsConfig())
     assert empty.rejected_rate == 0.0 and empty.reasons == []
 
 
@@ -123,18 +123,20 @@ def test_gate_tests_raises_with_report_path_above_max_rejected_frac(tmp_path):
     rows = [_row("g(1)"), _row("g(2)"), _row("f(3)")]
     path = tmp_path / "gate.json"
     with pytest.raises(DataQualityError, match=r"66\.7% of 3 rows rejected") as info:
-        gate_tests.fn(rows, config_mod.TestsConfig(max_rejected_frac=0.5), path)
+        gx_gate_tests.fn(rows, config_mod.TestsConfig(max_rejected_frac=0.5), path)
     assert info.value.report_path == path
     assert json.loads(path.read_text())["counts"] == {"wrong_function": 2}
     assert [f.name for f in tmp_path.iterdir()] == ["gate.json"]  # atomic write: no temp file left
-    gate_tests.fn(rows, config_mod.TestsConfig(max_rejected_frac=0.7), path)  # under the threshold: no error
+    gx_gate_tests.fn(
+        rows, config_mod.TestsConfig(max_rejected_frac=0.7), path
+    )  # under the threshold: no error
 
 
 def test_gate_follows_the_official_parse_mode_on_other_functions():
     """§5.2 official: any call on the left is a test (``len(f(1))`` is valid); strict (D5) rejects it."""
     calls = ["g(1)", "len(f(1))", "obj.f(1)", "f(1)", "__import__('os').f(1)", "f(1) + 1"]
     rows = [_row(c) for c in calls]
-    official = gate_tests.fn(rows, config_mod.TestsConfig(parse_mode="official", max_rejected_frac=0.9))
+    official = gx_gate_tests.fn(rows, config_mod.TestsConfig(parse_mode="official", max_rejected_frac=0.9))
     assert official.reasons == ["ok", "ok", "ok", "ok", "dunder", "not_a_call"]
-    strict = gate_tests.fn(rows, config_mod.TestsConfig(max_rejected_frac=0.9))
+    strict = gx_gate_tests.fn(rows, config_mod.TestsConfig(max_rejected_frac=0.9))
     assert strict.reasons[:3] == ["wrong_function"] * 3 and strict.reasons[3] == "ok"

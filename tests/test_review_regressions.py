@@ -15,7 +15,7 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from codea1_core.config import Config, RewardConfig  # noqa: E402
-from codea1_core.method.loop import build_group_batch, code_groups  # noqa: E402
+from codea1_core.method.batches import build_group_batch, code_groups  # noqa: E402
 from codea1_core.method.mistake_book import MistakeBook  # noqa: E402
 from codea1_core.method.rewards import ProblemScores, score_problem  # noqa: E402
 from codea1_core.types import OutcomeMatrix, SuiteOutcome, TestCase  # noqa: E402

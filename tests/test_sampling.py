@@ -51,7 +51,7 @@ def _problem() -> Problem:
 
 
 def test_training_rollouts_use_the_builder_with_the_iteration_seed() -> None:
-    from codea1_core.method.loop import iteration_seed
+    from codea1_core.method.batches import iteration_seed
     from tasks.rollout import rollout_code, rollout_tests
 
     pol = _Recorder()

@@ -17,7 +17,7 @@ from flows.attack import main as attack_main
 from flows.common import UserError
 from flows.solve import format_result, load_problem_file, solve
 from flows.solve import main as solve_main
-from tasks.solve import select_many, solve_benchmark
+from tasks.collaboration import select_many, solve_benchmark
 
 CFG = Config.from_dict({"eval": {"solve_candidates": 3}, "tracking": {"backend": "null"}})
 GOOD = "def add(a, b):\n    return a + b"

@@ -16,7 +16,7 @@ from codea1_core.method.outcomes import plan_problem
 from codea1_core.method.parsing import extract_tests
 from codea1_core.method.rewards import score_problem
 from codea1_core.types import Problem, TestCase
-from tasks.quality import gate_tests
+from tasks.quality import gx_gate_tests
 
 REF = "def f(x):\n    return x + 1\n"
 BUGGY = "def f(x):\n    return x + 1 if x < 3 else x"
@@ -82,7 +82,7 @@ def test_the_tautological_suite_scores_invalid_and_the_honest_one_is_unchanged()
 
 def gate(rows, **cfg):
     rows = [dict(problem_id="p", suite_id=f"s{i}", entry_point="f", **r) for i, r in enumerate(rows)]
-    return gate_tests.fn(rows, TestsConfig(max_rejected_frac=1.0, **cfg)).reasons
+    return gx_gate_tests.fn(rows, TestsConfig(max_rejected_frac=1.0, **cfg)).reasons
 
 
 def test_the_gate_rejects_non_literal_answers_given_directly():

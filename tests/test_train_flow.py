@@ -10,34 +10,36 @@ from pathlib import Path
 import pytest
 
 from codea1_core.config import Config
-from codea1_core.method import loop
+from codea1_core.method import batches
 
 # ------------------------------------------------------------------------------------------------
-# Pure helpers (codea1_core/method/loop.py)
+# Pure helpers (codea1_core/method/batches.py)
 # ------------------------------------------------------------------------------------------------
 
 
 def test_sampler_epochs_drop_last_and_depend_only_on_step() -> None:
     n, b = 10, 3
-    assert loop.steps_per_epoch(n, b) == 3 and loop.total_steps(n, b, 3) == 9
-    assert loop.total_steps(n, b, 3, max_steps=4) == 4
-    epoch0 = [i for s in range(3) for i in loop.batch_indices(n, b, 1, s)]
-    epoch1 = [i for s in range(3, 6) for i in loop.batch_indices(n, b, 1, s)]
+    assert batches.steps_per_epoch(n, b) == 3 and batches.total_steps(n, b, 3) == 9
+    assert batches.total_steps(n, b, 3, max_steps=4) == 4
+    epoch0 = [i for s in range(3) for i in batches.batch_indices(n, b, 1, s)]
+    epoch1 = [i for s in range(3, 6) for i in batches.batch_indices(n, b, 1, s)]
     assert len(set(epoch0)) == 9 and len(set(epoch1)) == 9  # one problem dropped per epoch
     assert epoch0 != epoch1  # reshuffled each epoch
-    assert loop.batch_indices(n, b, 1, 4) == loop.batch_indices(n, b, 1, 4)
-    assert loop.batch_indices(n, b, 2, 0) != loop.batch_indices(n, b, 1, 0)
+    assert batches.batch_indices(n, b, 1, 4) == batches.batch_indices(n, b, 1, 4)
+    assert batches.batch_indices(n, b, 2, 0) != batches.batch_indices(n, b, 1, 0)
     with pytest.raises(ValueError, match="no full batch"):
-        loop.batch_indices(2, 3, 1, 0)
+        batches.batch_indices(2, 3, 1, 0)
 
 
 def test_iteration_seed_and_fingerprint() -> None:
-    assert loop.iteration_seed(1, 3, "code") == loop.iteration_seed(1, 3, "code")
-    assert len({loop.iteration_seed(1, i, r) for i in range(5) for r in ("code", "test")}) == 10
+    assert batches.iteration_seed(1, 3, "code") == batches.iteration_seed(1, 3, "code")
+    assert len({batches.iteration_seed(1, i, r) for i in range(5) for r in ("code", "test")}) == 10
     base = Config().flat()
-    fp = loop.config_fingerprint(base)
-    assert loop.config_fingerprint(dict(base, **{"orchestration.max_steps": 7, "sandbox.workers": 9})) == fp
-    assert loop.config_fingerprint(dict(base, **{"reward.alpha": 0.25})) != fp
+    fp = batches.config_fingerprint(base)
+    assert (
+        batches.config_fingerprint(dict(base, **{"orchestration.max_steps": 7, "sandbox.workers": 9})) == fp
+    )
+    assert batches.config_fingerprint(dict(base, **{"reward.alpha": 0.25})) != fp
 
 
 def test_starting_book_per_mode_and_resume() -> None:
@@ -76,16 +78,16 @@ def test_group_batches_mask_and_topvar() -> None:
     tests = [[[_Comp([2], [20 + 3 * m + n]) for n in range(3)] for m in range(3)]]
     scores = [_Scores([1.0, 0.0, 0.5], [[0.1, 0.1, 0.1], [0.0, 1.0, 0.5], [0.2, 0.3, 0.2]], [True, True, False],
                       [[True] * 3, [True] * 3, [False] * 3])]  # fmt: skip
-    code = loop.build_group_batch(loop.code_groups(comps, scores), grpo)
+    code = batches.build_group_batch(batches.code_groups(comps, scores), grpo)
     assert code.completion_ids == [[10], [11]]  # the infra-masked code is left out (D4)
     assert code.advantages[0] > 0 > code.advantages[1]
-    groups, picked = loop.test_groups(tests, scores, update_n=1)
+    groups, picked = batches.test_groups(tests, scores, update_n=1)
     assert picked == [[1]]  # the code whose suites spread most (§9)
-    test = loop.build_group_batch(groups, grpo)
+    test = batches.build_group_batch(groups, grpo)
     assert test.completion_ids == [[23], [24], [25]] and test.zero_variance_groups == 0
     both = code.concat(test)
     assert len(both) == 5 and both.groups == 2
-    flat = loop.build_group_batch([(comps[0], [0.5, 0.5, 0.5], [True] * 3)], grpo)
+    flat = batches.build_group_batch([(comps[0], [0.5, 0.5, 0.5], [True] * 3)], grpo)
     assert flat.zero_variance_groups == 1 and flat.advantages == [0.0, 0.0, 0.0]
 
 

@@ -67,6 +67,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from codea1_core.atomic import atomic_dir, write_bytes_atomic, write_text_atomic
 from codea1_core.evaluation.comparison import (
     MODES,
     Experiment,
@@ -79,7 +80,6 @@ from codea1_core.evaluation.comparison import (
     rewards_chart,
     table_markdown,
 )
-from codea1_core.files import atomic_dir, write_bytes_atomic, write_text_atomic
 from flows.common import UserError, child_env, run_user_errors
 from flows.prefect_server import shared_api
 

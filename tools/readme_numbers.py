@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from codea1_core.files import write_text_atomic
+from codea1_core.atomic import write_text_atomic
 
 REPO = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- learning:begin -->", "<!-- learning:end -->"

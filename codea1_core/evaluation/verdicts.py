@@ -10,7 +10,7 @@ What it does:
     problem are checked on the reference (pass@k), the suites that fully pass it are run on mutants of the
     reference (mut@k), and Mul = pass@k × mut@k / 100.
     The two-phase plan of that check (reference, then mutants) is :mod:`codea1_core.evaluation.suites`;
-    test-time collaboration (``solve``) is :mod:`codea1_core.evaluation.solve`.
+    test-time collaboration (``solve``) is :mod:`codea1_core.evaluation.collaboration`.
 
 What it does not: generate text, run code (the caller passes executor outcomes in), touch files, or
 import prefect/mlflow/sandbox. Infrastructure failures (``infra_error``) are never scored: affected

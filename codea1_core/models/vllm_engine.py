@@ -32,8 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from codea1_core.atomic import atomic_dir
 from codea1_core.config import Config
-from codea1_core.files import atomic_dir
 from codea1_core.models.policy import (
     Completion,
     check_prompt_lengths,

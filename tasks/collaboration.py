@@ -1,7 +1,7 @@
 """Test-time collaboration runs (ALGORITHM.md §15.6): generate, run through the one guard, let the core pick.
 
 What it does: :func:`select_many` asks the Test LLM for one white-box suite per distinct candidate, runs
-the core's plan (:mod:`codea1_core.evaluation.solve`) in one :func:`tasks.execute.run_jobs` batch and
+the core's plan (:mod:`codea1_core.evaluation.collaboration`) in one :func:`tasks.execute.run_jobs` batch and
 returns the core's selection; :func:`solve_benchmark` scores the chosen candidates of a benchmark with the
 EvalPlus verdicts. Used by ``codea1 solve`` (``flows/solve.py``) and the evaluate stage
 (``eval.solve_benchmarks``).
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from codea1_core.config import Config
-from codea1_core.evaluation.solve import (
+from codea1_core.evaluation.collaboration import (
     SolveResult,
     benchmark_jobs,
     distinct_candidates,

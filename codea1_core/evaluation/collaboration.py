@@ -14,7 +14,7 @@ What it does, the training pattern (the core plans, one task runs, the core asse
 4. :func:`benchmark_jobs` / :func:`solve_metrics`: the chosen candidates of a benchmark judged with the
    EvalPlus verdicts, next to the candidates' mean and best-of-N.
 
-What it does not: generate text or run code (``tasks/solve.py`` does, through ``tasks.execute.run_jobs``).
+What it does not: generate text or run code (``tasks/collaboration.py`` does, through ``tasks.execute.run_jobs``).
 
 How to run: ``codea1 solve`` (``flows/solve.py``); unit tests in ``tests/test_solve_attack.py`` and
 ``tests/test_evaluation.py``.
