@@ -11,7 +11,7 @@ update peaks the prediction of :mod:`codea1_core.models.memory_plan` (without it
 
 The model: the architecture of ``configs/qwen2.5-coder-1.5b.config.json`` (nothing downloaded), random
 weights, the project's tiny BPE tokenizer (its ids fit the 151,936-token vocabulary; special-token ids are
-the tokenizer's). ``--shrink`` swaps in a tiny width/depth (CPU test, ``tests/test_gpu_step_bench.py``).
+the tokenizer's). ``--shrink`` swaps in a tiny width/depth (CPU test, ``tests/bench/test_gpu_step_bench.py``).
 
 Imports only torch, transformers, peft, ``codea1_core`` and ``sandbox`` (the GPU image has no prefect,
 mlflow, dvc, GX or PyYAML); Python 3.12 with the image's torch/transformers.

@@ -15,7 +15,7 @@ final file has the permissions a plain ``open(path, "w")`` would give it.
 What it does not: make the folder entry itself durable (no fsync of the directory), or lock against
 concurrent writers of the same path (the last ``os.replace`` wins, each version whole).
 
-Run: ``pytest tests/test_files.py``.
+Run: ``pytest tests/core/test_atomic.py``.
 """
 
 from __future__ import annotations

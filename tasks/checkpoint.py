@@ -13,7 +13,7 @@ raises :class:`CheckpointError` naming the file. :class:`WorkspaceLock` keeps on
 (``<checkpoint_dir>/train.lock``: pid, host, start time; a lock whose process is gone is stale and taken over).
 What it does not: decide when to checkpoint (the train flow does) or log to MLflow.
 
-Run: used by ``flows/train.py``; tested by ``tests/test_checkpoint.py``.
+Run: used by ``flows/train.py``; tested by ``tests/tasks/test_checkpoint.py``.
 """
 
 from __future__ import annotations

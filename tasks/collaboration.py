@@ -10,7 +10,7 @@ What it does not: choose (the core does) or load models (the flows do). Past
 ``sandbox.max_infra_failure_frac`` of ``infra_error`` calls a batch aborts with
 :class:`tasks.execute.InfraFailure` (D4: an infrastructure failure never decides a vote or a verdict).
 
-How to run: ``python -m flows.solve --problem FILE``; unit tests in ``tests/test_solve_attack.py``.
+How to run: ``python -m flows.solve --problem FILE``; unit tests in ``tests/flows/test_solve_attack.py``.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ What it does not: decide which benchmarks to run or write reports (``flows/evalu
 ``sandbox.max_infra_failure_frac`` of ``infra_error`` calls a phase aborts with
 :class:`tasks.execute.InfraFailure` (D4).
 
-How to run: through ``python -m flows.evaluate``; unit-tested in ``tests/test_evaluation.py`` and with
-real data in ``tests/test_eval_sanity.py``.
+How to run: through ``python -m flows.evaluate``; unit-tested in ``tests/core/evaluation/test_evaluation.py`` and with
+real data in ``tests/tasks/test_eval_sanity.py``.
 """
 
 from __future__ import annotations

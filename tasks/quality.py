@@ -27,7 +27,7 @@ What it does:
 
 What it does not: run code or parse model responses (``codea1_core.method.parsing`` does that).
 GX runs on one ephemeral context created on first use and reused (progress bars off).
-How to run: ``gx_gate_tests.fn(rows, cfg.tests, report_path)``; ``pytest tests/test_quality.py``;
+How to run: ``gx_gate_tests.fn(rows, cfg.tests, report_path)``; ``pytest tests/tasks/test_quality.py``;
 ``python -m bench.gate_bench`` times 20,000 rows.
 """
 

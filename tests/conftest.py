@@ -67,9 +67,17 @@ def mlflow_cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     )
 
 
+@pytest.fixture()
+def fake_vllm(monkeypatch: pytest.MonkeyPatch):
+    """A fake ``vllm`` module for one test (vLLM is GPU-only): ``support.install_fake_vllm``."""
+    from support import install_fake_vllm
+
+    return install_fake_vllm(monkeypatch)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-init tiny Qwen2 model + lab tokenizer, built once per session (registry and loading tests)."""
-    from test_train_flow import build_tiny
+    from support import build_tiny
 
     return build_tiny(tmp_path_factory.mktemp("tiny") / "model")

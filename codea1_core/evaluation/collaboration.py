@@ -16,8 +16,8 @@ What it does, the training pattern (the core plans, one task runs, the core asse
 
 What it does not: generate text or run code (``tasks/collaboration.py`` does, through ``tasks.execute.run_jobs``).
 
-How to run: ``codea1 solve`` (``flows/solve.py``); unit tests in ``tests/test_solve_attack.py`` and
-``tests/test_evaluation.py``.
+How to run: ``codea1 solve`` (``flows/solve.py``); unit tests in ``tests/flows/test_solve_attack.py`` and
+``tests/core/evaluation/test_evaluation.py``.
 """
 
 from __future__ import annotations

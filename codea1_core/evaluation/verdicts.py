@@ -19,7 +19,7 @@ samples and mutants are dropped from the denominators and counted (ALGORITHM.md 
 A sample runs as :func:`codea1_core.method.outcomes.candidate_program`, the program training runs it as.
 
 How to run: imported by ``tasks/evaluate.py`` and the other ``codea1_core.evaluation`` plans; unit tests in
-``tests/test_evaluation.py``.
+``tests/core/evaluation/test_evaluation.py``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Prefect tasks in ``tasks/`` call these functions).
 The sampler is a pure function of ``(seed, step)``: a resumed run needs only the step number as its data
 cursor and draws exactly the batches an uninterrupted run would have drawn.
 
-Run: imported by ``flows/train.py``; tested through ``tests/test_train_flow.py``.
+Run: imported by ``flows/train.py``; tested through ``tests/flows/test_train_flow.py``.
 """
 
 from __future__ import annotations

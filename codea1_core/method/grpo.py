@@ -17,7 +17,7 @@ What not: no models, optimizers or batching — :mod:`codea1_core.models.policy`
 Masks: everywhere in this module ``True`` (or 1) means *included* (a usable sample, a response token);
 ``False`` members are masked out.
 
-How to run: ``python -m pytest tests/test_grpo.py -q``.
+How to run: ``python -m pytest tests/core/method/test_grpo.py -q``.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ generated-test gate applies too). Why: the predicted answer is evaluated next to
 tautology that earns full validity and that RL finds. The official parser accepts any expression here;
 ``literal_answers: false`` restores that (and its numbers).
 
-How to run: ``tests/test_parsing.py`` (includes hypothesis property tests).
+How to run: ``tests/core/method/test_parsing.py`` (includes hypothesis property tests).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ error of the caller, §3 step 5). The wording paraphrases the official prompts (
 paraphrased"); the structure (system line, Question/Buggy Code sections, the assert form) follows them.
 Every builder is deterministic: same inputs, same messages.
 
-How to run: ``python -c "from codea1_core import prompts, lab; ..."``; tests in ``tests/test_prompts.py``.
+How to run: ``python -c "from codea1_core import prompts, lab; ..."``; tests in ``tests/core/method/test_prompts.py``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BLOCKED = ("prefect", "mlflow", "dvc", "great_expectations")
 BLOCKER = """
 import sys

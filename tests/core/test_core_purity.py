@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 BANNED = frozenset({"prefect", "mlflow", "dvc", "great_expectations", "subprocess", "sandbox"})
-CORE = Path(__file__).resolve().parent.parent / "codea1_core"
+CORE = Path(__file__).resolve().parents[2] / "codea1_core"
 
 
 def _imported_names(tree: ast.AST) -> list[tuple[int, str]]:

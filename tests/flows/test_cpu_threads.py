@@ -17,7 +17,7 @@ import pytest
 from codea1_core.config import ConfigError, load_config
 from flows.common import flow_config, load_stage_config, pin_cpu_threads
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

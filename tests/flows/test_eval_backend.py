@@ -1,6 +1,6 @@
 """One backend switch (issue 16): evaluate, solve and attack generate through vLLM when ``rollout.backend: vllm``.
 
-vLLM is GPU-only, so the fake ``vllm`` module of ``tests/test_vllm_engine.py`` stands in for it; HF
+vLLM is GPU-only, so the fake ``vllm`` module of ``tests/core/models/test_vllm_engine.py`` stands in for it; HF
 ``generate`` is made to fail, so any generation that does not go through the engine fails the test.
 """
 
@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_evaluation import FakeExecutor
-from test_vllm_engine import CORPUS, FakeLLM, fake_vllm  # noqa: F401 (fake_vllm is a fixture)
+from support import VLLM_CORPUS, FakeExecutor, FakeLLM
 
 from codea1_core.config import Config
 from codea1_core.data.lab import lab_problems
@@ -21,7 +20,7 @@ from codea1_core.models.tiny_model import build_tiny_model
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     torch.set_num_threads(1)
-    return str(build_tiny_model(tmp_path_factory.mktemp("eb") / "m", CORPUS, vocab_size=300, seed=0))
+    return str(build_tiny_model(tmp_path_factory.mktemp("eb") / "m", VLLM_CORPUS, vocab_size=300, seed=0))
 
 
 def eval_cfg(tmp_path, tiny_dir, backend: str) -> Config:

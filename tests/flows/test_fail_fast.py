@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_train_flow import build_tiny, tiny_config
+from support import build_tiny, tiny_config
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # What the product sets (flows.environment) and what the test session sets: none may leak into the child.
 _PRODUCT_VARS = ("PREFECT_", "GX_", "MLFLOW_", "DO_NOT_TRACK", "TOKENIZERS_PARALLELISM", "HF_HUB_DISABLE")
 

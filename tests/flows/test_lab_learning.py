@@ -4,7 +4,7 @@ Fast tests: the lab's seen/unseen subsets, ``warmstart/`` + ``delta/`` keys from
 baseline cache. The ``slow`` test runs prepare -> warmstart -> train -> evaluate as subprocesses in a temp
 dir with a shortened lab and asserts the Code LLM's held-out pass rate rises over its warm start.
 
-Run: ``.venv/bin/python -m pytest tests/test_lab_learning.py -q`` (add ``-m slow`` for the end-to-end run).
+Run: ``.venv/bin/python -m pytest tests/flows/test_lab_learning.py -q`` (add ``-m slow`` for the end-to-end run).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_evaluation import FakeExecutor, TextPolicy, fenced, problem
+from support import FakeExecutor, TextPolicy, fenced, problem
 
 from codea1_core.config import Config, LabConfig
 from codea1_core.data.lab import lab_problems
 from codea1_core.evaluation.benchmarks import lab_subsets
 from tasks.evaluate import score_codes
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_lab_subsets_split_seen_and_unseen_families():

@@ -26,7 +26,7 @@ def cfg(mlflow_cfg: Config, tmp_path: Path) -> Config:
 
 @pytest.fixture(autouse=True)
 def fast_model_save(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The promotion logic does not need real MLflow models (tests/test_tracking.py loads those): a marker file."""
+    """The promotion logic does not need real MLflow models (tests/tasks/test_tracking.py loads those): a marker file."""
     monkeypatch.setattr(tracking, "save_transformers_model", lambda src, out, role, step: _marker(out))
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_train_flow import build_tiny, tiny_config, write_params
+from support import build_tiny, tiny_config, write_params
 
 from codea1_core.config import Config
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_train_flow import build_tiny, tiny_config
+from support import build_tiny, free_port, stop_process, tiny_config, wait_healthy
 
 from codea1_core.config import ConfigError
 from flows.deploy import (
@@ -154,37 +152,6 @@ def test_pipeline_deployment_trains_evaluates_and_registers_in_its_run_folder(tm
     assert "register/code/new" in train_run.data.metrics  # and the decision
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else "server exited"
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise AssertionError(f"prefect server at {url} not healthy after {timeout_s}s")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-
 @pytest.mark.slow
 def test_serve_end_to_end(tmp_path: Path, repo_root: Path) -> None:
     import asyncio
@@ -195,7 +162,7 @@ def test_serve_end_to_end(tmp_path: Path, repo_root: Path) -> None:
     cfg = tiny_config(tmp_path, model, **{"orchestration.max_steps": 1})
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(cfg.to_dict()))
-    port = _free_port()
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = dict(
         os.environ, PREFECT_HOME=str(tmp_path / "prefect_home"), PREFECT_API_URL=api, OMP_NUM_THREADS="1"
@@ -207,7 +174,7 @@ def test_serve_end_to_end(tmp_path: Path, repo_root: Path) -> None:
     )  # fmt: skip
     serving = None
     try:
-        _wait_healthy(api, server, 180)
+        wait_healthy(api, server, 180)
         work = tmp_path / "work"  # the serving workspace: the code linked in, run folders land here
         work.mkdir()
         for name in ("flows", "tasks", "codea1_core", "sandbox"):
@@ -229,8 +196,8 @@ def test_serve_end_to_end(tmp_path: Path, repo_root: Path) -> None:
         assert not Path(cfg.orchestration.checkpoint_dir).exists()
     finally:
         if serving is not None:
-            _stop(serving)
-        _stop(server)
+            stop_process(serving)
+        stop_process(server)
 
 
 async def _trigger(api: str, name: str, serving: subprocess.Popen, parameters: dict | None = None):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_evaluation import FakeExecutor, TextPolicy, fenced, problem
+from support import FakeExecutor, TextPolicy, fenced, problem
 
 from codea1_core.config import Config
 from flows.attack import attack, format_report, load_target

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support import build_tiny, tiny_config, write_params
 
 from codea1_core.config import Config
 from codea1_core.method import batches
@@ -177,54 +178,6 @@ def test_merge_mistake_book_task_updates_and_persists(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------------
 # Flow smoke runs (real tiny model, real sandbox, Prefect harness, MLflow sqlite)
 # ------------------------------------------------------------------------------------------------
-
-
-def build_tiny(out_dir: Path) -> Path:
-    """A random-init tiny Qwen2 model with the lab tokenizer (no warm start: fast, outputs are noise)."""
-    from codea1_core.data.lab import tokenizer_corpus
-    from codea1_core.models.tiny_model import build_tiny_model
-
-    corpus = tokenizer_corpus(Config().lab, k=8)[:300]
-    return build_tiny_model(out_dir, corpus, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
-                            vocab_size=512)  # fmt: skip
-
-
-def tiny_config(tmp: Path, model: Path, **overrides: object) -> Config:
-    """Two problems per step, M = N = 2, 16-token responses: one iteration takes about a second."""
-    base = {
-        "data.train_batch_size": 2,
-        "data.epochs": 1,
-        "data.prepared_dir": str(tmp / "no_prepared"),
-        "model.code_path": str(model),
-        "model.test_path": str(model),
-        "model.lora_rank": 4,
-        "model.lora_alpha": 8,
-        "rollout.n_code": 2,
-        "rollout.n_tests": 2,
-        "rollout.max_new_tokens_code": 16,
-        "rollout.max_new_tokens_test": 16,
-        "grpo.mini_batches": 1,
-        "grpo.warmup_steps": 1,
-        "eval.every": 0,
-        "tracking.tracking_uri": f"sqlite:///{tmp}/mlflow.db",
-        "tracking.artifact_location": str(tmp / "artifacts"),
-        "tracking.log_samples": 4,
-        "orchestration.max_steps": 2,
-        "orchestration.checkpoint_dir": str(tmp / "train"),
-        "lab.train_per_family": 1,
-        "lab.heldout_per_family": 1,
-    }
-    base.update(overrides)
-    return Config().replace(**base)
-
-
-def write_params(cfg: Config, path: Path) -> str:
-    """``cfg`` as a params file: every flow takes ``(params, overrides)`` and loads its config itself."""
-    import yaml
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(cfg.to_dict()), encoding="utf-8")
-    return str(path)
 
 
 @pytest.fixture(scope="module")

@@ -112,7 +112,7 @@ def test_short_warm_start_models_load_and_generate(tmp_path, monkeypatch):
 
 
 def test_flow_runs_under_prefect(tmp_path, monkeypatch, prefect_harness, capsys):
-    from test_train_flow import write_params
+    from support import write_params
 
     monkeypatch.chdir(tmp_path)
     cfg = _cfg(model={"code_path": "/models/coder", "test_path": "/models/tester"})

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_train_flow import build_tiny, tiny_config
+from support import build_tiny, tiny_config
 
 from codea1_core.evaluation.comparison import parse_history
 

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_serve_e2e import _free_port, _stop, _wait_healthy
-from test_train_flow import build_tiny, tiny_config
+from support import build_tiny, free_port, stop_process, tiny_config, wait_healthy
 
 from codea1_core.config import ConfigError
 from flows.deploy import (
@@ -73,7 +72,7 @@ def test_a_run_triggered_through_the_api_is_executed_by_a_process_worker(
     cfg = tiny_config(tmp_path, model, **{"orchestration.max_steps": 1})
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(cfg.to_dict()))
-    port, pool = _free_port(), f"{DEFAULT_POOL}-test"
+    port, pool = free_port(), f"{DEFAULT_POOL}-test"
     api = f"http://127.0.0.1:{port}/api"
     env = dict(
         os.environ, PREFECT_HOME=str(tmp_path / "prefect_home"), PREFECT_API_URL=api, OMP_NUM_THREADS="1"
@@ -98,7 +97,7 @@ def test_a_run_triggered_through_the_api_is_executed_by_a_process_worker(
 
     try:
         server = start("prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port))
-        _wait_healthy(api, server, 180)
+        wait_healthy(api, server, 180)
         deployed = subprocess.run(
             [sys.executable, "-m", "flows.deploy", "--params", str(params), "--pool", pool],
             cwd=repo_root, env=env, capture_output=True, text=True, timeout=300,
@@ -119,7 +118,7 @@ def test_a_run_triggered_through_the_api_is_executed_by_a_process_worker(
         assert {d.name for d in asyncio.run(_deployments(api))} == set(DEPLOYMENTS)
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop_process(proc)
 
 
 async def _trigger(api: str, name: str, parameters: dict | None = None):

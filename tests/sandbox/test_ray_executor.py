@@ -3,7 +3,7 @@
 One module-scoped cluster (two nodes of one CPU each, every address on 127.0.0.1) and one ``RayExecutor``
 (one actor per node, one worker per actor) serve all tests. They check that the Ray backend gives the same
 values and statuses as ``ProcessExecutor`` on the same jobs (HumanEval+ canonical solutions and the hostile
-corpus of ``test_sandbox_hostile.py``), that the process sandbox's guarantees hold inside the actors (hidden
+corpus of ``hostile_corpus.py``), that the process sandbox's guarantees hold inside the actors (hidden
 paths, no network, the host unchanged, forged frames rejected), that killing an actor mid-step loses no job
 (and leaves no worker behind), and that a job lost past ``infra_retries`` is ``infra_error``, never scored.
 
@@ -24,7 +24,7 @@ import pytest
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[ray]'")
 
-import test_sandbox_hostile as hostile  # noqa: E402
+import hostile_corpus as hostile  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from codea1_core.config import Config  # noqa: E402
@@ -74,7 +74,7 @@ def _humaneval_jobs(data_dir: Path | None, n: int = 30) -> list[tuple[str, list[
 
 
 def _shared_data() -> Path | None:
-    path = Path(os.environ.get("CODEA1_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
+    path = Path(os.environ.get("CODEA1_DATA_DIR") or Path(__file__).resolve().parents[3] / "shared" / "data")
     return path if path.is_dir() else None
 
 
@@ -226,7 +226,7 @@ def test_a_training_step_on_the_ray_backend_matches_the_process_backend(
     """One tiny Code-A1 step through the real flow on each backend, same seed: the outcome matrices the
     rewards are computed from (the step's outcome parquet) are identical, and so are the rewards."""
     import pandas as pd
-    from test_train_flow import build_tiny, tiny_config, write_params
+    from support import build_tiny, tiny_config, write_params
 
     from codea1_core.evaluation.comparison import parse_history
     from flows.train import train_flow

@@ -12,7 +12,7 @@ Needs the offline data folder (skips without it) and the process sandbox.
 from __future__ import annotations
 
 import pytest
-from test_evaluation import TextPolicy, fenced
+from support import TextPolicy, fenced
 
 from codea1_core.config import Config
 from codea1_core.data.datasets import load_source

@@ -17,7 +17,7 @@ import pytest
 from codea1_core.config import Config, ConfigError, load_config
 from codea1_core.data.lab import check_lab_config, lab_problems, warmstart_code_problems, warmstart_examples
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _key(problem) -> tuple[str, str]:

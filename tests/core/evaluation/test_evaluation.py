@@ -2,7 +2,7 @@
 
 Pure parts use hand-built ``CallOutcome`` lists. The task-level tests use an in-process fake executor
 (``exec`` in a dict: NOT a sandbox, only a stand-in for the layer under test) and fake policies; the
-real sandbox and data run in ``tests/test_eval_sanity.py``.
+real sandbox and data run in ``tests/tasks/test_eval_sanity.py``.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from support import FakeExecutor, TextPolicy, fenced, problem
 
 from codea1_core.config import Config
 from codea1_core.evaluation.benchmarks import (
@@ -34,67 +35,11 @@ from codea1_core.evaluation.verdicts import (
     verdicts_for,
 )
 from codea1_core.method.outcomes import candidate_program
-from codea1_core.types import CallOutcome, Problem, TestCase
+from codea1_core.types import CallOutcome, Problem
 
 OK = lambda v: CallOutcome("ok", v)  # noqa: E731
 ERR = CallOutcome("error", error="ValueError: boom")
 INFRA = CallOutcome("infra_error", error="worker died")
-
-
-def problem(pid="t/1", entry="add", tests=(("add(1, 2)", 3),), plus=(("add(5, 5)", 10),), **kw) -> Problem:
-    return Problem(
-        id=pid,
-        source=kw.pop("source", "humanevalplus"),
-        split="test",
-        prompt=f"def {entry}(a, b):\n    '''Add.'''\n",
-        description="Add two numbers.",
-        entry_point=entry,
-        reference_solution=kw.pop("reference", f"def {entry}(a, b):\n    return a + b\n"),
-        tests=tuple(TestCase(c, e) for c, e in tests),
-        plus_tests=tuple(TestCase(c, e) for c, e in plus),
-        **kw,
-    )
-
-
-class FakeExecutor:
-    """In-process stand-in for ``sandbox`` in unit tests of the layers above (no isolation at all)."""
-
-    def __init__(self) -> None:
-        self.jobs: list[tuple[str, list[str]]] = []
-
-    def run(self, program: str, exprs: list[str]) -> list[CallOutcome]:
-        ns: dict = {}
-        try:
-            exec(program, ns)
-        except Exception as exc:
-            return [CallOutcome("program_error", error=f"{type(exc).__name__}: {exc}") for _ in exprs]
-        out = []
-        for expr in exprs:
-            try:
-                out.append(CallOutcome("ok", eval(expr, ns)))
-            except Exception as exc:
-                out.append(CallOutcome("error", error=f"{type(exc).__name__}: {exc}"))
-        return out
-
-    def run_many(self, jobs):
-        self.jobs.extend(jobs)
-        return [self.run(p, list(e)) for p, e in jobs]
-
-
-class TextPolicy:
-    """Fake policy: ``respond(user_text) -> response text``, same response for all n samples."""
-
-    def __init__(self, respond) -> None:
-        self.respond = respond
-        self.calls = 0
-
-    def generate(self, prompts, n, sampling):
-        self.calls += 1
-        return [[SimpleNamespace(text=self.respond(p[-1]["content"])) for _ in range(n)] for p in prompts]
-
-
-def fenced(code: str) -> str:
-    return f"```python\n{code}\n```"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from test_evaluation import FakeExecutor, TextPolicy, fenced, problem
+from support import FakeExecutor, TextPolicy, fenced, problem
 
 from codea1_core.config import Config
 from codea1_core.evaluation.report import comparison_table, pass_rate_rows, render_report, training_chart

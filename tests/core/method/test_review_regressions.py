@@ -1,7 +1,7 @@
 """Regression tests for the bugs found in the correctness review of the training numbers.
 
 Each test's docstring names the bug it pins down; every test fails on the code before its fix.
-Run: ``.venv/bin/python -m pytest tests/test_review_regressions.py -q``.
+Run: ``.venv/bin/python -m pytest tests/core/method/test_review_regressions.py -q``.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ def test_section_7_5_figure_rows_under_per_suite_and_fraction():
 def test_quirk_11_case_under_our_outcomes():
     """§17 quirk 11 gives r_A = 0.25 and R_test = 0.3125 because the official code misaligns expected
     values (reported pass, pass, FAIL, fail). With D1 our outcome is pass, pass, pass, fail
-    (tests/test_outcomes.py::test_quirk_11_worked_case_has_no_misalignment), V = 4, I = 2, one failing
+    (tests/core/method/test_outcomes.py::test_quirk_11_worked_case_has_no_misalignment), V = 4, I = 2, one failing
     replay, so: r_A = ½·(0 + 3/4) = 0.375; val = min(4/8, 1 − 2/8) = 0.5; adv = (1/8 − 1 + 1)/2 = 0.0625;
     R_test = ½·0.5 + ½·0.0625 = 0.28125. The official misaligned flags (..FF) reproduce 0.25 / 0.3125."""
     ours = score_problem(matrix([[so("...F", invalid=2)]], replay=1), OFFICIAL)

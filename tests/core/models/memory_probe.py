@@ -1,7 +1,7 @@
 """Measure the CPU memory of one real GRPO step (``Policy.step``) on a small random-init model; prints JSON.
 
-Run in a fresh process by ``tests/test_memory_plan.py`` (its numbers are compared with
-``codea1_core.models.memory_plan``): ``python tests/memory_probe.py --vocab 32768 --tokens 4096 --finetune full``.
+Run in a fresh process by ``tests/core/models/test_memory_plan.py`` (its numbers are compared with
+``codea1_core.models.memory_plan``): ``python tests/core/models/memory_probe.py --vocab 32768 --tokens 4096 --finetune full``.
 Peak resident memory comes from the kernel (``VmHWM``, reset through ``/proc/self/clear_refs``), so it
 counts every allocation torch makes, which ``tracemalloc`` would not see.
 """
@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 
 def _status_kib(key: str) -> int:

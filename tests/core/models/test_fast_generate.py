@@ -1,7 +1,7 @@
 """The exact fast decode (``rollout.share_prompt: false``) reproduces HF ``generate``: same tokens, log-probs, RNG.
 
 The default shared-prompt decode samples the same distribution with its own random numbers:
-``tests/test_shared_decode.py``.
+``tests/core/models/test_shared_decode.py``.
 
 Guards against a fast rollout path that silently changes what the lab samples (issue 20: the default
 ``make run`` numbers must not move when rollouts get faster). Every comparison is ``torch.equal`` /
@@ -12,39 +12,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import (  # the decode tests' helpers and fixtures (two intra-op threads, the tiny model)
+    DECODE_PROMPTS,
+    both_paths,
+    random_qwen2,
+    two_threads,  # noqa: F401
+)
 from transformers import AutoModelForCausalLM, LogitsProcessorList
 
 from codea1_core.config import Config
 from codea1_core.models import fast_generate
 from codea1_core.models.policy import Policy, SamplingParams, _RawLogprobRecorder
 from codea1_core.models.tiny_model import build_tiny_model
-
-CORPUS = [
-    "def add(a, b):\n    return a + b\n",
-    "assert add(1, 2) == 3\nassert add(0, 0) == 0\n",
-    "Write a Python function that returns the sum of two numbers.",
-    "def clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n",
-] * 20
-
-PROMPTS = [
-    [{"role": "system", "content": "You write code."}, {"role": "user", "content": "Write add(a, b)."}],
-    [{"role": "user", "content": "Write clamp."}],
-    [{"role": "user", "content": "Sum two numbers, please, in Python, and explain nothing at all."}],
-]
-
-
-@pytest.fixture(autouse=True)
-def two_threads():
-    """Two intra-op threads (this repo's 2-core default): HF uses both, the fast decode one (+ the noise worker)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return str(build_tiny_model(tmp_path_factory.mktemp("fast") / "model", CORPUS, vocab_size=400, seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -72,30 +51,6 @@ def make_policy(model_dir: str, **overrides) -> Policy:
     return Policy(model_dir, Config().replace(**base), role="test", total_steps=10)
 
 
-def both_paths(pol: Policy, prompts: list, n: int, sp: SamplingParams, monkeypatch) -> tuple[list, list]:
-    """Completions of the fast path and of HF ``generate``, each asserted to have really run."""
-    calls = {"fast": 0, "hf": 0}
-    real_sample, real_generate = fast_generate.sample, pol.model.generate
-
-    def counting_sample(*args, **kwargs):
-        calls["fast"] += 1
-        return real_sample(*args, **kwargs)
-
-    def counting_generate(*args, **kwargs):
-        calls["hf"] += 1
-        return real_generate(*args, **kwargs)
-
-    monkeypatch.setattr(fast_generate, "sample", counting_sample)
-    monkeypatch.setattr(pol.model, "generate", counting_generate)
-    pol.fast_generate = True
-    fast = pol.generate(prompts, n, sp)
-    assert calls == {"fast": len(range(0, len(prompts), pol.cfg.rollout.batch_size)), "hf": 0}
-    pol.fast_generate = False
-    slow = pol.generate(prompts, n, sp)
-    assert calls["hf"] == calls["fast"]
-    return fast, slow
-
-
 def assert_same(fast: list, slow: list) -> None:
     assert len(fast) == len(slow)
     for group_fast, group_slow in zip(fast, slow, strict=True):
@@ -117,7 +72,7 @@ def assert_same(fast: list, slow: list) -> None:
 @pytest.mark.parametrize("finetune", ["lora", "full"])
 def test_policy_fast_path_equals_generate(tiny_dir, monkeypatch, sp, finetune):
     pol = make_policy(tiny_dir, **{"model.finetune": finetune})
-    fast, slow = both_paths(pol, PROMPTS, 3, sp, monkeypatch)
+    fast, slow = both_paths(pol, DECODE_PROMPTS, 3, sp, monkeypatch)
     assert_same(fast, slow)
     assert sum(len(c.token_ids) for g in fast for c in g) > 0
 
@@ -127,7 +82,9 @@ def test_unpadded_batch_equals_generate(tiny_dir, monkeypatch, noise_worker):
     """One prompt, no padding: HF passes no attention mask to SDPA at all; the fast path must do the same."""
     monkeypatch.setattr(fast_generate, "_spare_core", lambda device: noise_worker)
     pol = make_policy(tiny_dir, **{"model.finetune": "full"})
-    fast, slow = both_paths(pol, PROMPTS[:1], 5, SamplingParams(max_new_tokens=16, seed=7), monkeypatch)
+    fast, slow = both_paths(
+        pol, DECODE_PROMPTS[:1], 5, SamplingParams(max_new_tokens=16, seed=7), monkeypatch
+    )
     assert_same(fast, slow)
 
 
@@ -202,7 +159,7 @@ def test_models_it_cannot_reproduce_fall_back_to_generate(tiny_dir, tmp_path, mo
     pol = make_policy(str(tmp_path / "m"), **{"model.finetune": "full"})
     assert "no_repeat_ngram_size" in fast_generate.unsupported_reason(pol.model)
     monkeypatch.setattr(fast_generate, "sample", lambda *a, **k: pytest.fail("fast path used"))
-    out = pol.generate(PROMPTS[:1], 2, SamplingParams(max_new_tokens=8, seed=1))
+    out = pol.generate(DECODE_PROMPTS[:1], 2, SamplingParams(max_new_tokens=8, seed=1))
     assert [len(c.token_ids) > 0 for c in out[0]] == [True, True]
     assert fast_generate.unsupported_reason(make_policy(tiny_dir).model) is None
 
@@ -211,37 +168,6 @@ def test_models_off_the_cpu_fall_back_to_generate(tiny_dir):
     """The equality is checked on the CPU only; a model elsewhere (here: the meta device) keeps HF generate."""
     model = AutoModelForCausalLM.from_pretrained(tiny_dir).to("meta")
     assert "device meta" in fast_generate.unsupported_reason(model)
-
-
-STEP_CONFIGS = {
-    "lab": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
-            "intermediate_size": 256, "vocab_size": 1529},
-    "gqa": {"hidden_size": 96, "num_hidden_layers": 3, "num_attention_heads": 6, "num_key_value_heads": 2,
-            "intermediate_size": 200, "vocab_size": 777, "rope_theta": 1000000.0},
-    "eager": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "intermediate_size": 128, "vocab_size": 400, "attn_implementation": "eager"},
-}  # fmt: skip
-
-
-def random_qwen2(name: str, lora: bool = False):
-    """A random-init Qwen2ForCausalLM of ``STEP_CONFIGS[name]``; with ``lora``, PEFT LoRA on every projection."""
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
-    raw = dict(STEP_CONFIGS[name])
-    attn = raw.pop("attn_implementation", "sdpa")
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(**raw, pad_token_id=0, eos_token_id=1, bos_token_id=0))
-    model.config._attn_implementation = attn
-    model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=1, pad_token_id=0)
-    if lora:
-        from peft import LoraConfig, get_peft_model
-
-        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
-        for name_, p in model.named_parameters():
-            if "lora_B" in name_:  # non-zero B so the LoRA branch changes the logits
-                torch.nn.init.normal_(p, std=0.05)
-    return model.eval()
 
 
 @pytest.mark.parametrize(("name", "lora", "padded"), [("lab", False, True), ("lab", False, False),

@@ -2,7 +2,7 @@
 
 Measured on small random-init Qwen2 models (no downloads): saved-for-backward bytes of the real update
 forward (``torch.autograd.graph.saved_tensors_hooks``) and the kernel's peak RSS of one real ``Policy.step``
-in a fresh process (``tests/memory_probe.py``).
+in a fresh process (``tests/core/models/memory_probe.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from codea1_core.config import Config, apply_overrides  # noqa: E402
 from codea1_core.models import memory_plan  # noqa: E402
 from codea1_core.models.memory_plan import ModelShape, estimate, saved_activation_bytes, verdict  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 QWEN_YAML = ROOT / "configs" / "qwen2.5-coder-1.5b.yaml"
 QWEN_SHAPE = ModelShape.from_hf_config(
     json.loads((ROOT / "configs" / "qwen2.5-coder-1.5b.config.json").read_text())
@@ -97,7 +97,7 @@ def test_step_peak_matches_measured_rss_without_full_vocab_logits(tmp_path):
     """Bug (issue 16): the update kept full-vocabulary float32 logits (and their log-softmax) for a whole
     micro-batch; on this shape one step then peaked ~3x above the plan (2.2 GB measured on e7470d3).
     """
-    probe = ROOT / "tests" / "memory_probe.py"
+    probe = ROOT / "tests" / "core" / "models" / "memory_probe.py"
     args = [
         "--vocab",
         "32768",

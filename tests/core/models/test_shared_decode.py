@@ -21,11 +21,10 @@ import time
 
 import pytest
 import torch
-from test_fast_generate import (  # the exact path's helpers and fixtures (two intra-op threads, the tiny model)
-    PROMPTS,
+from support import (  # the exact path's helpers and fixtures (two intra-op threads, the tiny model)
+    DECODE_PROMPTS,
     both_paths,
     random_qwen2,
-    tiny_dir,  # noqa: F401
     two_threads,  # noqa: F401
 )
 
@@ -90,7 +89,7 @@ def test_first_token_frequencies_match_the_warped_softmax(tiny_dir, temperature,
     cfg = Config().replace(**{"model.device": "cpu", "model.dtype": "float32", "model.finetune": "full"})
     pol = Policy(tiny_dir, cfg, role="code", total_steps=1)
     sp = SamplingParams(max_new_tokens=1, seed=1, temperature=temperature, top_k=top_k, top_p=top_p)
-    enc = pol.tokenizer([pol.render(PROMPTS[1])], add_special_tokens=False, return_tensors="pt")
+    enc = pol.tokenizer([pol.render(DECODE_PROMPTS[1])], add_special_tokens=False, return_tensors="pt")
     with torch.no_grad():
         logits = pol.model(**enc).logits[:, -1].float()
     scores = logits
@@ -160,11 +159,11 @@ def test_policy_default_uses_the_shared_decode_and_n1_stays_exact(tiny_dir, monk
     cfg = Config().replace(**{"model.device": "cpu", "model.dtype": "float32", "model.finetune": "full"})
     assert cfg.rollout.share_prompt is True
     pol = Policy(tiny_dir, cfg, role="test", total_steps=1)
-    out = pol.generate(PROMPTS, 3, SamplingParams(max_new_tokens=10, seed=2))
+    out = pol.generate(DECODE_PROMPTS, 3, SamplingParams(max_new_tokens=10, seed=2))
     assert seen == [True] and [len(g) for g in out] == [3, 3, 3]
     for c in (c for g in out for c in g):
         assert c.finish_reason in ("stop", "length") and len(c.logprobs) == len(c.token_ids) > 0
-    fast, slow = both_paths(pol, PROMPTS, 1, SamplingParams(max_new_tokens=10, seed=2), monkeypatch)
+    fast, slow = both_paths(pol, DECODE_PROMPTS, 1, SamplingParams(max_new_tokens=10, seed=2), monkeypatch)
     assert fast == slow
 
 
@@ -369,11 +368,11 @@ def test_policy_rollouts_do_not_depend_on_decode_processes(tiny_dir, workers, mo
     monkeypatch.setattr(fast_generate.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(fast_generate, "SPLIT_MIN_TOKENS", 1)
     sp = SamplingParams(max_new_tokens=24, seed=3, temperature=0.9, top_p=0.95)
-    two = pol.generate(PROMPTS, 4, sp)
+    two = pol.generate(DECODE_PROMPTS, 4, sp)
     assert workers["answers"] >= 1
     monkeypatch.setenv(fast_generate.SPLIT_ENV, "1")
     answers = workers["answers"]
-    one = pol.generate(PROMPTS, 4, sp)
+    one = pol.generate(DECODE_PROMPTS, 4, sp)
     assert workers["answers"] == answers
     assert [[(c.token_ids, c.logprobs, c.text) for c in g] for g in one] == [
         [(c.token_ids, c.logprobs, c.text) for c in g] for g in two

@@ -6,98 +6,23 @@ answers in vLLM's ``RequestOutput`` shape, so the conversion to :class:`Completi
 
 from __future__ import annotations
 
-import random
 import sys
-import types
-from dataclasses import dataclass, field
 
 import pytest
 import torch
+from support import VLLM_CORPUS, FakeLLM
 
 from codea1_core.config import Config
 from codea1_core.models.policy import Completion, Policy, SamplingParams
 from codea1_core.models.tiny_model import build_tiny_model
 
-CORPUS = ["def add(a, b):\n    return a + b\n", "Write add.", "assert add(1, 2) == 3"] * 20
 PROMPTS = [[{"role": "user", "content": "Write add."}], [{"role": "user", "content": "Write sub."}]]
-
-
-@dataclass
-class FakeLogprob:
-    logprob: float
-
-
-@dataclass
-class FakeSamplingParams:
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    repetition_penalty: float = 1.0
-    max_tokens: int = 16
-    seed: int | None = None
-    logprobs: int | None = None
-    stop_token_ids: list = field(default_factory=list)
-    skip_special_tokens: bool = True
-
-
-@dataclass
-class FakeLoRARequest:
-    lora_name: str
-    lora_int_id: int
-    lora_path: str
-
-
-class FakeLLM:
-    instances: list[FakeLLM] = []
-
-    def __init__(self, **kwargs):
-        self.kwargs, self.calls = kwargs, []
-        FakeLLM.instances.append(self)
-
-    def generate(self, prompts, sampling_params, lora_request=None, use_tqdm=True):
-        self.calls.append((prompts, sampling_params, lora_request))
-        outs = []
-        for prompt, sp in zip(prompts, sampling_params, strict=True):
-            rng = random.Random(sp.seed)
-            toks = []
-            while len(toks) < sp.max_tokens:
-                toks.append(rng.choice([*range(3, 40), *sp.stop_token_ids]))
-                if toks[-1] in sp.stop_token_ids:
-                    break
-            reason = "stop" if toks[-1] in sp.stop_token_ids else "length"
-            completion = types.SimpleNamespace(
-                text=f"text{len(toks)}",
-                token_ids=toks,
-                logprobs=[
-                    {t: FakeLogprob(-0.1 * (k + 1)), 99: FakeLogprob(-9.0)} for k, t in enumerate(toks)
-                ],
-                finish_reason=reason,
-            )
-            outs.append(
-                types.SimpleNamespace(prompt_token_ids=prompt["prompt_token_ids"], outputs=[completion])
-            )
-        return outs
-
-
-@pytest.fixture
-def fake_vllm(monkeypatch):
-    vllm = types.ModuleType("vllm")
-    vllm.LLM, vllm.SamplingParams = FakeLLM, FakeSamplingParams
-    lora = types.ModuleType("vllm.lora")
-    request = types.ModuleType("vllm.lora.request")
-    request.LoRARequest = FakeLoRARequest
-    monkeypatch.setitem(sys.modules, "vllm", vllm)
-    monkeypatch.setitem(sys.modules, "vllm.lora", lora)
-    monkeypatch.setitem(sys.modules, "vllm.lora.request", request)
-    FakeLLM.instances = []
-    return vllm
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     torch.set_num_threads(1)
-    return str(build_tiny_model(tmp_path_factory.mktemp("v") / "m", CORPUS, vocab_size=300, seed=0))
+    return str(build_tiny_model(tmp_path_factory.mktemp("v") / "m", VLLM_CORPUS, vocab_size=300, seed=0))
 
 
 def cfg(**overrides) -> Config:
@@ -148,7 +73,7 @@ def test_shared_engine_serves_both_roles_with_versioned_adapters(fake_vllm, tiny
 def test_one_engine_per_role_when_not_shared(fake_vllm, tiny_dir, tmp_path):
     from codea1_core.models.vllm_engine import VllmRollout
 
-    other = str(build_tiny_model(tmp_path / "other", CORPUS, vocab_size=300, seed=1))
+    other = str(build_tiny_model(tmp_path / "other", VLLM_CORPUS, vocab_size=300, seed=1))
     rollout = VllmRollout(
         cfg(**{"rollout.shared_engine": False}), {"code": tiny_dir, "test": other}, tmp_path / "a"
     )
@@ -168,7 +93,7 @@ def test_tensor_and_data_parallel_sizes_reach_the_engine(fake_vllm, tiny_dir, tm
     VllmRollout(cfg(), {"code": tiny_dir}, tmp_path / "a")
     assert FakeLLM.instances[-1].kwargs["tensor_parallel_size"] == 1
     assert "data_parallel_size" not in FakeLLM.instances[-1].kwargs
-    other = str(build_tiny_model(tmp_path / "other", CORPUS, vocab_size=300, seed=1))
+    other = str(build_tiny_model(tmp_path / "other", VLLM_CORPUS, vocab_size=300, seed=1))
     parallel = cfg(
         **{"rollout.tensor_parallel_size": 2, "rollout.data_parallel_size": 4, "rollout.shared_engine": False}
     )
