@@ -98,6 +98,7 @@ def test_packages_are_explicit(repo_root: Path) -> None:
     assert project["project"]["scripts"]["codea1"] == "flows.cli:app"
 
 
+@pytest.mark.e2e
 def test_cli_help_lists_every_subcommand() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "flows.cli", "--help"], capture_output=True, text=True, timeout=120

@@ -56,6 +56,7 @@ def check(result: dict, stdout: str, steps: int) -> None:
     assert "tokens/s" in stdout and "memory plan vs measured, update_code_full" in stdout
 
 
+@pytest.mark.e2e
 def test_shrunken_bench_runs_the_core_path_on_cpu(tmp_path):
     args = ["--shrink", "--device", "cpu", "--steps", "2", "--problems", "2", "--n-code", "2", "--n-tests", "2",
             "--new-tokens", "12", "--workers", "1"]  # fmt: skip
@@ -75,12 +76,14 @@ def test_config_and_memory_plan_need_no_pyyaml():
     assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr[-2000:]
 
 
+@pytest.mark.e2e
 def test_bench_rejects_bad_arguments_in_one_line():
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_step_bench.py"), "--steps", "0"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
     assert proc.returncode == 2 and "--steps: expected >= 1" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.gpu
 @pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"

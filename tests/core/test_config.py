@@ -115,6 +115,7 @@ def test_round_trip_and_flat() -> None:
     assert flat["reward.alpha"] == 0.25 and flat["mode"] == "golden"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("content", "expected"),
     [

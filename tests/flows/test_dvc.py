@@ -92,6 +92,7 @@ def _commit(cwd: Path) -> None:
     )
 
 
+@pytest.mark.e2e
 def test_alpha_reruns_train_and_later_only(stub_repo: Path) -> None:
     first = _ran(_dvc(stub_repo, "repro"))
     assert first == ["prepare", "warmstart", "train", "evaluate", "register"]
@@ -110,6 +111,7 @@ def test_alpha_reruns_train_and_later_only(stub_repo: Path) -> None:
     assert _ran(_dvc(stub_repo, "repro")) == ["evaluate", "register"]
 
 
+@pytest.mark.e2e
 def test_exp_run_with_set_param(stub_repo: Path) -> None:
     _dvc(stub_repo, "repro")
     _commit(stub_repo)
@@ -134,6 +136,7 @@ def _headline(data: dict) -> dict:
     return ((data.get("metrics") or {}).get("outputs/eval/headline.json") or {}).get("data") or {}
 
 
+@pytest.mark.e2e
 def test_two_experiments_compare_in_exp_show(stub_repo: Path) -> None:
     """Regression (issue 18): outputs/ was git-ignored, so experiment commits held no metrics ("!" everywhere).
 

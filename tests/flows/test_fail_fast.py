@@ -90,6 +90,7 @@ def test_a_read_only_store_folder_fails_in_one_line(tmp_path, mlflow_cfg):
         folder.chmod(0o755)
 
 
+@pytest.mark.e2e
 def test_sigterm_stops_a_run_after_the_current_task(prefect_harness, tiny_model, tmp_path, repo_root):
     from mlflow.tracking import MlflowClient
     from prefect.settings import PREFECT_API_URL

@@ -19,6 +19,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,6 +78,7 @@ def test_an_explicit_user_setting_wins(tmp_path: Path) -> None:
     assert float(proc.stdout.split()[0]) == 77
 
 
+@pytest.mark.e2e
 def test_first_stage_runs_on_a_fresh_machine(tmp_path: Path, shared_data_dir: Path) -> None:
     """``prepare`` as a subprocess with empty HOME and PREFECT_HOME: the first ephemeral API, first try.
 
@@ -117,6 +119,7 @@ FLOW_CHILD = (
 )
 
 
+@pytest.mark.e2e
 def test_one_prefect_api_serves_every_stage_and_stops_after(tmp_path: Path) -> None:
     """Two stage-like processes under ``shared_api`` use its server (no temporary ones) and land in its DB."""
     code = (
@@ -167,6 +170,7 @@ def _start_holding_the_api(tmp_path: Path, body: str) -> tuple[subprocess.Popen,
     return proc, url
 
 
+@pytest.mark.e2e
 def test_sigterm_stops_the_pipeline_and_its_prefect_server(tmp_path: Path) -> None:
     proc, url = _start_holding_the_api(tmp_path, "time.sleep(600)")
     try:
@@ -182,6 +186,7 @@ def test_sigterm_stops_the_pipeline_and_its_prefect_server(tmp_path: Path) -> No
             proc.kill()
 
 
+@pytest.mark.e2e
 def test_a_killed_pipeline_takes_its_prefect_server_with_it(tmp_path: Path) -> None:
     """SIGKILL leaves no ``finally`` to run: the server must still not outlive the pipeline (no orphans)."""
     proc, url = _start_holding_the_api(tmp_path, "time.sleep(600)")
@@ -197,6 +202,7 @@ def test_a_killed_pipeline_takes_its_prefect_server_with_it(tmp_path: Path) -> N
             proc.kill()
 
 
+@pytest.mark.e2e
 def test_make_run_goes_through_the_pipeline_runner() -> None:
     """``make run`` starts one Prefect API for all stages (flows.pipeline), not one per DVC stage."""
     recipe = subprocess.run(

@@ -66,6 +66,7 @@ def _cfg(tmp_path: Path, **eval_kw) -> Config:
     )
 
 
+@pytest.mark.e2e
 def test_evaluate_reports_warmstart_and_delta(tmp_path, prefect_harness):
     from prefect import flow
 
@@ -128,6 +129,7 @@ SHORT_LAB = {
 }
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_short_lab_code_pass_rate_rises_over_warmstart(tmp_path):
     params = yaml.safe_load((REPO / "params.yaml").read_text())

@@ -33,6 +33,7 @@ def _mbpp_row(task_id: int, code: str, asserts: list[str]) -> dict:
             "test_setup_code": "", "challenge_test_list": []}  # fmt: skip
 
 
+@pytest.mark.e2e
 def test_prepare_offline_lab_and_humaneval_then_cached_rerun(tmp_path, prefect_harness, capsys):
     cfg = _cfg(tmp_path, eval_benchmarks=["lab_heldout", "humaneval", "humanevalplus"])
     report = prepare(cfg)
@@ -65,6 +66,7 @@ def test_prepare_offline_lab_and_humaneval_then_cached_rerun(tmp_path, prefect_h
     assert load_prepared(out / "eval_humaneval.parquet") == humaneval
 
 
+@pytest.mark.e2e
 def test_prepare_excludes_and_rejects_with_reasons(tmp_path, prefect_harness):
     rows = [
         _mbpp_row(601, "def inc(x):\n    return x + 1", ["assert inc(1) == 2", "assert inc(2) == 3"]),
@@ -105,6 +107,7 @@ def test_prepare_excludes_and_rejects_with_reasons(tmp_path, prefect_harness):
     assert report["sources"]["train/mbpp"] == {"loaded": 5, "kept": 3, "rejected": 2, "excluded_tests": 4}
 
 
+@pytest.mark.e2e
 def test_prepare_bad_input_is_one_line_error_and_writes_nothing(tmp_path, prefect_harness, capsys):
     data_dir = tmp_path / "data_in"
     (data_dir / "mbpp").mkdir(parents=True)
@@ -120,6 +123,7 @@ def test_prepare_bad_input_is_one_line_error_and_writes_nothing(tmp_path, prefec
     assert not (tmp_path / "data" / "prepared").exists()
 
 
+@pytest.mark.e2e
 def test_prepare_shared_data_subset(tmp_path, shared_data_dir, prefect_harness):
     cfg = _cfg(tmp_path, data_dir=str(shared_data_dir), train_sources=["mbpp"], val_sources=["mbpp"],
                eval_benchmarks=["humanevalplus", "mbppplus"], max_problems_per_source=1)  # fmt: skip
@@ -137,6 +141,7 @@ def test_prepare_shared_data_subset(tmp_path, shared_data_dir, prefect_harness):
     assert sum(len(p.plus_tests) for p in load_prepared(out / "eval_mbppplus.parquet")) > 0
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_prepare_full_evalplus_and_mbpp(tmp_path, shared_data_dir, prefect_harness):
     """Acceptance: 164 HumanEval+ and 378 MBPP+ problems and the MBPP splits, each reference passing its goldens."""

@@ -208,6 +208,7 @@ def _mlflow(cfg: Config):
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
+@pytest.mark.e2e
 def test_codea1_flow_end_to_end(prefect_harness: None, tiny_model: Path, tmp_path: Path, monkeypatch) -> None:
     from flows.train import train_flow
 
@@ -253,6 +254,7 @@ def test_codea1_flow_end_to_end(prefect_harness: None, tiny_model: Path, tmp_pat
     assert len(client.search_model_versions("name='codea1-code'")) == 1
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("mode", "extra", "roles"),
     [
@@ -288,6 +290,7 @@ def test_modes_and_ablations(prefect_harness, tiny_model, tmp_path, monkeypatch,
     assert (book["problems"] == {}) or has_book
 
 
+@pytest.mark.e2e
 def test_history_is_recorded_once_per_iteration_and_derived_once(
     prefect_harness, tiny_model, tmp_path, monkeypatch
 ) -> None:

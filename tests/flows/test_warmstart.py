@@ -111,6 +111,7 @@ def test_short_warm_start_models_load_and_generate(tmp_path, monkeypatch):
     assert any((a != b).any() for a, b in zip(base.parameters(), code.parameters(), strict=True))
 
 
+@pytest.mark.e2e
 def test_flow_runs_under_prefect(tmp_path, monkeypatch, prefect_harness, capsys):
     from support import write_params
 

@@ -32,9 +32,10 @@ from sandbox import ExecLimits, ProcessExecutor, make_executor  # noqa: E402
 from sandbox.ray_executor import RayExecutor  # noqa: E402
 from tasks.execute import run_jobs  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="the process sandbox needs Linux"
-)
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the process sandbox needs Linux"),
+    pytest.mark.e2e,  # a Ray cluster (head and worker node processes) per module
+]
 
 LIMITS = hostile.LIMITS
 SLEEPY = "import time\ntime.sleep(0.25)\ndef f(x):\n    return x * 3\n"

@@ -147,6 +147,7 @@ def test_a_lock_of_a_pid_reused_by_another_process_is_stale(tmp_path):
         assert json.loads(path.read_text())["pid"] == os.getpid()
 
 
+@pytest.mark.e2e
 def test_the_train_stage_refuses_a_second_start_in_one_line_before_any_work(tmp_path, repo_root):
     params = tmp_path / "params.yaml"
     out = tmp_path / "train"

@@ -358,6 +358,7 @@ def test_source_commit_names_head_and_uncommitted_changes(tmp_path):
 # ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_quick_compare_in_a_temp_clone(repo_root, tmp_path):
     """Two modes, one seed, tiny runs; the workspace of the clone is as before afterwards."""
@@ -421,6 +422,7 @@ def test_a_hard_killed_run_is_restored_and_resumed_without_redoing_finished_expe
     assert table["golden_sparse"]["Mul"]["values"] == [1.5]
 
 
+@pytest.mark.e2e
 def test_the_users_staging_area_is_as_before_after_the_experiments(tmp_path, monkeypatch):
     """`dvc exp run` stages the files it writes; afterwards git's index is the user's again (seen for real)."""
     repo = _fake_dvc_repo(tmp_path, monkeypatch)

@@ -36,6 +36,7 @@ def test_prefect_child_env_follows_the_port(monkeypatch: pytest.MonkeyPatch) -> 
     assert env["PREFECT_SERVER_API_PORT"] == "4301"
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_ui_api_url_follows_port_and_sigterm_stops_both(tmp_path: Path, repo_root: Path) -> None:
     import httpx

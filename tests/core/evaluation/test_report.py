@@ -73,6 +73,7 @@ def test_compare_writes_report_and_rejects_bad_files(tmp_path):
     assert not (tmp_path / "y.html").exists()
 
 
+@pytest.mark.e2e
 def test_evaluate_flow_writes_metrics_and_report(tmp_path, prefect_harness, monkeypatch):
     from prefect import flow
 
