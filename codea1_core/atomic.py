@@ -91,7 +91,7 @@ def write_json_atomic(
     newline: bool = False,
     fsync: bool = False,
 ) -> Path:
-    """``json.dumps(data, indent=, sort_keys=, default=)`` (plus ``"\\n"`` with ``newline``) written atomically.
+    r"""``json.dumps(data, indent=, sort_keys=, default=)`` (plus ``"\n"`` with ``newline``) written atomically.
 
     The defaults are the checkpoint files' format (indent 1, sorted keys, ``str`` for anything else);
     callers whose files were written differently pass their format, so no file changes by a byte.

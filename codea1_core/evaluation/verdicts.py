@@ -361,6 +361,7 @@ class SuiteRecord:
 
     @property
     def passes_reference(self) -> bool:
+        """The reference passes every judged test (and at least one was judged)."""
         return bool(self.verdicts) and all(v.correct for v in self.verdicts)
 
 

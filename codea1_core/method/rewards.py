@@ -78,7 +78,8 @@ def pair_terms(suite: SuiteOutcome, h: int, h_pass: int, code_valid: bool, cfg: 
 
     Args:
         suite: the suite outcome (V, I, failure flags, np).
-        h: H, number of replayed tests; h_pass: how many of them code m passed.
+        h: H, number of replayed tests.
+        h_pass: How many of them code m passed.
         code_valid: valid(m) — gates the test reward (§7.3 "Gating").
         cfg: the reward section of the config.
     """
