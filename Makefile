@@ -63,11 +63,11 @@ format: setup
 
 ## lab-compare: 8 arms (golden sparse/boundary, selfplay, codea1, codea1 no Mistake Book, codea1 alpha 0/1, codea1 on boundary tests) x 5 seeds (DVC experiments)
 lab-compare: setup
-	@PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m flows.lab_compare
+	@PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m tools.lab_compare
 
 ## readme-numbers: rewrite the README's measured blocks (learning, seeds, lab-compare) from outputs/eval/metrics.json and docs/lab_compare/
 readme-numbers: setup
-	@$(BIN)/python -m flows.readme_numbers
+	@$(BIN)/python -m tools.readme_numbers
 
 clean:
 	rm -rf outputs data/prepared data/cache .pytest_cache

@@ -1,4 +1,4 @@
-"""Benchmark of the generated-test quality gate (``tasks.quality.gate_tests``) on 20,000 rows.
+"""Benchmark of the generated-test quality gate (``tasks.quality.gx_gate_tests``) on 20,000 rows.
 
 What it does: builds 20,000 synthetic generated-test rows shaped like one training step's suites
 (~5% malformed: syntax errors, wrong function, dunder access, duplicates, over-long calls), runs the
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     from codea1_core.config import TestsConfig
-    from tasks.quality import gate_tests
+    from tasks.quality import gx_gate_tests
 
     import_s = time.perf_counter() - t0
     rows = make_rows(args.rows)
@@ -65,12 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "gate.json"
         t0 = time.perf_counter()
-        result = gate_tests.fn(rows, cfg, report)
+        result = gx_gate_tests.fn(rows, cfg, report)
         first_s = time.perf_counter() - t0
         times, cpu = [], []
         for _ in range(args.repeats):
             t0, c0 = time.perf_counter(), time.process_time()
-            result = gate_tests.fn(rows, cfg, report)
+            result = gx_gate_tests.fn(rows, cfg, report)
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
     median = statistics.median(times)

@@ -11,7 +11,7 @@ update peaks the prediction of :mod:`codea1_core.models.memory_plan` (without it
 
 The model: the architecture of ``configs/qwen2.5-coder-1.5b.config.json`` (nothing downloaded), random
 weights, the project's tiny BPE tokenizer (its ids fit the 151,936-token vocabulary; special-token ids are
-the tokenizer's). ``--shrink`` swaps in a tiny width/depth (CPU test, ``tests/test_gpu_step_bench.py``).
+the tokenizer's). ``--shrink`` swaps in a tiny width/depth (CPU test, ``tests/bench/test_gpu_step_bench.py``).
 
 Imports only torch, transformers, peft, ``codea1_core`` and ``sandbox`` (the GPU image has no prefect,
 mlflow, dvc, GX or PyYAML); Python 3.12 with the image's torch/transformers.
@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from codea1_core.atomic import write_text_atomic  # noqa: E402
 from codea1_core.config import Config  # noqa: E402
-from codea1_core.files import write_text_atomic  # noqa: E402
 
 QWEN_CONFIG = ROOT / "configs" / "qwen2.5-coder-1.5b.config.json"
 SHRUNK = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -124,7 +124,7 @@ def build_model(work: Path, shrink: bool, lab_cfg: Any) -> tuple[Path, dict]:
 
 def rollout_and_score(state: dict, it: int) -> tuple[Any, Any]:
     """Code rollouts .. Mistake Book (docs/method.md §3 steps 2-10); returns (code GroupBatch, test GroupBatch)."""
-    from codea1_core.method import loop
+    from codea1_core.method import batches
     from codea1_core.method.outcomes import plan_problem
     from codea1_core.method.parsing import extract_code, extract_tests
     from codea1_core.method.prompts import code_messages, test_messages
@@ -133,12 +133,12 @@ def rollout_and_score(state: dict, it: int) -> tuple[Any, Any]:
 
     cfg, problems, phase = state["cfg"], state["problems"], state["phase"]
     r = cfg.rollout
-    sp = sampling_params(cfg, "rollout", "code", loop.iteration_seed(cfg.seed, it, "code"))
+    sp = sampling_params(cfg, "rollout", "code", batches.iteration_seed(cfg.seed, it, "code"))
     with phase("rollout_code") as rec:
         code_out = state["code"].generate([code_messages(p) for p in problems], r.n_code, sp)
         rec["tokens"] = sum(len(c.token_ids) for g in code_out for c in g)
     codes = [[extract_code(c.text) for c in g] for g in code_out]
-    sp_t = sampling_params(cfg, "rollout", "test", loop.iteration_seed(cfg.seed, it, "test"))
+    sp_t = sampling_params(cfg, "rollout", "test", batches.iteration_seed(cfg.seed, it, "test"))
     with phase("rollout_tests") as rec:
         prompts = [
             test_messages(p, c, cfg.reward.k) for p, row in zip(problems, codes, strict=True) for c in row
@@ -161,9 +161,9 @@ def rollout_and_score(state: dict, it: int) -> tuple[Any, Any]:
             if not getattr(m, "problem_infra", False):
                 state["book"].update(m.problem_id, m.failed_tests(), m.passed_replay(), it)
         rec["size"] = state["book"].size()
-    groups, _ = loop.test_groups(test_out, scores, cfg.grpo.update_n)
-    return (loop.build_group_batch(loop.code_groups(code_out, scores), cfg.grpo),
-            loop.build_group_batch(groups, cfg.grpo))  # fmt: skip
+    groups, _ = batches.test_groups(test_out, scores, cfg.grpo.update_n)
+    return (batches.build_group_batch(batches.code_groups(code_out, scores), cfg.grpo),
+            batches.build_group_batch(groups, cfg.grpo))  # fmt: skip
 
 
 def execute(executor: Any, plans: list[Any], cfg: Config) -> list[Any]:

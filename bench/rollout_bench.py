@@ -131,7 +131,7 @@ def compare(name: str, policy: Policy, prompts: list, n: int, sp: SamplingParams
     shared machine they move far less with other jobs' load than wall time does. ``exact`` must sample
     exactly ``generate``'s completions, and ``shared`` exactly ``shared-1p``'s (the checks line); the shared
     decode samples the same distribution as ``generate`` with its own random numbers
-    (``tests/test_shared_decode.py``), so only its mean completion length is printed beside ``generate``'s
+    (``tests/core/models/test_shared_decode.py``), so only its mean completion length is printed beside ``generate``'s
     (equal up to sampling noise; with random-init models every row runs to the limit).
     """
     policy.generate(prompts[:1], 1, SamplingParams(max_new_tokens=2))  # warm-up
@@ -166,7 +166,7 @@ def exact_floor(policy: Policy, prompts: list, n: int, steps: int, hf_cpu_s: flo
     """CPU seconds of the work any exact path must repeat: the prefill and the SDPA kernel of every decode step.
 
     Both are the model's own kernels on the same inputs (bit-identical tokens need the same attention call per
-    row and head, and prefilling each prompt once is not bit-identical: tests/test_fast_generate.py); their
+    row and head, and prefilling each prompt once is not bit-identical: tests/core/models/test_fast_generate.py); their
     sum bounds the ratio an exact rollout can reach against ``generate`` at this shape.
     """
     from codea1_core.models import fast_generate

@@ -39,6 +39,7 @@ class CallOutcome:
 
     @property
     def ok(self) -> bool:
+        """The call ran and returned a value (status ``ok``)."""
         return self.status == "ok"
 
 

@@ -19,7 +19,7 @@ What it does not do: run anything, know about processes, or accept user classes 
 scalars, ...): those are ``UnsupportedValue`` by design.
 
 Used by the sandbox child (encode), the trusted parent (decode, values_equal) and core (to_literal).
-Run its tests with ``pytest tests/test_values.py``.
+Run its tests with ``pytest tests/core/test_values.py``.
 """
 
 from __future__ import annotations

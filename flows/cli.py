@@ -134,7 +134,7 @@ def ui(
     params: str = typer.Option("params.yaml", help=PARAMS_HELP),
 ) -> None:
     """Start the Prefect and MLflow UIs on 127.0.0.1 and print their URLs (Ctrl-C stops both)."""
-    from flows.ui import start_uis
+    from tools.ui import start_uis
 
     raise typer.Exit(start_uis(params, prefect_port, mlflow_port))
 

@@ -8,7 +8,7 @@ What it does (docs/method.md §13), read top to bottom:
   2. Code LLM on every ``data.eval_benchmarks`` entry (EvalPlus protocol, ``eval.n_samples`` samples,
      base and plus pass@k / avg@n);
   3. Test LLM on every ``eval.test_sources`` entry (pass@k, mut@k, Mul on the references), and
-     test-time collaboration on every ``eval.solve_benchmarks`` entry (``tasks/solve.py``);
+     test-time collaboration on every ``eval.solve_benchmarks`` entry (``tasks/collaboration.py``);
   4. when the starting models ``model.code_path``/``model.test_path`` are local dirs other than the
      evaluated ones (the lab's warm start), evaluate them too with the same settings and seeds (cached
      under ``<eval.out_dir>/baseline_cache/`` by content hash) as ``warmstart/<key>``, and add
@@ -36,9 +36,9 @@ from typing import Any
 
 from prefect import flow
 
+from codea1_core.atomic import write_text_atomic
 from codea1_core.config import Config
 from codea1_core.evaluation.report import render_report
-from codea1_core.files import write_text_atomic
 from flows.common import UserError, flow_config, flow_run_name, load_stage_config, run_user_errors
 from flows.summary import HEADLINE_FILE, headline
 
@@ -154,9 +154,9 @@ def _evaluate_models(
 ) -> dict[str, float]:
     """Code LLM on ``data.eval_benchmarks``, Test LLM on ``eval.test_sources`` (+ solve benchmarks)."""
     from codea1_core.evaluation.benchmarks import lab_subsets, load_benchmark
+    from tasks.collaboration import solve_benchmark
     from tasks.evaluate import evaluate_code_task
     from tasks.evaluate_tests import evaluate_tests_task
-    from tasks.solve import solve_benchmark
 
     metrics: dict[str, float] = {}
     for bench in cfg.data.eval_benchmarks:

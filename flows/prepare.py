@@ -37,11 +37,11 @@ from typing import Any
 
 from prefect import flow
 
+from codea1_core.atomic import write_bytes_atomic
 from codea1_core.config import Config, resolve_data_dir
 from codea1_core.data.dataset_types import DatasetError, SourceUnavailable
 from codea1_core.data.datasets import load_source
 from codea1_core.data.prepared import load_prepared, reference_exprs, resolve, save_prepared
-from codea1_core.files import write_bytes_atomic
 from codea1_core.types import CallOutcome, Problem
 from codea1_core.values import decode, encode
 from flows.common import UserError, flow_config, flow_run_name, stage_main

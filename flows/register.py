@@ -21,8 +21,8 @@ from typing import Any
 
 from prefect import flow
 
+from codea1_core.atomic import write_json_atomic
 from codea1_core.config import Config
-from codea1_core.files import write_json_atomic
 from flows.common import UserError, flow_config, flow_run_name, resolve_run_dir, stage_main
 from tasks.tracking import MODEL_NAMES, alias_info, latest_version, log_to_run, set_alias
 

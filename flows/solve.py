@@ -5,9 +5,9 @@ the Test LLM written against that candidate (white-box, the §4.2 prompt); every
 on every candidate and every predicted answer is evaluated on its own, all in one sandbox batch. The
 candidate passing the most valid tests (tests whose answer evaluates) wins; ties go to the candidate
 whose outputs agree most with the other candidates', then to the earliest. The selection rule and its
-plan are the core's (:mod:`codea1_core.evaluation.solve`), the runs ``tasks/solve.py``'s; this file is
+plan are the core's (:mod:`codea1_core.evaluation.collaboration`), the runs ``tasks/collaboration.py``'s; this file is
 the CLI: ``codea1 solve --problem FILE`` prints the chosen code, its tests and the vote.
-(``tasks.solve.solve_benchmark`` scores the chosen candidates of a benchmark for the evaluate stage.)
+(``tasks.collaboration.solve_benchmark`` scores the chosen candidates of a benchmark for the evaluate stage.)
 
 Problem file formats (``--problem``):
   * ``.json`` / ``.yaml`` / ``.yml``: a mapping with ``entry_point`` (required), ``prompt`` (the
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from codea1_core.config import Config
-from codea1_core.evaluation.solve import SolveResult
+from codea1_core.evaluation.collaboration import SolveResult
 from codea1_core.types import Problem
 from flows.common import UserError, load_stage_config, run_user_errors
 
@@ -116,8 +116,8 @@ def solve(
     problem: Problem, code_policy: Any, test_policy: Any, cfg: Config, executor: Any, n: int | None = None
 ) -> SolveResult:
     """Test-time collaboration on one problem (see the module docstring)."""
+    from tasks.collaboration import select_many
     from tasks.evaluate import generate_codes
-    from tasks.solve import select_many
 
     codes = generate_codes([problem], code_policy, cfg, n or cfg.eval.solve_candidates)
     return select_many([problem], codes, test_policy, cfg, executor)[0]

@@ -43,9 +43,9 @@ from typing import Any
 
 from prefect import flow
 
+from codea1_core.atomic import write_bytes_atomic, write_json_atomic
 from codea1_core.config import Config, ConfigError, load_config
-from codea1_core.files import write_bytes_atomic, write_json_atomic
-from codea1_core.method import loop
+from codea1_core.method import batches
 from codea1_core.models.loading import build_policy
 from flows.common import UserError, flow_config, flow_run_name, run_label, stage_main
 from tasks import checkpoint as ckpt
@@ -58,7 +58,7 @@ from tasks.rollout import (
     rollout_code,
     rollout_tests,
 )
-from tasks.score import evaluate, score, write_outcomes
+from tasks.score import score, validate, write_outcomes
 from tasks.tracking import log_iteration, make_tracker
 from tasks.update import update_code, update_test
 
@@ -168,7 +168,7 @@ def train(cfg: Config) -> dict[str, Any]:
         try:
             with make_executor(cfg.sandbox) as run.executor:
                 if run.start == 0 and cfg.eval.every > 0 and run.val_set:  # validate first (§3 step 16)
-                    val = evaluate(run.code_pol, run.val_set, cfg, run.executor, 0)
+                    val = validate(run.code_pol, run.val_set, cfg, run.executor, 0)
                     log_iteration(run.tracker, 0, {"iteration": 0, **val})
                 for it in range(run.start + 1, run.total + 1):
                     iteration(run, it)
@@ -201,7 +201,7 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
         log.warning("train: %d problems dropped, code prompt > data.max_prompt_tokens=%d tokens (first: %s)",
                     len(dropped), cfg.data.max_prompt_tokens, ", ".join(dropped[:5]))  # fmt: skip
     total = training_steps(cfg, len(train_set))
-    fingerprint = loop.config_fingerprint(cfg.flat())
+    fingerprint = batches.config_fingerprint(cfg.flat())
     state = ckpt.resume_or_start(out_dir, cfg.orchestration.resume, fingerprint)
     tracker = tracker_factory(cfg, run_id=state["run_id"], run_name=run_name(cfg))
     ckpt.save_run_info(out_dir, fingerprint, tracker.run_id)
@@ -237,7 +237,9 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
         return out
 
     t_iter = time.perf_counter()
-    idx = loop.batch_indices(len(run.train_set), cfg.data.train_batch_size, cfg.data.seed, it - 1)  # step 1
+    idx = batches.batch_indices(
+        len(run.train_set), cfg.data.train_batch_size, cfg.data.seed, it - 1
+    )  # step 1
     problems = [run.train_set[i] for i in idx]
     code_out = timed("rollout_code", rollout_code, run.code_pol, problems, cfg, it)  # step 2
     codes = extract_codes(code_out)  # step 3
@@ -259,9 +261,9 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
         book_path = run.out_dir / "mistake_book.json"
         book_m = timed("merge_mistake_book", merge_mistake_book, run.book, outcomes, it, book_path)
         metrics |= gate_m | book_m  # step 10
-        groups, _ = loop.test_groups(test_out, scores, cfg.grpo.update_n)  # step 11: TOPVAR
-        test_batch = loop.build_group_batch(groups, cfg.grpo)
-    code_batch = loop.build_group_batch(loop.code_groups(code_out, scores), cfg.grpo)  # steps 12-14
+        groups, _ = batches.test_groups(test_out, scores, cfg.grpo.update_n)  # step 11: TOPVAR
+        test_batch = batches.build_group_batch(groups, cfg.grpo)
+    code_batch = batches.build_group_batch(batches.code_groups(code_out, scores), cfg.grpo)  # steps 12-14
     if selfplay:  # one model learns from both roles' samples in one step (§18.2)
         metrics |= timed("update_code", update_code, run.code_pol, code_batch.concat(test_batch), it)
     else:  # step 15: both policies update from the same rollouts
@@ -269,7 +271,7 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
         if test_batch is not None:
             metrics |= timed("update_test", update_test, run.test_pol, test_batch, it)
     if cfg.eval.every > 0 and it % cfg.eval.every == 0 and run.val_set:  # step 16
-        metrics |= timed("evaluate", evaluate, run.code_pol, run.val_set, cfg, ex, it)
+        metrics |= timed("validate", validate, run.code_pol, run.val_set, cfg, ex, it)
     parquet = write_outcomes(run.out_dir / "outcomes" / f"it_{it:06d}.parquet", outcomes)
     times["time/iteration_s"] = time.perf_counter() - t_iter
     row = {"iteration": it, **metrics, **sm, **sb, **times}
@@ -277,7 +279,7 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
     state = {"fingerprint": run.fingerprint, "run_id": run.tracker.run_id, "history": run.history}
     book = run.book.to_dict() if run.book is not None else None
     call(ckpt.checkpoint, str(run.out_dir), it, run.policies, book, state, cfg.orchestration.keep_checkpoints)
-    samples = loop.sample_rows(problems, code_out, test_out, scores, cfg.tracking.log_samples)
+    samples = batches.sample_rows(problems, code_out, test_out, scores, cfg.tracking.log_samples)
     files = {"outcomes": str(parquet), "mistake_book": str(run.out_dir / "mistake_book.json")}
     call(log_iteration, run.tracker, it, row, samples, files)
     print(progress_line(it, run.total, row, run.history))  # log_prints: console and the Prefect run's logs
@@ -338,8 +340,8 @@ def seed_everything(seed: int) -> None:
 
 
 def training_steps(cfg: Config, n_problems: int) -> int:
-    """The run's number of steps (``loop.total_steps``); a config with none is a one-line UserError."""
-    total = loop.total_steps(
+    """The run's number of steps (``batches.total_steps``); a config with none is a one-line UserError."""
+    total = batches.total_steps(
         n_problems, cfg.data.train_batch_size, cfg.data.epochs, cfg.orchestration.max_steps
     )
     if total < 1:
@@ -427,7 +429,7 @@ def preflight(cfg: Config) -> None:
 
     out_dir = Path(cfg.orchestration.checkpoint_dir)
     training_steps(cfg, len(load_problems(cfg)[0]))  # cheap (parquet or lab); setup() checks after filtering
-    same = ckpt.stored_fingerprint(out_dir) == loop.config_fingerprint(cfg.flat())
+    same = ckpt.stored_fingerprint(out_dir) == batches.config_fingerprint(cfg.flat())
     if cfg.orchestration.resume == "auto" and same:
         ckpt.select_checkpoint(out_dir)
     if cfg.tracking.backend == "mlflow":

@@ -26,8 +26,8 @@ from typing import Any
 
 from prefect import flow
 
+from codea1_core.atomic import replace_dir, temp_dir_for, write_json_atomic
 from codea1_core.config import Config, LabConfig, load_config
-from codea1_core.files import replace_dir, temp_dir_for, write_json_atomic
 from codea1_core.types import Problem
 from flows.common import flow_config, flow_run_name, stage_main
 

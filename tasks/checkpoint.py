@@ -13,7 +13,7 @@ raises :class:`CheckpointError` naming the file. :class:`WorkspaceLock` keeps on
 (``<checkpoint_dir>/train.lock``: pid, host, start time; a lock whose process is gone is stale and taken over).
 What it does not: decide when to checkpoint (the train flow does) or log to MLflow.
 
-Run: used by ``flows/train.py``; tested by ``tests/test_checkpoint.py``.
+Run: used by ``flows/train.py``; tested by ``tests/tasks/test_checkpoint.py``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from codea1_core.files import atomic_dir, write_json_atomic, write_text_atomic
+from codea1_core.atomic import atomic_dir, write_json_atomic, write_text_atomic
 
 STATE_SCHEMA = "codea1.train_state/1"
 MANIFEST = "MANIFEST.json"

@@ -12,7 +12,7 @@ Infrastructure failures are never scored: past ``sandbox.max_infra_failure_frac`
 the benchmark aborts with :class:`tasks.execute.InfraFailure` (D4).
 
 How to run: through ``python -m flows.evaluate``; unit-tested with fake policies in
-``tests/test_evaluation.py`` and with real data in ``tests/test_eval_sanity.py``.
+``tests/core/evaluation/test_evaluation.py`` and with real data in ``tests/tasks/test_eval_sanity.py``.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def score_codes(
     return metrics
 
 
-@task(name="evaluate-code", task_run_name="evaluate-code[{bench}]", cache_policy=NO_CACHE)
+@task(name="evaluate_code", task_run_name="evaluate_code[{bench}]", cache_policy=NO_CACHE)
 def evaluate_code_task(
     policy: Any,
     problems: list[Problem],

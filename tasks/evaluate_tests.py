@@ -11,8 +11,8 @@ What it does not: decide which benchmarks to run or write reports (``flows/evalu
 ``sandbox.max_infra_failure_frac`` of ``infra_error`` calls a phase aborts with
 :class:`tasks.execute.InfraFailure` (D4).
 
-How to run: through ``python -m flows.evaluate``; unit-tested in ``tests/test_evaluation.py`` and with
-real data in ``tests/test_eval_sanity.py``.
+How to run: through ``python -m flows.evaluate``; unit-tested in ``tests/core/evaluation/test_evaluation.py`` and with
+real data in ``tests/tasks/test_eval_sanity.py``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from codea1_core.atomic import write_text_atomic
 from codea1_core.config import Config
 from codea1_core.evaluation.suites import plan_suites
 from codea1_core.evaluation.verdicts import SuiteRecord, suite_metrics
-from codea1_core.files import write_text_atomic
 from codea1_core.models.sampling import sampling_params
 from codea1_core.types import Problem
 from tasks.execute import run_jobs
@@ -113,7 +113,7 @@ def score_suites(
     return suite_metrics(bench, records, k, subsets), records
 
 
-@task(name="evaluate-tests", task_run_name="evaluate-tests[{bench}]", cache_policy=NO_CACHE)
+@task(name="evaluate_tests", task_run_name="evaluate_tests[{bench}]", cache_policy=NO_CACHE)
 def evaluate_tests_task(
     policy: Any,
     problems: list[Problem],

@@ -15,8 +15,8 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from codea1_core.atomic import write_json_atomic
 from codea1_core.config import Config
-from codea1_core.files import write_json_atomic
 
 
 def retrieve_replay(book: Any, problems: list[Any], cfg: Config) -> list[list[Any]]:

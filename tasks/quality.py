@@ -5,9 +5,10 @@ What it does:
     ids, non-empty prompt / reference, an identifier entry point, golden tests present and the
     ``passing`` flag (``metadata["reference_passes"]``, set by ``prepare`` after the reference passed
     every golden test in the sandbox). Any failure raises :class:`DataQualityError` naming the ids.
-  * :func:`gate_tests` screens generated tests ``(problem_id, suite_id, call, answer, entry_point)``
-    before they reach the sandbox. Per-row check columns are computed with ``ast`` (memoised per distinct
-    source); GX expectations over the frame decide, and each failed expectation is a reason code:
+  * :func:`gx_gate_tests` screens generated tests ``(problem_id, suite_id, call, answer, entry_point)``
+    before they reach the sandbox. Per-row check columns are the reason codes of
+    :mod:`codea1_core.method.validity` (the rules the parser applies too; memoised per distinct source); GX
+    expectations over the frame decide, and each failed expectation is a reason code:
 
     ``missing_field``  a key column is null               ``call_too_long`` / ``answer_too_long``
     ``call_syntax``    not one Python expression          ``not_a_call``     top node is not a call
@@ -26,16 +27,13 @@ What it does:
 
 What it does not: run code or parse model responses (``codea1_core.method.parsing`` does that).
 GX runs on one ephemeral context created on first use and reused (progress bars off).
-How to run: ``gate_tests.fn(rows, cfg.tests, report_path)``; ``pytest tests/test_quality.py``;
+How to run: ``gx_gate_tests.fn(rows, cfg.tests, report_path)``; ``pytest tests/tasks/test_quality.py``;
 ``python -m bench.gate_bench`` times 20,000 rows.
 """
 
 from __future__ import annotations
 
-import ast
-import re
 import threading
-import unicodedata
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -47,21 +45,14 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from codea1_core.atomic import write_json_atomic
 from codea1_core.config import TestsConfig
-from codea1_core.files import write_json_atomic
-from codea1_core.types import Problem, literal_value
+from codea1_core.method.validity import OK, answer_reason, call_reason
+from codea1_core.types import Problem
 
 DEFAULT_REPORT_DIR = Path("outputs/quality")
-FORBIDDEN_NAMES = frozenset(
-    {"eval", "exec", "compile", "open", "input", "breakpoint", "globals", "locals", "vars", "getattr",
-     "setattr", "delattr", "exit", "quit", "importlib", "help", "memoryview"}
-)  # fmt: skip
-_SUSPECT = re.compile(r"__|:=|\b(?:await|yield|" + "|".join(sorted(FORBIDDEN_NAMES)) + r")\b")
-_INT = r"-?(?:0|[1-9][0-9]*)"
-_ATOM = rf"{_INT}(?:\.[0-9]+)?|True|False|None|'[^'\\\n]*'|\"[^\"\\\n]*\""
-_SIMPLE_LITERAL = re.compile(rf"(?:{_ATOM})|\[ *(?:{_INT} *(?:, *{_INT} *)*,? *)?\]")
 _KEY_COLUMNS = ("problem_id", "suite_id", "call", "answer", "entry_point")
-_OK, _NOT_CHECKED = "ok", "not_checked"
+_OK, _NOT_CHECKED = OK, "not_checked"
 
 
 class DataQualityError(Exception):
@@ -75,7 +66,7 @@ class DataQualityError(Exception):
 
 @dataclass(frozen=True)
 class GateResult:
-    """Outcome of :func:`gate_tests`: one reason per row (``"ok"`` when accepted)."""
+    """Outcome of :func:`gx_gate_tests`: one reason per row (``"ok"`` when accepted)."""
 
     accepted_mask: np.ndarray
     reasons: list[str]
@@ -187,7 +178,7 @@ def _problem_expectations() -> list[tuple[str, Any]]:
     ]
 
 
-@task(name="validate-problems", cache_policy=NO_CACHE)
+@task(name="validate_problems", cache_policy=NO_CACHE)
 def validate_problems(problems: list[Problem], report_path: str | Path | None = None) -> dict[str, Any]:
     """Check a problem set with GX; returns the report (also written to ``report_path`` when given).
 
@@ -215,74 +206,6 @@ def validate_problems(problems: list[Problem], report_path: str | Path | None = 
 # --------------------------------------------------------------------------------------------------
 
 
-def _names_check(source: str, tree: ast.AST, prefix: str) -> str:
-    if not _SUSPECT.search(source):  # fast path: none of the flagged spellings appears anywhere
-        return _OK
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            if node.id.startswith("__") and node.id.endswith("__"):
-                return prefix + "dunder"
-            if node.id in FORBIDDEN_NAMES:
-                return prefix + "forbidden_name"
-        elif isinstance(node, ast.Attribute) and node.attr.startswith("__"):
-            return prefix + "dunder"
-        elif isinstance(node, ast.NamedExpr):
-            return prefix + "walrus"
-        elif isinstance(node, ast.Await | ast.Yield | ast.YieldFrom):
-            return prefix + "syntax"
-    return _OK
-
-
-def _check_call(call: str, entry_point: str, any_function: bool = False) -> str:
-    """Reason code of one call source (``ok`` when acceptable).
-
-    ``any_function`` (``tests.parse_mode: official``, §5.2): any call is a test, as the official parser keeps
-    ``assert len(f(x)) == 2``; the strict mode (D5) requires a call of the entry point.
-    """
-    call, entry_point = unicodedata.normalize("NFKC", call), unicodedata.normalize("NFKC", entry_point)
-    try:
-        tree = ast.parse(call, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return "call_syntax"
-    body = tree.body
-    if not isinstance(body, ast.Call):
-        return "not_a_call"
-    if not any_function and not (isinstance(body.func, ast.Name) and body.func.id == entry_point):
-        return "wrong_function"
-    return _names_check(call, tree, "")
-
-
-def _is_plain_literal(answer: str, tree: ast.Expression, entry_point: str) -> bool:
-    """Plain data (``codea1_core.types.literal_value``) naming no entry point: as ``parsing.is_plain_literal``
-    (not imported: the prepare stage would then depend on the parser)."""
-    if any(isinstance(n, ast.Name) and n.id == entry_point for n in ast.walk(tree)):
-        return False
-    try:
-        literal_value(answer)
-    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError, OverflowError):
-        return False
-    return True
-
-
-def _check_answer(answer: str, entry_point: str, literal: bool = True) -> str:
-    """Reason code of one predicted answer; ``literal``: it must be plain data (``tests.literal_answers``)."""
-    if _SIMPLE_LITERAL.fullmatch(answer):  # fast path: a number, bool, None, plain string or flat int list
-        return _OK
-    answer = unicodedata.normalize("NFKC", answer)
-    try:
-        tree = ast.parse(answer, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return "answer_syntax"
-    names = _names_check(answer, tree, "answer_")
-    if (
-        names == _OK
-        and literal
-        and not _is_plain_literal(answer, tree, unicodedata.normalize("NFKC", entry_point))
-    ):
-        return "expected_not_literal"
-    return names
-
-
 def _test_frame(rows: pd.DataFrame | list[dict[str, Any]], cfg: TestsConfig) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=list(_KEY_COLUMNS)).reset_index(drop=True)
     frame = frame.astype(object).where(frame.notna(), None)
@@ -295,14 +218,14 @@ def _test_frame(rows: pd.DataFrame | list[dict[str, Any]], cfg: TestsConfig) -> 
         else:
             key = (call, ep)
             if key not in call_memo:
-                call_memo[key] = _check_call(call.strip(), ep, cfg.parse_mode == "official")
+                call_memo[key] = call_reason(call.strip(), ep, cfg.parse_mode == "official")
             call_check.append(call_memo[key])
         if not isinstance(answer, str) or len(answer) > cfg.max_answer_chars:
             answer_check.append(_NOT_CHECKED)
         else:
             akey = (answer, ep if isinstance(ep, str) else "")
             if akey not in answer_memo:
-                answer_memo[akey] = _check_answer(answer.strip(), akey[1], cfg.literal_answers)
+                answer_memo[akey] = answer_reason(answer.strip(), akey[1], cfg.literal_answers)
             answer_check.append(answer_memo[akey])
     frame["call_check"], frame["answer_check"] = call_check, answer_check
     # Calls arrive normalized by codea1_core.method.parsing (ast.unparse), so equal source = same call.
@@ -335,8 +258,8 @@ def _test_expectations(cfg: TestsConfig) -> list[tuple[str, Any]]:
     ]
 
 
-@task(name="gate-tests", cache_policy=NO_CACHE)
-def gate_tests(
+@task(name="gx_gate_tests", cache_policy=NO_CACHE)
+def gx_gate_tests(
     rows: pd.DataFrame | list[dict[str, Any]], cfg: TestsConfig, report_path: str | Path | None = None
 ) -> GateResult:
     """Screen generated tests with GX; the first failed check (in the order above) is a row's reason.

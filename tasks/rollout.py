@@ -1,7 +1,7 @@
 """Rollout tasks: sample code and tests, parse them, gate the generated tests.
 
 What it does: thin Prefect tasks around ``Policy.generate`` (docs/method.md §3 steps 2-6), the parsers of
-``codea1_core.method.parsing`` and the data engineer's GX gate (``tasks.quality.gate_tests``). Sampling seeds are
+``codea1_core.method.parsing`` and the data engineer's GX gate (``tasks.quality.gx_gate_tests``). Sampling seeds are
 derived from (cfg.seed, iteration, role), so a resumed run samples what the uninterrupted run sampled.
 What it does not: execute anything or compute rewards.
 
@@ -19,7 +19,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from codea1_core.config import Config
-from codea1_core.method.loop import iteration_seed
+from codea1_core.method.batches import iteration_seed
 from codea1_core.models.sampling import sampling_params
 from codea1_core.types import Problem
 
@@ -97,7 +97,7 @@ def gate_tests(
     Returns ``suites[b][m][n]`` (``ParsedSuite``) and gate metrics (``test/rejected_rate``, per reason).
     """
     from codea1_core.method.parsing import extract_tests
-    from tasks.quality import gate_tests as gx_gate
+    from tasks.quality import gx_gate_tests
 
     suites = [
         [
@@ -124,7 +124,7 @@ def gate_tests(
                     where.append((b, m, n, t))
     if not rows:
         return suites, {"test/rejected_rate": 0.0}
-    gate = gx_gate.fn(rows, cfg.tests)  # inside this task: the GX gate's body, not a nested task run
+    gate = gx_gate_tests.fn(rows, cfg.tests)  # inside this task: the GX gate's body, not a nested task run
     rejected: dict[tuple[int, int, int], dict[int, str]] = {}
     for (b, m, n, t), ok, reason in zip(where, gate.accepted_mask, gate.reasons, strict=True):
         if not ok:

@@ -1,7 +1,7 @@
 """Scoring and in-training validation tasks.
 
 What it does: ``score`` turns a step's outcome matrices into rewards and masks with the pure
-``codea1_core.method.rewards`` functions (docs/method.md §7, D4, D7) and averages their metrics; ``evaluate`` runs the
+``codea1_core.method.rewards`` functions (docs/method.md §7, D4, D7) and averages their metrics; ``validate`` runs the
 periodic Code-LLM validation (§3 step 16) with the benchmark protocol, ``tasks.evaluate.evaluate_code``
 (the Code-LLM half of evaluation only: the train stage does not depend on the mutant generator).
 What it does not: execute code or touch the Mistake Book.
@@ -16,8 +16,8 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from codea1_core.atomic import atomic_path
 from codea1_core.config import Config
-from codea1_core.files import atomic_path
 from tasks.evaluate import evaluate_code
 
 
@@ -32,8 +32,8 @@ def score(
     return scores, aggregate_metrics(scores)
 
 
-@task(name="evaluate", task_run_name="evaluate[it={iteration}]", cache_policy=NO_CACHE)
-def evaluate(
+@task(name="validate", task_run_name="validate[it={iteration}]", cache_policy=NO_CACHE)
+def validate(
     policy: Any, problems: list[Any], cfg: Config, executor: Any, iteration: int
 ) -> dict[str, float]:
     """Validate the Code LLM on the held-out ``val`` problems; metrics are ``code/val/...``."""

@@ -1,9 +1,9 @@
 """Update tasks: one lockstep GRPO step of the Code LLM and of the Test LLM (docs/method.md §3 steps 13-15, §10).
 
-What it does: hands the GRPO samples built by ``codea1_core.method.loop`` (advantages per group, TOPVAR groups for
+What it does: hands the GRPO samples built by ``codea1_core.method.batches`` (advantages per group, TOPVAR groups for
 the Test LLM) to ``Policy.step`` and prefixes the returned metrics (``code/``, ``test/``, ``grpo/``). Both
 policies update in the same training step from the same rollouts, generated before either update.
-What it does not: compute advantages or select samples (pure, in ``codea1_core.method.loop`` / ``grpo``).
+What it does not: compute advantages or select samples (pure, in ``codea1_core.method.batches`` / ``grpo``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from codea1_core.method.loop import GroupBatch
+from codea1_core.method.batches import GroupBatch
 
 
 def _step(policy: Any, batch: GroupBatch, role: str) -> dict[str, float]:

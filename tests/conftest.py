@@ -67,9 +67,33 @@ def mlflow_cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     )
 
 
+@pytest.fixture()
+def fake_vllm(monkeypatch: pytest.MonkeyPatch):
+    """A fake ``vllm`` module for one test (vLLM is GPU-only): ``support.install_fake_vllm``."""
+    from support import install_fake_vllm
+
+    return install_fake_vllm(monkeypatch)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-init tiny Qwen2 model + lab tokenizer, built once per session (registry and loading tests)."""
-    from test_train_flow import build_tiny
+    from support import build_tiny
 
     return build_tiny(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that starts the Prefect test API (``prefect_harness``, a server process) carries ``e2e``.
+
+    The marker is for selection (``-m e2e`` / ``-m "not e2e"``); ``make test`` runs both. This check keeps it
+    honest for the one server every flow test shares; the other e2e tests (DVC, ``make``, stages or the CLI in
+    a subprocess, the UIs, Ray) carry it by hand.
+    """
+    unmarked = [
+        item.nodeid
+        for item in items
+        if "prefect_harness" in getattr(item, "fixturenames", ()) and item.get_closest_marker("e2e") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(f"tests that start the Prefect test server must be marked e2e: {unmarked}")

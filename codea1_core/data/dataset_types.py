@@ -7,8 +7,8 @@ is still to be computed by running the reference (docs/method.md D1), with what 
 
 What it does not: read, parse or run anything. It is the bottom of the dataset modules:
 ``source_text``, ``mbpp_inputs``, ``datasets`` and ``prepared`` import it; it imports none of them.
-How to run: nothing to run; its tests are in ``tests/test_datasets.py``
-(``pytest tests/test_datasets.py``).
+How to run: nothing to run; its tests are in ``tests/core/data/test_datasets.py``
+(``pytest tests/core/data/test_datasets.py``).
 """
 
 from __future__ import annotations

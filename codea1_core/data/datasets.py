@@ -28,7 +28,7 @@ The assert parsing and prompt building live in ``codea1_core.data.source_text``,
 What it does not: execute code (no sandbox import), fill expected values, download anything except
 through ``datasets`` for a KodCode hub id. Files the data folder's ``README.md`` lists with a sha256 are checked
 against it (:func:`check_sum`). How to run: ``load_source("mbppplus", "test", cfg,
-data_dir)``; tests in ``tests/test_datasets.py``.
+data_dir)``; tests in ``tests/core/data/test_datasets.py``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ What it does not: build or train models (``tiny_model.py``, ``sft.py``), or run 
 (only ``sandbox/`` runs untrusted code).
 
 How to run: ``python -c "from codea1_core.data.lab import lab_problems; from codea1_core.config import LabConfig;
-print(lab_problems(LabConfig(), 'train')[0].prompt)"``; tests in ``tests/test_lab.py``.
+print(lab_problems(LabConfig(), 'train')[0].prompt)"``; tests in ``tests/core/data/test_lab.py``.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _word(r: random.Random) -> str:
 _SUM_STARTS = [a for a in range(-20, 41) if a != 0]
 """sum_from starts (0 excluded: summing from 1 instead of 0 is no bug)."""
 _UNIT_FACTORS = [k for k in range(2, 100) if k not in (47, 49, 87)]
-"""to_units factors for which both bugs fail a golden input (checked by tests/test_lab.py)."""
+"""to_units factors for which both bugs fail a golden input (checked by tests/core/data/test_lab.py)."""
 
 
 def _threshold(lo: int, hi: int) -> Callable[[random.Random], Params]:
@@ -192,7 +192,7 @@ def _mid(p: Params) -> int:
 
 # Sparse golden tests (``lab.golden_tests: sparse``): the two or three happy-path asserts a person writes
 # first, like MBPP's three per problem. They avoid the exact boundary on purpose, so at least half of each
-# family's buggy variants pass them (the comment names which); tests/test_lab.py checks that share.
+# family's buggy variants pass them (the comment names which); tests/core/data/test_lab.py checks that share.
 # fmt: off
 _SPARSE: dict[str, Callable[[Params], list[tuple]]] = {
     "is_above": lambda p: [(p["t"] + 10,), (p["t"] - 10,), (p["t"] + 25,)],  # x >= t passes

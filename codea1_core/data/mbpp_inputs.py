@@ -6,7 +6,7 @@ What it does: :func:`mbpp_deserialize_inputs` applies, per MBPP+ task number, th
 
 What it does not: read files or check values beyond the restoration (a malformed input is a
 :class:`~codea1_core.data.dataset_types.DatasetError`). How to run: ``mbpp_deserialize_inputs("Mbpp/2",
-inputs)``, called by ``codea1_core.data.datasets.load_evalplus``; tests in ``tests/test_datasets.py``
+inputs)``, called by ``codea1_core.data.datasets.load_evalplus``; tests in ``tests/core/data/test_datasets.py``
 (``test_evalplus_mbpp_restores_tuples_and_builds_def_prompt``, ``test_shared_data_counts``).
 """
 

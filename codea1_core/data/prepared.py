@@ -7,12 +7,12 @@ What it does:
   :func:`resolve` fills the expected values from those outcomes and drops (with a reason) the tests the
   reference cannot run or whose dataset claim disagrees with it.
 * :func:`save_prepared` / :func:`load_prepared`: one parquet file of problems per split; expected values
-  are ``values.encode`` bytes (never pickle); writes are atomic (``codea1_core.files``).
+  are ``values.encode`` bytes (never pickle); writes are atomic (``codea1_core.atomic``).
 
 What it does not: run code (the ``prepare`` flow does, in the sandbox) or read raw sources
 (``codea1_core.data.datasets``). How to run: ``load_prepared("data/prepared/train.parquet")``; tests in
-``tests/test_datasets.py`` (``test_resolve_*``, ``test_prepared_parquet_round_trip_and_errors``) and
-``tests/test_prepare.py``.
+``tests/core/data/test_datasets.py`` (``test_resolve_*``, ``test_prepared_parquet_round_trip_and_errors``) and
+``tests/flows/test_prepare.py``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from codea1_core.atomic import atomic_path
 from codea1_core.data.dataset_types import DatasetError, is_pending
-from codea1_core.files import atomic_path
 from codea1_core.types import Problem, TestCase
 
 # --------------------------------------------------------------------------------------------------
@@ -125,7 +125,7 @@ def _schema() -> Any:
 
 
 def save_prepared(problems: list[Problem], path: str | Path) -> Path:
-    """Write problems to parquet atomically (:func:`codea1_core.files.atomic_path`).
+    """Write problems to parquet atomically (:func:`codea1_core.atomic.atomic_path`).
 
     Raises:
         DatasetError: A test's expected value is still :class:`Pending` or not encodable.

@@ -17,7 +17,7 @@ What it does, for the loaders of ``codea1_core.data.datasets``:
 
 What it does not: read files, run code or decide expected values (the ``prepare`` flow runs the
 reference; :func:`codea1_core.data.prepared.resolve` fills them). How to run: ``parse_assert(node, "candidate",
-"f", set())``; tests in ``tests/test_datasets.py`` (``test_parse_assert_forms`` and the loader tests).
+"f", set())``; tests in ``tests/core/data/test_datasets.py`` (``test_parse_assert_forms`` and the loader tests).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ judges), raise, or have an unevaluable answer, most-agreed first.
 What it does not: generate text, run code (``flows/attack.py`` does, through ``tasks.execute.run_jobs``)
 or decide who is right.
 
-How to run: ``codea1 attack FILE.py::function``; unit tests in ``tests/test_solve_attack.py``.
+How to run: ``codea1 attack FILE.py::function``; unit tests in ``tests/flows/test_solve_attack.py``.
 """
 
 from __future__ import annotations

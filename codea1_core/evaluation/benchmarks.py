@@ -24,7 +24,7 @@ What it does not: download anything (pass a path to a local copy) or run code.
 Also :func:`load_benchmark` (any evaluation set by name) and :func:`lab_subsets` (the lab's seen/unseen split).
 
 How to run: ``load_bigcodebench(path)`` / ``load_unleakedtestbench(path)``; tests in
-``tests/test_evaluation.py`` write tiny fixtures in the public formats.
+``tests/core/evaluation/test_evaluation.py`` write tiny fixtures in the public formats.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ experiment, :func:`aggregate` (mean, sample std and 95 % CI over seeds per mode 
 tables), the reward and Mistake-Book charts (PNG bytes, matplotlib Agg) and a self-contained HTML page.
 What it does not: run experiments, read DVC/git, or write files (the flow does).
 
-How to run: ``pytest tests/test_lab_compare.py``.
+How to run: ``pytest tests/tools/test_lab_compare.py``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ MODES: dict[str, list[str]] = {
 exhaustive boundary tests) and ``codea1_boundary`` sees the sparse golden tests wherever training uses golden
 tests (golden rewards, validation, the Test LLM's warm-start suites); evaluation is the same full set for all.
 ``codea1_nomb`` is the §15.4 Mistake Book ablation, ``codea1_a0`` / ``codea1_a1`` the α ablation (§15.3).
-``codea1`` is also the default ``make run`` (``params.yaml`` as shipped; ``tests/test_lab_compare.py`` keeps
+``codea1`` is also the default ``make run`` (``params.yaml`` as shipped; ``tests/tools/test_lab_compare.py`` keeps
 the two equal), so its seed 1 is the run the README's learning numbers come from. ``codea1_boundary`` is what
 picked that default: the same method with the boundary tests in the Test LLM's warm-start suites and
 validation (the default until the 5-seed comparison measured it)."""

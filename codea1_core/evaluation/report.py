@@ -9,7 +9,7 @@ the single HTML file can be mailed or attached to an MLflow run.
 What it does not: read or write files (``flows/evaluate.py`` does the I/O), compute metrics.
 
 How to run: ``render_report(metrics, history=rows, runs={"a": m1, "b": m2})`` returns the HTML text;
-tests in ``tests/test_report.py``.
+tests in ``tests/core/evaluation/test_report.py``.
 """
 
 from __future__ import annotations

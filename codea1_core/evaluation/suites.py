@@ -17,7 +17,7 @@ What it does not: generate text, generate or cache mutants (the caller passes th
 Infrastructure failures are never scored: a reference that hit one gives ``None`` verdicts (the problem
 counts as generating nothing), a mutant that hit one is not completed (D4).
 
-How to run: through ``tasks/evaluate_tests.py``; unit tests in ``tests/test_evaluation.py``.
+How to run: through ``tasks/evaluate_tests.py``; unit tests in ``tests/core/evaluation/test_evaluation.py``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ What it does:
     problem are checked on the reference (pass@k), the suites that fully pass it are run on mutants of the
     reference (mut@k), and Mul = pass@k × mut@k / 100.
     The two-phase plan of that check (reference, then mutants) is :mod:`codea1_core.evaluation.suites`;
-    test-time collaboration (``solve``) is :mod:`codea1_core.evaluation.solve`.
+    test-time collaboration (``solve``) is :mod:`codea1_core.evaluation.collaboration`.
 
 What it does not: generate text, run code (the caller passes executor outcomes in), touch files, or
 import prefect/mlflow/sandbox. Infrastructure failures (``infra_error``) are never scored: affected
@@ -19,7 +19,7 @@ samples and mutants are dropped from the denominators and counted (docs/method.m
 A sample runs as :func:`codea1_core.method.outcomes.candidate_program`, the program training runs it as.
 
 How to run: imported by ``tasks/evaluate.py`` and the other ``codea1_core.evaluation`` plans; unit tests in
-``tests/test_evaluation.py``.
+``tests/core/evaluation/test_evaluation.py``.
 """
 
 from __future__ import annotations
@@ -361,6 +361,7 @@ class SuiteRecord:
 
     @property
     def passes_reference(self) -> bool:
+        """The reference passes every judged test (and at least one was judged)."""
         return bool(self.verdicts) and all(v.correct for v in self.verdicts)
 
 

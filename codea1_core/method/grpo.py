@@ -17,7 +17,7 @@ What not: no models, optimizers or batching — :mod:`codea1_core.models.policy`
 Masks: everywhere in this module ``True`` (or 1) means *included* (a usable sample, a response token);
 ``False`` members are masked out.
 
-How to run: ``python -m pytest tests/test_grpo.py -q``.
+How to run: ``python -m pytest tests/core/method/test_grpo.py -q``.
 """
 
 from __future__ import annotations
@@ -196,7 +196,8 @@ def blocked_token_logprobs(
 
     Args:
         hidden: (N, H) final hidden states, one row per predicted token (any float dtype).
-        weight: (V, H) LM head weight; ``bias``: (V,) or None.
+        weight: (V, H) LM head weight.
+        bias: (V,) LM head bias, or None.
         ids: (N,) the token each row predicts.
         block_tokens: Rows per block (the memory/speed trade-off; ``memory_plan`` assumes the same).
         with_entropy: Also return the entropies (a metric; the old/reference passes skip it).
@@ -287,9 +288,11 @@ def policy_loss(
             (and reports ``kl`` = 0).
         advantages: (B,) per-sample advantages (broadcast to tokens) or (B, T).
         mask: (B, T) 1 for response tokens, 0 for prompt/padding.
-        clip_low, clip_high: PPO clip range below/above 1 (``grpo.clip_low`` / ``grpo.clip_high``).
+        clip_low: PPO clip range below 1 (``grpo.clip_low``).
+        clip_high: PPO clip range above 1 (``grpo.clip_high``).
         dual_clip_c: Dual-clip constant c (``grpo.dual_clip_c``).
-        kl_coef, kl_clamp: Weight and clamp of the k3 estimate (``grpo.kl_coef`` / ``grpo.kl_clamp``).
+        kl_coef: Weight of the k3 estimate (``grpo.kl_coef``).
+        kl_clamp: Clamp of the k3 estimate (``grpo.kl_clamp``).
         num_tokens_total: When a mini-batch is split into micro-batches, the mini-batch's total number of
             response tokens: the token sums here are divided by it instead of by this micro-batch's own
             count, so summing the micro-batch losses (gradient accumulation) gives exactly the

@@ -20,7 +20,7 @@ execution, no knowledge of codes or suites — the caller passes the flattened `
 lists of one problem, counting valid codes only. A replayed test that fails is *not* passed in
 ``failed`` (official: it is not incremented).
 
-How to run: ``python -m pytest tests/test_mistake_book.py -q``.
+How to run: ``python -m pytest tests/core/method/test_mistake_book.py -q``.
 """
 
 from __future__ import annotations

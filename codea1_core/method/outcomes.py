@@ -22,7 +22,7 @@ programs, so GT names never leak into the candidate namespace (quirk 9); tests a
 so there is no misalignment (quirk 11, D1); a GT time-out or unsupported output makes a test invalid
 (§18.2); an infrastructure failure masks a code (or the whole problem) instead of failing it (D4).
 
-How to run: ``tests/test_outcomes.py``.
+How to run: ``tests/core/method/test_outcomes.py``.
 """
 
 from __future__ import annotations

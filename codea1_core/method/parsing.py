@@ -20,12 +20,13 @@ Modes (``tests.parse_mode``):
 Expected values must be plain data (``tests.literal_answers``, ours, default on, in both modes): an answer
 that is not a literal of the value codec (``codea1_core.types.literal_value``: numbers, strings, bytes,
 containers, ``float('nan')``, ``set()``...) or that names the entry point counts invalid with reason
-``expected_not_literal``. Why: the predicted answer is evaluated next to the reference (§6.2), so
+``expected_not_literal`` (the rule is :func:`codea1_core.method.validity.is_plain_literal`, which the
+generated-test gate applies too). Why: the predicted answer is evaluated next to the reference (§6.2), so
 ``assert f(2) == f(2)``, ``y = f(2)`` ... ``== y`` or ``== sorted(f(2))`` always "predict" correctly — a
 tautology that earns full validity and that RL finds. The official parser accepts any expression here;
 ``literal_answers: false`` restores that (and its numbers).
 
-How to run: ``tests/test_parsing.py`` (includes hypothesis property tests).
+How to run: ``tests/core/method/test_parsing.py`` (includes hypothesis property tests).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ import textwrap
 import warnings
 from typing import Literal
 
-from codea1_core.types import ParsedSuite, ParsedTest, literal_value
+from codea1_core.method.validity import is_plain_literal
+from codea1_core.types import ParsedSuite, ParsedTest
 
 ParseMode = Literal["strict", "official"]
 
@@ -279,18 +281,6 @@ def _classify_official(test: ast.expr) -> tuple[ast.expr, ast.expr] | str:
     if isinstance(test, ast.Compare) and isinstance(test.left, ast.Call):
         return test.left, test.comparators[0]
     return "not_call_comparison"
-
-
-def is_plain_literal(answer: str, entry_point: str) -> bool:
-    """True when ``answer`` is plain data (no call, no name of the function under test)."""
-    try:
-        tree = ast.parse(answer, mode="eval")
-        if any(isinstance(n, ast.Name) and n.id == entry_point for n in ast.walk(tree)):
-            return False
-        literal_value(answer)
-    except (*_PARSE_ERRORS, TypeError):
-        return False
-    return True
 
 
 def _unparse(node: ast.expr) -> str | None:

@@ -9,7 +9,7 @@ error of the caller, §3 step 5). The wording paraphrases the official prompts (
 paraphrased"); the structure (system line, Question/Buggy Code sections, the assert form) follows them.
 Every builder is deterministic: same inputs, same messages.
 
-How to run: ``python -c "from codea1_core import prompts, lab; ..."``; tests in ``tests/test_prompts.py``.
+How to run: ``python -c "from codea1_core import prompts, lab; ..."``; tests in ``tests/core/method/test_prompts.py``.
 """
 
 from __future__ import annotations
@@ -133,10 +133,10 @@ test_messages_blackbox.__test__ = False  # type: ignore[attr-defined]
 
 
 def render_plain(messages: list[Message]) -> str:
-    """Plain-text form of chat messages for models without a chat template.
+    r"""Plain-text form of chat messages for models without a chat template.
 
-    Each message becomes ``"<Role>:\\n<content>"``, separated by blank lines, and the text ends with
-    ``"Assistant:\\n"`` so a model continues with the assistant's answer. A trailing assistant
+    Each message becomes ``"<Role>:\n<content>"``, separated by blank lines, and the text ends with
+    ``"Assistant:\n"`` so a model continues with the assistant's answer. A trailing assistant
     message is treated as a partial answer to continue (no new header is added).
 
     Raises:

@@ -15,7 +15,7 @@ or ``fraction`` (V / (V + I), the figure's "Valid"); ``nonprintable_penalty`` (o
 Masked samples (infra errors) get reward 0.0 and mask False: callers must drop them from advantages.
 Rewards are float64 here (the official code rounds to bfloat16 first, quirk 14).
 
-How to run: ``tests/test_rewards.py`` (reproduces the §7.5 worked example and the §17 quirk-11 case).
+How to run: ``tests/core/method/test_rewards.py`` (reproduces the §7.5 worked example and the §17 quirk-11 case).
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ def pair_terms(suite: SuiteOutcome, h: int, h_pass: int, code_valid: bool, cfg: 
 
     Args:
         suite: the suite outcome (V, I, failure flags, np).
-        h: H, number of replayed tests; h_pass: how many of them code m passed.
+        h: H, number of replayed tests.
+        h_pass: How many of them code m passed.
         code_valid: valid(m) — gates the test reward (§7.3 "Gating").
         cfg: the reward section of the config.
     """

@@ -126,6 +126,7 @@ class PromptState:
 
     @classmethod
     def from_prefill(cls, prefill_cache: Any, prompt_mask: torch.Tensor) -> PromptState:
+        """The prompts' keys and values from HF's prefill cache, and their padding bias from ``prompt_mask``."""
         keys = [layer.keys.transpose(-1, -2).contiguous() for layer in prefill_cache.layers]
         values = [layer.values.contiguous() for layer in prefill_cache.layers]
         bias = None
@@ -136,6 +137,7 @@ class PromptState:
 
     @property
     def count(self) -> int:
+        """Number of prompts held."""
         return self.keys[0].shape[0]
 
     def select(self, prompts: torch.Tensor) -> PromptState:

@@ -77,6 +77,7 @@ class ModelShape:
 
     @property
     def kv_dim(self) -> int:
+        """Width of one token's keys (or values) across the KV heads."""
         return self.hidden // self.heads * self.kv_heads
 
     def projections(self) -> dict[str, tuple[int, int]]:
@@ -110,6 +111,7 @@ class MemoryPlan:
 
     @property
     def total(self) -> float:
+        """Estimated peak bytes: the sum of the parts."""
         return sum(self.parts.values())
 
     def table(self) -> list[str]:

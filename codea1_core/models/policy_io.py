@@ -2,7 +2,7 @@
 
 What it does: writes a policy's adapter (LoRA) or weights (full) with its tokenizer under ``model/`` and
 the optimizer, scheduler, RNG and step state in ``state.pt``; every directory is built as ``.<dir>.tmp``
-and swapped in whole (:func:`codea1_core.files.atomic_dir`), so a crash never leaves a half-written checkpoint.
+and swapped in whole (:func:`codea1_core.atomic.atomic_dir`), so a crash never leaves a half-written checkpoint.
 What it does not: decide when or where to checkpoint (the pipeline's checkpoint task does).
 
 Run: ``pytest tests/test_policy.py -k save``.
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from codea1_core.files import atomic_dir
+from codea1_core.atomic import atomic_dir
 
 
 def save_policy(pol: Any, path: Path) -> Path:

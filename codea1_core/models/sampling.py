@@ -5,7 +5,7 @@ What it does: :func:`sampling_params` turns the config into the settings of a tr
 §13). Every backend reads the same object: HF ``generate`` and :mod:`codea1_core.models.fast_generate`
 through :meth:`codea1_core.models.policy.Policy.generate` (temperature / top-k / top-p warpers, greedy at
 temperature 0), vLLM through :meth:`codea1_core.models.vllm_engine.VllmRollout.generate`.
-What it does not: choose seeds (training derives them with ``loop.iteration_seed``, evaluation from
+What it does not: choose seeds (training derives them with ``batches.iteration_seed``, evaluation from
 ``cfg.seed``; both are the caller's), or sample anything.
 
 Run: ``pytest tests/test_sampling.py``.

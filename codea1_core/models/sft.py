@@ -133,7 +133,7 @@ def supervised_finetune(
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
-    from codea1_core.files import atomic_dir
+    from codea1_core.atomic import atomic_dir
 
     if not examples:
         raise ValueError("examples: empty, nothing to fine-tune on")

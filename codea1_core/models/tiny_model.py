@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from codea1_core.files import atomic_dir
+from codea1_core.atomic import atomic_dir
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 """Qwen-style special tokens, in the order they get the lowest ids after the byte alphabet."""

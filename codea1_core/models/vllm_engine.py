@@ -32,8 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from codea1_core.atomic import atomic_dir
 from codea1_core.config import Config
-from codea1_core.files import atomic_dir
 from codea1_core.models.policy import (
     Completion,
     check_prompt_lengths,
@@ -239,16 +239,19 @@ class VllmPolicy:
         self._policy, self._rollout, self._stale = policy, rollout, True
 
     def generate(self, prompts: list[list[dict]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
+        """``n`` completions per prompt from the engine, after syncing a stale adapter."""
         if self._stale:
             self._rollout.sync(self._policy)
             self._stale = False
         return self._rollout.generate(self._policy.role, prompts, n, sampling)
 
     def step(self, batch: Any) -> dict[str, float]:
+        """The policy's GRPO step; the engine's adapter is stale afterwards."""
         self._stale = True
         return self._policy.step(batch)
 
     def load(self, path: str | Path) -> None:
+        """Load the policy's weights from ``path``; the engine's adapter is stale afterwards."""
         self._stale = True
         self._policy.load(path)
 

@@ -1,0 +1,109 @@
+"""The test-validity rules, in one place: what makes a generated test's call and predicted answer acceptable.
+
+What it does: the per-test checks that both the parser (:mod:`codea1_core.method.parsing`, when it turns an
+``assert`` into a test) and the generated-test gate (``tasks.quality.gx_gate_tests``, which turns them into
+GX check columns) apply, each returning a reason code (``"ok"`` when acceptable):
+
+* :func:`is_plain_literal` — the predicted answer is plain data (``codea1_core.types.literal_value``) that
+  names no entry point (``tests.literal_answers``; reason ``expected_not_literal``);
+* :func:`call_reason` — one call source: ``call_syntax``, ``not_a_call``, ``wrong_function`` (strict parse mode),
+  ``dunder``, ``forbidden_name``, ``walrus``;
+* :func:`answer_reason` — one answer source: ``answer_syntax``, ``answer_dunder``, ``answer_forbidden_name``,
+  ``answer_walrus``, ``expected_not_literal``.
+
+Sources are NFKC-normalised before the call and answer checks, as Python does for identifiers
+(``ｅｖａｌ`` is ``eval``). These checks are data quality, **not** security: untrusted code is contained by the
+sandbox only.
+What it does not: parse model responses (``parsing``) or decide a batch (the gate's GX expectations do).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import unicodedata
+
+from codea1_core.types import literal_value
+
+OK = "ok"
+FORBIDDEN_NAMES = frozenset(
+    {"eval", "exec", "compile", "open", "input", "breakpoint", "globals", "locals", "vars", "getattr",
+     "setattr", "delattr", "exit", "quit", "importlib", "help", "memoryview"}
+)  # fmt: skip
+_PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError)
+_SUSPECT = re.compile(r"__|:=|\b(?:await|yield|" + "|".join(sorted(FORBIDDEN_NAMES)) + r")\b")
+_INT = r"-?(?:0|[1-9][0-9]*)"
+_ATOM = rf"{_INT}(?:\.[0-9]+)?|True|False|None|'[^'\\\n]*'|\"[^\"\\\n]*\""
+_SIMPLE_LITERAL = re.compile(rf"(?:{_ATOM})|\[ *(?:{_INT} *(?:, *{_INT} *)*,? *)?\]")
+
+
+def is_plain_literal(answer: str, entry_point: str, tree: ast.Expression | None = None) -> bool:
+    """True when ``answer`` is plain data (no call, no name of the function under test).
+
+    ``tree``: ``answer`` already parsed (``mode="eval"``), to skip a second parse.
+    """
+    try:
+        if tree is None:
+            tree = ast.parse(answer, mode="eval")
+        if any(isinstance(n, ast.Name) and n.id == entry_point for n in ast.walk(tree)):
+            return False
+        literal_value(answer)
+    except (*_PARSE_ERRORS, TypeError):
+        return False
+    return True
+
+
+def _names_reason(source: str, tree: ast.AST, prefix: str) -> str:
+    if not _SUSPECT.search(source):  # fast path: none of the flagged spellings appears anywhere
+        return OK
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            if node.id.startswith("__") and node.id.endswith("__"):
+                return prefix + "dunder"
+            if node.id in FORBIDDEN_NAMES:
+                return prefix + "forbidden_name"
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("__"):
+            return prefix + "dunder"
+        elif isinstance(node, ast.NamedExpr):
+            return prefix + "walrus"
+        elif isinstance(node, ast.Await | ast.Yield | ast.YieldFrom):
+            return prefix + "syntax"
+    return OK
+
+
+def call_reason(call: str, entry_point: str, any_function: bool = False) -> str:
+    """Reason code of one call source (``ok`` when acceptable).
+
+    ``any_function`` (``tests.parse_mode: official``, §5.2): any call is a test, as the official parser keeps
+    ``assert len(f(x)) == 2``; the strict mode (D5) requires a call of the entry point.
+    """
+    call, entry_point = unicodedata.normalize("NFKC", call), unicodedata.normalize("NFKC", entry_point)
+    try:
+        tree = ast.parse(call, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return "call_syntax"
+    body = tree.body
+    if not isinstance(body, ast.Call):
+        return "not_a_call"
+    if not any_function and not (isinstance(body.func, ast.Name) and body.func.id == entry_point):
+        return "wrong_function"
+    return _names_reason(call, tree, "")
+
+
+def answer_reason(answer: str, entry_point: str, literal: bool = True) -> str:
+    """Reason code of one predicted answer; ``literal``: it must be plain data (``tests.literal_answers``)."""
+    if _SIMPLE_LITERAL.fullmatch(answer):  # fast path: a number, bool, None, plain string or flat int list
+        return OK
+    answer = unicodedata.normalize("NFKC", answer)
+    try:
+        tree = ast.parse(answer, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return "answer_syntax"
+    names = _names_reason(answer, tree, "answer_")
+    if (
+        names == OK
+        and literal
+        and not is_plain_literal(answer, unicodedata.normalize("NFKC", entry_point), tree)
+    ):
+        return "expected_not_literal"
+    return names
