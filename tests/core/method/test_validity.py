@@ -1,4 +1,4 @@
-"""One home for the test-validity rules (issue 29): the parser and the generated-test gate apply the same
+"""One home for the test-validity rules: the parser and the generated-test gate apply the same
 function, ``codea1_core.method.validity``, and agree on every answer.
 
 How to run: ``pytest tests/test_validity.py`` (a few seconds: one GX gate run).
