@@ -83,8 +83,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny(tmp_path_factory.mktemp("tiny") / "model")
 
 
+SLOW_TIMEOUT_S = 3600
+"""Per-test timeout of the opt-in ``slow`` and ``gpu`` tests that name none themselves (the default, in
+``addopts``, is for the default run)."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test that starts the Prefect test API (``prefect_harness``, a server process) carries ``e2e``.
+    """A test that starts the Prefect test API (``prefect_harness``, a server process) carries ``e2e``;
+    an opt-in ``slow`` / ``gpu`` test without its own ``timeout`` mark gets :data:`SLOW_TIMEOUT_S`.
 
     The marker is for selection (``-m e2e`` / ``-m "not e2e"``); ``make test`` runs both. This check keeps it
     honest for the one server every flow test shares; the other e2e tests (DVC, ``make``, stages or the CLI in
@@ -97,3 +103,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ]
     if unmarked:
         raise pytest.UsageError(f"tests that start the Prefect test server must be marked e2e: {unmarked}")
+    for item in items:
+        opt_in = item.get_closest_marker("slow") or item.get_closest_marker("gpu")
+        if opt_in and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))

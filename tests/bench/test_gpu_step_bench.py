@@ -56,6 +56,7 @@ def check(result: dict, stdout: str, steps: int) -> None:
     assert "tokens/s" in stdout and "memory plan vs measured, update_code_full" in stdout
 
 
+@pytest.mark.timeout(900)  # the bench subprocess may take 600 s
 @pytest.mark.e2e
 def test_shrunken_bench_runs_the_core_path_on_cpu(tmp_path):
     args = ["--shrink", "--device", "cpu", "--steps", "2", "--problems", "2", "--n-code", "2", "--n-tests", "2",
@@ -83,6 +84,7 @@ def test_bench_rejects_bad_arguments_in_one_line():
     assert proc.returncode == 2 and "--steps: expected >= 1" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.timeout(2400)  # the bench subprocess may take 1800 s
 @pytest.mark.e2e
 @pytest.mark.gpu
 @pytest.mark.skipif(

@@ -92,6 +92,7 @@ def _commit(cwd: Path) -> None:
     )
 
 
+@pytest.mark.timeout(900)  # several dvc runs of up to 300 s
 @pytest.mark.e2e
 def test_alpha_reruns_train_and_later_only(stub_repo: Path) -> None:
     first = _ran(_dvc(stub_repo, "repro"))
@@ -111,6 +112,7 @@ def test_alpha_reruns_train_and_later_only(stub_repo: Path) -> None:
     assert _ran(_dvc(stub_repo, "repro")) == ["evaluate", "register"]
 
 
+@pytest.mark.timeout(900)  # several dvc runs of up to 300 s
 @pytest.mark.e2e
 def test_exp_run_with_set_param(stub_repo: Path) -> None:
     _dvc(stub_repo, "repro")
@@ -136,6 +138,7 @@ def _headline(data: dict) -> dict:
     return ((data.get("metrics") or {}).get("outputs/eval/headline.json") or {}).get("data") or {}
 
 
+@pytest.mark.timeout(900)  # several dvc runs of up to 300 s
 @pytest.mark.e2e
 def test_two_experiments_compare_in_exp_show(stub_repo: Path) -> None:
     """Regression: outputs/ was git-ignored, so experiment commits held no metrics ("!" everywhere).

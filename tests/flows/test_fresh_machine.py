@@ -54,6 +54,7 @@ def _settings_probe(modules: list[str]) -> str:
     )
 
 
+@pytest.mark.timeout(900)  # one fresh interpreter per entry module
 def test_every_entry_point_applies_the_prefect_defaults_before_prefect_reads_them(tmp_path: Path) -> None:
     """Each entry module, imported first in a pristine process, leaves Prefect with our start-up budget."""
     for module in _entry_modules():
@@ -68,6 +69,7 @@ def test_every_entry_point_applies_the_prefect_defaults_before_prefect_reads_the
         )
 
 
+@pytest.mark.timeout(420)  # the fresh interpreter may take 240 s
 def test_an_explicit_user_setting_wins(tmp_path: Path) -> None:
     env = _pristine_env(tmp_path, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="77")
     proc = subprocess.run(
@@ -78,6 +80,7 @@ def test_an_explicit_user_setting_wins(tmp_path: Path) -> None:
     assert float(proc.stdout.split()[0]) == 77
 
 
+@pytest.mark.timeout(900)  # the stage subprocess may take 600 s
 @pytest.mark.e2e
 def test_first_stage_runs_on_a_fresh_machine(tmp_path: Path, shared_data_dir: Path) -> None:
     """``prepare`` as a subprocess with empty HOME and PREFECT_HOME: the first ephemeral API, first try.
@@ -119,6 +122,7 @@ FLOW_CHILD = (
 )
 
 
+@pytest.mark.timeout(600)  # the pipeline subprocess may take 400 s
 @pytest.mark.e2e
 def test_one_prefect_api_serves_every_stage_and_stops_after(tmp_path: Path) -> None:
     """Two stage-like processes under ``shared_api`` use its server (no temporary ones) and land in its DB."""

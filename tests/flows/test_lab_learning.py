@@ -129,6 +129,7 @@ SHORT_LAB = {
 }
 
 
+@pytest.mark.timeout(1800)  # the lab run may take 1200 s
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_short_lab_code_pass_rate_rises_over_warmstart(tmp_path):

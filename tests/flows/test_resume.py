@@ -135,6 +135,7 @@ def _latest_is(n: int):
     return factory
 
 
+@pytest.mark.timeout(1500)  # reference, killed and resumed training runs
 @pytest.mark.e2e
 def test_sigkill_after_first_checkpoint_resumes_exactly(
     prefect_harness, tiny_model, tmp_path, repo_root
@@ -163,6 +164,7 @@ def _checkpoint_tmp_of(n: int):
     return factory
 
 
+@pytest.mark.timeout(1500)  # reference, killed and resumed training runs
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["codea1", "golden", "selfplay"])

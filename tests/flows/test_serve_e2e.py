@@ -152,6 +152,7 @@ def test_pipeline_deployment_trains_evaluates_and_registers_in_its_run_folder(tm
     assert "register/code/new" in train_run.data.metrics  # and the decision
 
 
+@pytest.mark.timeout(1200)  # the deployment run may take 600 s
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_serve_end_to_end(tmp_path: Path, repo_root: Path) -> None:

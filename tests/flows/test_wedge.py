@@ -82,6 +82,7 @@ def versions(repo: Path, name: str) -> list[int]:
     return [int(v.version) for v in client.search_model_versions(f"name = '{name}'")]
 
 
+@pytest.mark.timeout(1500)  # dvc repro runs of up to 600 s each
 @pytest.mark.e2e
 @pytest.mark.parametrize(
     "points",

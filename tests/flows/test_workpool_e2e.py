@@ -62,6 +62,7 @@ def test_deploy_without_a_server_is_one_clear_line(monkeypatch, capsys, repo_roo
     assert "PREFECT_API_URL is not set" in capsys.readouterr().err
 
 
+@pytest.mark.timeout(900)  # server, worker and a 300 s run
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_a_run_triggered_through_the_api_is_executed_by_a_process_worker(

@@ -49,6 +49,7 @@ def test_input_literals_round_trip(shared_data_dir):
     assert checked > 100_000
 
 
+@pytest.mark.timeout(1200)  # two runs of 600 s at most
 def test_canonical_solutions_run_identically_twice(shared_data_dir):
     workloads = []
     for bench in ("humanevalplus", "mbppplus"):

@@ -93,6 +93,7 @@ def test_saved_activations_match_the_real_forward(models, name, checkpointing):
     )
 
 
+@pytest.mark.timeout(900)  # the probe subprocess may take 600 s
 def test_step_peak_matches_measured_rss_without_full_vocab_logits(tmp_path):
     """Bug: the update kept full-vocabulary float32 logits (and their log-softmax) for a whole
     micro-batch; on this shape one step then peaked ~3x above the plan (2.2 GB measured on e7470d3).
@@ -167,6 +168,7 @@ def test_a_config_that_cannot_fit_names_the_key_to_change(overrides, key):
     assert verdict(apply_overrides(cfg, [fixed]), QWEN_SHAPE, 80)[0], line
 
 
+@pytest.mark.timeout(420)  # the CLI subprocess may take 300 s
 @pytest.mark.e2e
 def test_codea1_plan_prints_both_gpu_verdicts():
     out = subprocess.run([sys.executable, "-m", "flows.cli", "plan", "--params", str(QWEN_YAML)],
@@ -176,6 +178,7 @@ def test_codea1_plan_prints_both_gpu_verdicts():
     assert "activations" in out.stdout and "vllm" in out.stdout
 
 
+@pytest.mark.timeout(420)  # the stage subprocess may take 300 s
 @pytest.mark.e2e
 def test_train_start_stops_in_one_line_when_it_cannot_fit(tmp_path):
     """Only with a GPU (or ``model.gpu_memory_gb``): here 8 GB for two 1.5B policies cannot fit."""
