@@ -257,6 +257,16 @@ def resume_or_start(checkpoint_dir: str | Path, resume: str, fingerprint: str) -
     }
 
 
+def done_matches(done: Path, total: int, run_id: str | None) -> bool:
+    """Whether ``final/DONE.json`` records this run (``run_id``) finished at ``total`` (export and registration
+    done: a retried ``finish()`` skips them)."""
+    try:
+        info = json.loads(done.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return info.get("iteration") == total and info.get("run_id") == run_id
+
+
 def stored_fingerprint(checkpoint_dir: str | Path) -> str | None:
     """The config fingerprint recorded by :func:`save_run_info` (None when absent or unreadable)."""
     try:
