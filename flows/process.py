@@ -310,15 +310,18 @@ def probe_tracking(cfg: Config) -> None:
 
 
 def preflight(cfg: Config) -> None:
-    """What would fail later, checked before the flow starts: checkpoints (verified, with fallback) and the
-    MLflow store (probed, <= 10 s). Raises the tasks' errors; :func:`run_guarded` turns them into one line."""
+    """What would fail later, checked before the flow starts: checkpoints (verified, with fallback; a step budget
+    below the last one) and the MLflow store (probed, <= 10 s). Raises the tasks' errors; :func:`run_guarded` turns them into one line."""
     from tasks import checkpoint as ckpt
     from tasks.tracking import probe_store
 
     out_dir = Path(cfg.orchestration.checkpoint_dir)
-    training_steps(cfg, len(load_problems(cfg)[0]))  # cheap (parquet or lab); setup() checks after filtering
+    total = training_steps(
+        cfg, len(load_problems(cfg)[0])
+    )  # cheap (parquet or lab); setup() checks after filtering
     same = ckpt.stored_fingerprint(out_dir) == loop.config_fingerprint(cfg.flat())
-    if cfg.orchestration.resume == "auto" and same:
-        ckpt.select_checkpoint(out_dir)
+    latest = ckpt.select_checkpoint(out_dir) if cfg.orchestration.resume == "auto" and same else None
+    if latest is not None:  # a step budget below the checkpoint: refused before the flow starts
+        ckpt.check_step_budget(latest, ckpt.checkpoint_iteration(latest), total)
     if cfg.tracking.backend == "mlflow":
         probe_store(cfg)

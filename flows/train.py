@@ -116,9 +116,9 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
                     len(dropped), cfg.data.max_prompt_tokens, ", ".join(dropped[:5]))  # fmt: skip
     total = training_steps(cfg, len(train_set))
     fingerprint = loop.config_fingerprint(cfg.flat())
-    state = ckpt.resume_or_start(out_dir, cfg.orchestration.resume, fingerprint)
+    state = ckpt.resume_or_start(out_dir, cfg.orchestration.resume, fingerprint, total, cfg.flat())
     tracker = tracker_factory(cfg, run_id=state["run_id"], run_name=f"train-{run_label(cfg)}")
-    ckpt.save_run_info(out_dir, fingerprint, tracker.run_id)
+    ckpt.save_run_info(out_dir, fingerprint, tracker.run_id, cfg.flat())
     for row in state["history"]:  # backfill iterations checkpointed before a kill but not yet logged
         log_iteration.fn(tracker, int(row["iteration"]), row)
     process.seed_everything(cfg.seed)  # adapter initialisation is part of the run's identity
