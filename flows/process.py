@@ -91,6 +91,18 @@ def ending(run: Any) -> Iterator[None]:
     run.tracker.end("FINISHED")
 
 
+@contextlib.contextmanager
+def failing(tracker: Any) -> Iterator[None]:
+    """Any failure in the block ends ``tracker``'s run FAILED, then propagates (a run reopened during setup
+    must not stay RUNNING when a model does not load)."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):  # best effort: never hides the failure itself
+            tracker.end("FAILED")
+        raise
+
+
 def timed_steps(call: Callable[..., Any], times: dict[str, float], stop: threading.Event | None):
     """``timed(name, task, *args)``: ``call(task, *args)`` timed into ``times["time/<name>_s"]``; raises
     :class:`Stopped` instead when ``stop`` is set (SIGTERM: the run stops between tasks)."""
@@ -123,6 +135,8 @@ def run_guarded(cfg: Config, start: Callable[[], dict[str, Any]]) -> dict[str, A
     """``start()`` (the train flow) under the workspace lock, after :func:`preflight`; lock, checkpoint, tracking
     and disk errors become one UserError line, a SIGTERM-stopped run one line and exit 143 (a config that cannot
     fit its GPU stops first, ``flows.plan``)."""
+    from prefect.exceptions import CancelledRun
+
     from flows.plan import check_training_fits
     from tasks import checkpoint as ckpt
     from tasks.tracking import TrackingUnavailable
@@ -133,17 +147,35 @@ def run_guarded(cfg: Config, start: Callable[[], dict[str, Any]]) -> dict[str, A
         with ckpt.WorkspaceLock(cfg.orchestration.checkpoint_dir):
             preflight(cfg)
             summary = start()
+    except CancelledRun as exc:  # SIGTERM: the flow run ended CANCELLED (final_state)
+        print(f"train: {exc}: run it again to resume", file=sys.stderr)
+        raise SystemExit(143) from None
     except (ckpt.WorkspaceLockedError, ckpt.CheckpointError, TrackingUnavailable) as exc:
         raise UserError(str(exc)) from None
-    except OSError as exc:
-        if exc.errno not in DISK_ERRNOS:
+    except (
+        Exception
+    ) as exc:  # a disk error anywhere in the chain (a writer may wrap it): one line naming the path
+        disk = next((e for e in _chain(exc) if isinstance(e, OSError) and e.errno in DISK_ERRNOS), None)
+        if disk is None:
             raise
-        raise UserError(f"{exc.filename or cfg.orchestration.checkpoint_dir}: {exc.strerror}") from None
-    if summary.get("stopped"):
-        print(f"train: stopped by SIGTERM after iteration {summary['iteration']} (checkpointed): run it again "
-              "to resume", file=sys.stderr)  # fmt: skip
-        raise SystemExit(143)
+        raise UserError(f"{disk.filename or cfg.orchestration.checkpoint_dir}: {disk.strerror}") from None
     return summary
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    while exc is not None:
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def final_state(summary: dict[str, Any]) -> Any:
+    """What the train flow returns: its summary, or a CANCELLED state after SIGTERM (Prefect recorded a stopped
+    run as COMPLETED; calling the flow then raises ``CancelledRun`` with this message)."""
+    if not summary.get("stopped"):
+        return summary
+    from prefect.states import Cancelled
+
+    return Cancelled(message=f"stopped by SIGTERM after iteration {summary['iteration']} (checkpointed)")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ def train_flow(
 ) -> dict[str, Any]:
     """Prefect entry point (DVC stage, CLI and the ``train/codea1-train`` deployment): a params file +
     ``key=value`` overrides (``mode=golden``, ...), trained into ``run_dir`` when given (``flows.common``)."""
-    return train(flow_config(params, overrides, run_dir))
+    return process.final_state(train(flow_config(params, overrides, run_dir)))  # CANCELLED after SIGTERM
 
 
 def train(cfg: Config) -> dict[str, Any]:
@@ -118,17 +118,18 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     fingerprint = loop.config_fingerprint(cfg.flat())
     state = ckpt.resume_or_start(out_dir, cfg.orchestration.resume, fingerprint, total, cfg.flat())
     tracker = tracker_factory(cfg, run_id=state["run_id"], run_name=f"train-{run_label(cfg)}")
-    ckpt.save_run_info(out_dir, fingerprint, tracker.run_id, cfg.flat())
-    for row in state["history"]:  # backfill iterations checkpointed before a kill but not yet logged
-        log_iteration.fn(tracker, int(row["iteration"]), row)
-    process.seed_everything(cfg.seed)  # adapter initialisation is part of the run's identity
-    policies = {"code": build_policy(cfg.model.code_path, cfg, "code", total)}
-    if cfg.mode == "codea1":  # selfplay: one model plays both roles; golden: no Test LLM
-        policies["test"] = build_policy(cfg.model.test_path, cfg, "test", total)
-    book = starting_book(cfg, state["book"])
-    if state["path"] is not None:
-        for role, pol in policies.items():
-            pol.load(state["path"] / role)
+    with process.failing(tracker):  # from here a failure ends the MLflow run FAILED (not RUNNING for good)
+        ckpt.save_run_info(out_dir, fingerprint, tracker.run_id, cfg.flat())
+        for row in state["history"]:  # backfill iterations checkpointed before a kill but not yet logged
+            log_iteration.fn(tracker, int(row["iteration"]), row)
+        process.seed_everything(cfg.seed)  # adapter initialisation is part of the run's identity
+        policies = {"code": build_policy(cfg.model.code_path, cfg, "code", total)}
+        if cfg.mode == "codea1":  # selfplay: one model plays both roles; golden: no Test LLM
+            policies["test"] = build_policy(cfg.model.test_path, cfg, "test", total)
+        book = starting_book(cfg, state["book"])
+        if state["path"] is not None:
+            for role, pol in policies.items():
+                pol.load(state["path"] / role)
     log.info("train: mode=%s, %d problems, %d steps, resuming after iteration %d", cfg.mode, len(train_set), total,
              state["iteration"])  # fmt: skip
     return TrainRun(cfg, train_set, val_set, total, state["iteration"], fingerprint, policies, book, tracker,

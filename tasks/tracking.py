@@ -351,12 +351,13 @@ def probe_store(cfg: Config, timeout_s: float = 5.0) -> None:
 def _probe_folder(folder: Path, what: str) -> None:
     """Create ``folder`` if needed and write and delete a file in it (``os.access`` says yes to root even on a
     read-only filesystem)."""
-    import tempfile
+    from codea1_core.files import write_bytes_atomic
 
+    probe = folder / f".codea1-write-probe.{os.getpid()}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".codea1-write-probe-"):
-            pass
+        write_bytes_atomic(probe, b"probe")
+        probe.unlink()
     except OSError as exc:
         raise TrackingUnavailable(f"{what} {folder} is not writable ({exc.strerror or exc})") from None
 
