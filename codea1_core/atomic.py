@@ -6,7 +6,9 @@ old file or the new one, never a torn one; a writer that fails leaves no tempora
 :func:`write_bytes_atomic`, :func:`write_text_atomic` and :func:`write_json_atomic` are the common cases;
 ``fsync=True`` flushes the data to disk before the rename (checkpoints, where a power cut must not leave an
 empty file under the final name). :func:`atomic_dir` and :func:`replace_dir` do the same for folders
-(model directories, checkpoints): the folder is built under ``.<name>.tmp`` and swapped in whole.
+(model directories, checkpoints): the folder is built under ``.<name>.tmp`` and swapped in whole. A write that
+fails because the disk is full or read-only raises an ``OSError`` naming the path (:func:`disk_error`), whatever
+the writer raised.
 
 Temporary files are named ``.<name>.<pid>.<random>.tmp`` and created with ``O_EXCL`` and mode ``0o666`` minus
 the umask, so two writers of one path (threads of one process included) never share a temp file, and the
@@ -21,6 +23,7 @@ Run: ``pytest tests/core/test_atomic.py``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -39,6 +42,37 @@ def _reserve_temp(path: Path) -> Path:
             return tmp
         except FileExistsError:  # pragma: no cover - 32 random bits collided
             continue
+
+
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+"""A disk that cannot take the write: full, over quota, read-only."""
+
+
+def disk_error(exc: BaseException, folder: str | Path) -> OSError | None:
+    """The disk error behind a failed write into ``folder``, as an ``OSError`` naming a path, or None.
+
+    An ``OSError`` with a disk errno in ``exc``'s chain is returned (its path filled in when it had none); any
+    other exception — ``torch.save`` on a full disk raises ``RuntimeError("... file write failed")`` — is judged
+    by a real write of 64 KiB into ``folder`` (called before the failed write's temp files are removed).
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in DISK_ERRNOS:
+            return seen if seen.filename else OSError(seen.errno, seen.strerror, str(folder))
+        seen = seen.__cause__ or seen.__context__
+    probe = Path(folder) / f".disk-probe.{os.getpid()}.{secrets.token_hex(4)}"
+    try:
+        with open(probe, "wb") as fh:
+            fh.write(b"\0" * 65536)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as probe_exc:
+        if probe_exc.errno in DISK_ERRNOS:
+            return OSError(probe_exc.errno, os.strerror(probe_exc.errno), str(folder))
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return None
 
 
 def _fsync(path: Path) -> None:
@@ -64,8 +98,11 @@ def atomic_path(path: str | Path, *, fsync: bool = False) -> Iterator[Path]:
         if fsync:
             _fsync(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
+        disk = disk_error(exc, path.parent) if isinstance(exc, Exception) else None
         tmp.unlink(missing_ok=True)
+        if disk is not None and disk is not exc:
+            raise disk from exc  # one line naming the path, whatever the writer raised
         raise
 
 
@@ -137,7 +174,10 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     tmp.mkdir(parents=True)
     try:
         yield tmp
-    except BaseException:
+    except BaseException as exc:
+        disk = disk_error(exc, tmp) if isinstance(exc, Exception) else None
         shutil.rmtree(tmp, ignore_errors=True)
+        if disk is not None and disk is not exc:
+            raise disk from exc  # one line naming the path, whatever the writer raised
         raise
     replace_dir(tmp, path)

@@ -617,7 +617,8 @@ NON_EMPTY = ("data.train_sources", "eval.k_list")
 
 
 def check_ranges(cfg: Config, source: str = "") -> None:
-    """Raise :class:`ConfigError` naming the first dotted key whose value is out of its range."""
+    """Raise :class:`ConfigError` naming the first dotted key whose value is out of its range, alone or together
+    with another key (:func:`check_together`)."""
     flat = cfg.flat()
     for key in NON_EMPTY:
         if not flat[key]:
@@ -628,6 +629,22 @@ def check_ranges(cfg: Config, source: str = "") -> None:
         for i, value in items:
             if not ok(value):
                 raise _fail(source, name if i is None else f"{name}[{i}]", f"{text}, got {value!r}")
+    check_together(flat, source)
+
+
+def check_together(flat: dict[str, Any], source: str = "") -> None:
+    """Values that only make sense together: pass@k needs k <= n samples; TOPVAR picks ``grpo.update_n`` of the
+    ``rollout.n_code`` codes per problem."""
+    n = flat["eval.n_samples"]
+    for i, k in enumerate(flat["eval.k_list"]):
+        if k > n:
+            raise _fail(source, f"eval.k_list[{i}]", f"{k} is above eval.n_samples={n} (pass@k needs k <= n)")
+    if flat["grpo.update_n"] > flat["rollout.n_code"]:
+        raise _fail(
+            source,
+            "grpo.update_n",
+            f"{flat['grpo.update_n']} is above rollout.n_code={flat['rollout.n_code']}",
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -676,6 +693,29 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     return Config.from_dict(raw, source="override")
 
 
+def _duplicate_key(node: Any, path: str = "") -> str | None:
+    """The first key a YAML mapping sets twice (dotted, with both lines), walking the composed node tree; YAML's
+    "last wins" would otherwise drop the first silently."""
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key, line = f"{path}{key_node.value}", key_node.start_mark.line + 1
+            if key in seen:
+                return f"duplicate key {key!r} at line {line} (first at line {seen[key]})"
+            seen[key] = line
+            found = _duplicate_key(value_node, f"{key}.")
+            if found:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            found = _duplicate_key(item, f"{path.removesuffix('.')}[{i}].")
+            if found:
+                return found
+    return None
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping with errors that name the file."""
     import yaml
@@ -688,12 +728,15 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
+        duplicate = _duplicate_key(yaml.compose(text, Loader=yaml.SafeLoader))
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+    if duplicate:
+        raise ConfigError(f"{path}: {duplicate}: keep one")
     if data is None or data == {}:
         raise ConfigError(f"{path}: empty (no sections): a params file must set at least one key")
     if not isinstance(data, dict):

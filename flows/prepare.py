@@ -7,7 +7,8 @@ What it does, top to bottom:
      ``data.max_problems_per_source`` caps each source after a seeded shuffle (original order kept).
   2. Run every reference solution on its golden calls (and on the dataset's own asserts) in the
      sandbox, with ``data.reference_call_timeout_s`` per call. Outcomes are cached by content
-     (``<prepared_dir>/../cache/expected/<sha256>.json``: reference + expressions + limits), so a rerun
+     (``<prepared_dir>/../cache/expected/<sha256>.json``: reference + expressions + limits + the sandbox's
+     version, each entry checksummed: one that does not match is recomputed with a warning), so a rerun
      with the same inputs executes nothing. Infrastructure failures abort the stage (D4), uncached.
   3. Fill expected values from the reference, drop golden tests the reference cannot answer or whose
      dataset claim disagrees (``prepared.resolve``), reject problems left without tests, then gate every
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["load_prepared", "main", "prepare", "prepare_flow", "run", "save_prepared"]
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 BATCH_PROGRAMS = 64
 """Programs per ``run_many`` call; each finished batch is cached at once."""
 CHUNK_CALLS = 100
@@ -120,25 +121,51 @@ def _reference_executor(cfg: Config) -> Any:
         raise UserError(f"prepare: sandbox unavailable: {exc}") from None
 
 
-def _cache_key(cfg: Config, program: str, exprs: list[str]) -> str:
+def sandbox_version() -> str:
+    """sha256 (16 hex) of the sandbox package's sources: what executed the cached reference programs."""
+    import sandbox
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(sandbox.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _cache_key(cfg: Config, program: str, exprs: list[str], sandbox: str) -> str:
+    """What produced an entry: the reference program, its expressions, the limits and the sandbox version."""
     limits = [cfg.data.reference_call_timeout_s, cfg.sandbox.memory_mb]
-    blob = json.dumps([CACHE_VERSION, limits, program, exprs], ensure_ascii=False)
+    blob = json.dumps([CACHE_VERSION, sandbox, limits, program, exprs], ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _to_json(outcomes: list[CallOutcome]) -> bytes:
+def _rows_sha256(rows: list) -> str:
+    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+
+
+def _to_json(outcomes: list[CallOutcome], key: str) -> bytes:
     rows = [
         [o.status, base64.b64encode(encode(o.value)).decode() if o.ok else None, o.error] for o in outcomes
     ]
-    return json.dumps({"outcomes": rows}).encode()
+    return json.dumps({"key": key, "outcomes": rows, "sha256": _rows_sha256(rows)}).encode()
 
 
-def _from_json(path: Path) -> list[CallOutcome] | None:
+def _from_json(path: Path, key: str) -> tuple[list[CallOutcome] | None, str]:
+    """The entry's outcomes, or None and why not ("" when simply absent): its key and checksum must match."""
     try:
-        rows = json.loads(path.read_bytes())["outcomes"]
-        return [CallOutcome(s, decode(base64.b64decode(v)) if s == "ok" else None, e) for s, v, e in rows]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # absent or corrupt cache entry: recompute
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None, ""
+    except (OSError, ValueError) as exc:
+        return None, f"unreadable ({type(exc).__name__})"
+    try:
+        rows = data["outcomes"]
+        if data.get("key") != key:
+            return None, "its key does not match its name (copied or renamed)"
+        if data.get("sha256") != _rows_sha256(rows):
+            return None, "sha256 differs from its content (edited or corrupted)"
+        return [CallOutcome(s, decode(base64.b64decode(v)) if s == "ok" else None, e) for s, v, e in rows], ""
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return None, f"malformed ({type(exc).__name__})"
 
 
 def _run_references(
@@ -146,6 +173,7 @@ def _run_references(
 ) -> list[list[CallOutcome]]:
     """Outcomes of :func:`reference_exprs` per problem, from the cache or the sandbox."""
     chunks: list[tuple[int, str, list[str], Path]] = []
+    sandbox = sandbox_version()
     for i, p in enumerate(problems):
         exprs = reference_exprs(p)
         for start in range(0, len(exprs), CHUNK_CALLS):
@@ -155,17 +183,23 @@ def _run_references(
                     i,
                     p.reference_solution,
                     part,
-                    cache_dir / f"{_cache_key(cfg, p.reference_solution, part)}.json",
+                    cache_dir / f"{_cache_key(cfg, p.reference_solution, part, sandbox)}.json",
                 )
             )
     results: dict[int, list[CallOutcome]] = {}
     missing = []
+    bad: list[str] = []
     for k, (_, _, _, path) in enumerate(chunks):
-        cached = _from_json(path)
+        cached, why = _from_json(path, path.stem)
         if cached is None:
             missing.append(k)
+            bad += [f"{path}: {why}"] if why else []
         else:
             results[k] = cached
+    if bad:
+        log.warning(
+            "prepare: %d cache entries failed their check and are recomputed (first: %s)", len(bad), bad[0]
+        )
     report["cache_hits"], report["sandbox_programs"] = len(chunks) - len(missing), len(missing)
     if missing:
         executor = _reference_executor(cfg)
@@ -183,7 +217,7 @@ def _run_references(
                     limit_key="prepare's limit",
                 )
                 for k, out in zip(batch, ran, strict=True):
-                    write_bytes_atomic(chunks[k][3], _to_json(out))
+                    write_bytes_atomic(chunks[k][3], _to_json(out, chunks[k][3].stem))
                     results[k] = out
                 log.info(
                     "reference programs: %d/%d done", min(start + BATCH_PROGRAMS, len(missing)), len(missing)

@@ -147,7 +147,12 @@ def register(cfg: Config, eval_path: Path | None = None, out_path: Path = DECISI
 
 
 def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
-    """DVC/CLI entry point: one line per role with its metric, the numbers compared and the decision."""
+    """DVC/CLI entry point: one line per role with its metric, the numbers compared and the decision (the MLflow
+    store probed first: an unusable one is one line, not minutes of retries)."""
+    from codea1_core.config import load_config
+    from flows.process import probe_tracking
+
+    probe_tracking(load_config(params, list(overrides or [])))
     decision = register_flow(params=params, overrides=list(overrides or []))
     for role, m in decision["models"].items():
         print(f"register {role}: {m['metric']} -> {m['alias']} ({m['reason']})")

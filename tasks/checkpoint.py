@@ -226,19 +226,30 @@ def checkpoint(
     return str(save_checkpoint(checkpoint_dir, iteration, policies, book, state, keep))
 
 
-def resume_or_start(checkpoint_dir: str | Path, resume: str, fingerprint: str) -> dict[str, Any]:
+def resume_or_start(
+    checkpoint_dir: str | Path,
+    resume: str,
+    fingerprint: str,
+    total: int | None = None,
+    config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Where a training run starts: ``{"iteration", "history", "run_id", "book", "path"}``.
 
     ``resume: auto`` continues from ``LATEST`` when its config fingerprint matches (and reuses the MLflow
-    run id recorded in ``run.json`` even before the first checkpoint); a different training config, or
-    ``resume: never``, forgets the old checkpoints and starts at iteration 0.
+    run id recorded in ``run.json`` even before the first checkpoint); ``total`` steps below the checkpoint's
+    iteration is a :class:`CheckpointError` (nothing to train, and registering its weights again as iteration
+    ``total`` would be wrong). A different training config says which keys changed (``config``: this run's
+    flat config) and moves the old checkpoints to ``checkpoints.previous``; ``resume: never`` forgets them.
     """
     root = ckpt_root(checkpoint_dir)
     info_path = root / "run.json"
     info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
     fresh = {"iteration": 0, "history": [], "run_id": None, "book": None, "path": None}
-    if resume != "auto" or info.get("fingerprint") != fingerprint:
+    if resume != "auto":
         reset(checkpoint_dir)
+        return fresh
+    if info.get("fingerprint") not in (None, fingerprint):
+        keep_previous(checkpoint_dir, _changes(info.get("config"), config))
         return fresh
     fresh["run_id"] = info.get("run_id")
     latest = latest_checkpoint(checkpoint_dir)
@@ -246,8 +257,9 @@ def resume_or_start(checkpoint_dir: str | Path, resume: str, fingerprint: str) -
         return fresh
     state = load_state(latest)
     if state.get("fingerprint") != fingerprint:
-        reset(checkpoint_dir)
+        keep_previous(checkpoint_dir, "its state.json has another config fingerprint")
         return dict(fresh, run_id=None)
+    check_step_budget(latest, int(state["iteration"]), total)
     return {
         "iteration": int(state["iteration"]),
         "history": state.get("history", []),
@@ -255,6 +267,63 @@ def resume_or_start(checkpoint_dir: str | Path, resume: str, fingerprint: str) -
         "book": state.get("book"),
         "path": latest,
     }
+
+
+def check_step_budget(latest: Path, iteration: int, total: int | None) -> None:
+    """Refuse a run whose ``total`` steps are below the checkpoint it would resume (one line, what to do)."""
+    if total is not None and iteration > total:
+        raise CheckpointError(
+            f"orchestration.max_steps={total} is below the last checkpoint's iteration {iteration} ({latest}): "
+            f"raise it to {iteration} or more to finish this run, or set orchestration.resume=never to start over"
+        )
+
+
+def checkpoint_iteration(folder: Path) -> int:
+    """The iteration a checkpoint folder holds (its ``state.json``), without restoring anything."""
+    return int(json.loads((folder / "state.json").read_text(encoding="utf-8"))["iteration"])
+
+
+def _changes(old: dict[str, Any] | None, new: dict[str, Any] | None, limit: int = 5) -> str:
+    """``reward.alpha: 0.5 -> 0.25, ...``: the keys whose values differ (what changed the fingerprint)."""
+    if not old or not new:
+        return "the training config changed"
+    diff = [
+        f"{k}: {old.get(k)!r} -> {new.get(k)!r}"
+        for k in sorted(set(old) | set(new))
+        if old.get(k) != new.get(k)
+    ]
+    diff = [d.replace("'", "") for d in diff]
+    more = f", and {len(diff) - limit} more" if len(diff) > limit else ""
+    return f"the training config changed ({', '.join(diff[:limit])}{more})"
+
+
+def keep_previous(checkpoint_dir: str | Path, why: str) -> None:
+    """Start over without destroying work: say why, then move the checkpoints to ``checkpoints.previous``
+    (replacing an older one: one previous run is kept, not an unbounded pile); delete them only when the move
+    fails."""
+    root = ckpt_root(checkpoint_dir)
+    if not any(root.glob("it_*")):
+        reset(checkpoint_dir)
+        return
+    kept = root.parent / "checkpoints.previous"
+    try:
+        shutil.rmtree(kept, ignore_errors=True)
+        os.replace(root, kept)
+        where = f"its checkpoints are kept in {kept} (delete it to free the space)"
+    except OSError as exc:
+        reset(checkpoint_dir)
+        where = f"its checkpoints could not be kept ({exc.strerror}) and were deleted"
+    log.warning("checkpoint: %s since %s was written; starting at iteration 0, %s", why, root, where)
+
+
+def done_matches(done: Path, total: int, run_id: str | None) -> bool:
+    """Whether ``final/DONE.json`` records this run (``run_id``) finished at ``total`` (export and registration
+    done: a retried ``finish()`` skips them)."""
+    try:
+        info = json.loads(done.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return info.get("iteration") == total and info.get("run_id") == run_id
 
 
 def stored_fingerprint(checkpoint_dir: str | Path) -> str | None:
@@ -267,11 +336,13 @@ def stored_fingerprint(checkpoint_dir: str | Path) -> str | None:
         return None
 
 
-def save_run_info(checkpoint_dir: str | Path, fingerprint: str, run_id: str | None) -> None:
-    """Record the config fingerprint and MLflow run id before the first iteration (atomic)."""
-    write_json_atomic(
-        ckpt_root(checkpoint_dir) / "run.json", {"fingerprint": fingerprint, "run_id": run_id}, fsync=True
-    )
+def save_run_info(
+    checkpoint_dir: str | Path, fingerprint: str, run_id: str | None, config: dict[str, Any] | None = None
+) -> None:
+    """Record the config fingerprint, MLflow run id and the flat config (what a later changed config is compared
+    with) before the first iteration (atomic)."""
+    info = {"fingerprint": fingerprint, "run_id": run_id, "config": config}
+    write_json_atomic(ckpt_root(checkpoint_dir) / "run.json", info, fsync=True)
 
 
 HISTORY_FILE = "history.csv"

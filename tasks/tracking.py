@@ -305,7 +305,9 @@ class TrackingUnavailable(RuntimeError):
 
 
 def probe_store(cfg: Config, timeout_s: float = 5.0) -> None:
-    """Fail fast (within ~``timeout_s``) when the MLflow store is unreachable, locked or read-only.
+    """Fail fast (within ~``timeout_s``) when the MLflow store is unreachable, locked or read-only, or its local
+    artifact folder is not writable (real writes: ``os.access`` and ``BEGIN IMMEDIATE`` pass on a read-only
+    filesystem).
 
     Why: MLflow's own client retries an unreachable server for minutes and a locked sqlite file for ~100 s,
     printing a traceback per retry; this check runs before any work so the user gets one line instead.
@@ -329,18 +331,35 @@ def probe_store(cfg: Config, timeout_s: float = 5.0) -> None:
     elif uri.startswith("sqlite:///"):
         path = Path(uri.removeprefix("sqlite:///"))
         if not path.exists():
-            if not os.access(path.parent, os.W_OK):
-                raise TrackingUnavailable(f"MLflow store {path}: folder {path.parent} is not writable")
-            return
-        try:
-            con = sqlite3.connect(str(path), timeout=timeout_s)
+            _probe_folder(path.parent, f"MLflow store {path}: folder")  # sqlite creates the file there
+        else:
             try:
-                con.execute("BEGIN IMMEDIATE")  # needs the write lock, as every MLflow write does
-                con.execute("ROLLBACK")
-            finally:
-                con.close()
-        except sqlite3.Error as exc:
-            raise TrackingUnavailable(f"MLflow store {path}: {exc}") from None
+                con = sqlite3.connect(str(path), timeout=timeout_s)
+                try:
+                    con.execute("BEGIN IMMEDIATE")  # needs the write lock, as every MLflow write does
+                    con.execute("CREATE TABLE codea1_write_probe (x)")  # a real write: read-only fails here
+                    con.execute("ROLLBACK")
+                finally:
+                    con.close()
+            except sqlite3.Error as exc:
+                raise TrackingUnavailable(f"MLflow store {path}: {exc}") from None
+    artifacts = Path(cfg.tracking.artifact_location)
+    if "://" not in cfg.tracking.artifact_location:
+        _probe_folder(artifacts, f"MLflow artifacts {artifacts}: folder")
+
+
+def _probe_folder(folder: Path, what: str) -> None:
+    """Create ``folder`` if needed and write and delete a file in it (``os.access`` says yes to root even on a
+    read-only filesystem)."""
+    from codea1_core.atomic import write_bytes_atomic
+
+    probe = folder / f".codea1-write-probe.{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(probe, b"probe")
+        probe.unlink()
+    except OSError as exc:
+        raise TrackingUnavailable(f"{what} {folder} is not writable ({exc.strerror or exc})") from None
 
 
 def make_tracker(cfg: Config, run_id: str | None = None, run_name: str | None = None) -> Tracker:

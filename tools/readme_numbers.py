@@ -20,7 +20,7 @@ regenerates.
 What it does not: run anything. Regenerate the outputs with ``make run`` and ``make lab-compare`` (its
 results copied into ``docs/lab_compare/``: see ``docs/results.md``), then ``make readme-numbers``.
 
-How to run: ``python -m flows.readme_numbers [--check]``.
+How to run: ``python -m tools.readme_numbers [--check]``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The lab comparison's numbers: per-mode aggregates over seeds, the table, the plots and the HTML report.
 
-What it does: the pure half of ``make lab-compare`` (``flows/lab_compare.py``, docs/method.md §14, §15, D10):
+What it does: the pure half of ``make lab-compare`` (``tools/lab_compare.py``, docs/method.md §14, §15, D10):
 the comparison arms (:data:`MODES`, as ``key=value`` config overrides), one :class:`RunResult` per
 experiment, :func:`aggregate` (mean, sample std and 95 % CI over seeds per mode and column), :func:`paired`
 (each arm minus ``golden_sparse`` seed by seed), :func:`table_markdown` (aggregate, paired and per-seed

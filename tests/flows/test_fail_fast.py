@@ -125,6 +125,11 @@ def test_sigterm_stops_a_run_after_the_current_task(prefect_harness, tiny_model,
     assert 1 <= state["iteration"] < 50  # resumable from the last checkpoint
     client = MlflowClient(tracking_uri=cfg.tracking.tracking_uri)
     assert client.get_run(state["run_id"]).info.status == "KILLED"
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as prefect:  # a stopped run is CANCELLED in Prefect too, not COMPLETED
+        runs = [r for r in prefect.read_flow_runs() if (r.parameters or {}).get("params") == str(params)]
+    assert [r.state_type.value for r in runs] == ["CANCELLED"], [(r.name, r.state_type) for r in runs]
 
 
 @pytest.mark.parametrize("code", ["ENOSPC", "EROFS"])

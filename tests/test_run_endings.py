@@ -1,0 +1,35 @@
+"""Every run that starts also ends, as what happened.
+
+Before: a failure in train's setup (the Test LLM's model does not load, after the MLflow run was reopened) left the
+MLflow run RUNNING for good, and a SIGTERM-stopped train was recorded by Prefect as COMPLETED (its flow
+returned normally). Now the MLflow run ends FAILED, and the stopped flow run ends CANCELLED (the SIGTERM case
+is asserted in tests/test_fail_fast.py, where the stopped run already is).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support import tiny_config
+
+
+def test_a_failure_in_setup_ends_the_mlflow_run_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from flows.train import train
+    from tasks import checkpoint as ckpt
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = tiny_config(tmp_path, tiny_model_dir, **{"model.test_path": str(tmp_path / "no-such-model")})
+    uri = cfg.tracking.tracking_uri
+    with pytest.raises(OSError, match="model.test_path"):  # after the MLflow run was reopened
+        train(cfg)
+    run_id = ckpt.resume_or_start(tmp_path / "train", "auto", ckpt.stored_fingerprint(tmp_path / "train"))[
+        "run_id"
+    ]
+    assert run_id is not None
+    assert MlflowClient(tracking_uri=uri).get_run(run_id).info.status == "FAILED"
+    assert not (tmp_path / "train" / ckpt.LOCK_NAME).exists()
