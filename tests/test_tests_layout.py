@@ -1,4 +1,4 @@
-"""The test suite's own layout (issue 29): tests/ mirrors the source tree and no test module imports another.
+"""The test suite's own layout: tests/ mirrors the source tree and no test module imports another.
 
 * Every ``test_*.py`` lives in the folder of what it tests: ``tests/core/`` (and ``core/data``, ``core/method``, ...)
   for ``codea1_core/``, ``tests/sandbox/``, ``tests/tasks/``, ``tests/flows/``, ``tests/tools/``, ``tests/bench/``;
@@ -14,8 +14,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-TOP_LEVEL = {"test_imports.py", "test_layout.py", "test_tests_layout.py"}
-"""Tests of the repository as a whole (import graph, layout, this file)."""
+TOP_LEVEL = {"test_imports.py", "test_layout.py", "test_tests_layout.py", "test_citations.py"}
+"""Tests of the repository as a whole (import graph, layout, citations, this file)."""
 MIRRORS = {
     "core": "codea1_core",
     "sandbox": "sandbox",
