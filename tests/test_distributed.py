@@ -73,3 +73,26 @@ def test_two_rank_update_equals_single_process(two_rank_steps, finetune, strateg
     assert all(rel[k] <= 1e-3 for k in noise), {k: rel[k] for k in noise}
     for key in ("loss", "pg_loss", "kl", "grad_norm", "tokens", "entropy"):
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-7), key
+
+
+def test_memory_plan_per_rank_for_the_7b_recipe_on_8_gpus():
+    """``codea1 plan --gpus 8``: FSDP2 shards the trained weights, gradients and AdamW state; DDP does not."""
+    import json
+
+    from codea1_core.config import load_config
+    from codea1_core.models.memory_plan import ModelShape, estimate, verdict
+
+    cfg = load_config(ROOT / "configs" / "qwen2.5-coder-7b.yaml", [])
+    shape = ModelShape.from_hf_config(
+        json.loads((ROOT / "configs" / "qwen2.5-coder-7b.config.json").read_text())
+    )
+    one = estimate(cfg, shape, 141.0)
+    ddp = estimate(cfg, shape, 141.0, ranks=8, strategy="ddp")
+    fsdp = estimate(cfg, shape, 141.0, ranks=8, strategy="fsdp2")
+    assert ddp.total == one.total
+    for part in ("weights", "gradients", "optimizer"):
+        assert fsdp.parts[part] == pytest.approx(one.parts[part] / 8)
+    assert fsdp.parts["reference"] == one.parts["reference"]  # the frozen reference stays whole on every rank
+    assert verdict(cfg, shape, 141.0, ranks=8, strategy="fsdp2")[0]
+    ok, line = verdict(cfg, shape, 141.0, ranks=8, strategy="ddp")
+    assert not ok and line.endswith("set distributed.strategy=fsdp2")
