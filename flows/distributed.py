@@ -56,6 +56,7 @@ def launch(cfg: Config, argv: list[str]) -> int | None:
     n = cfg.distributed.nproc_per_node
     if n <= 1 or under_torchrun():
         return None
+    check_supported(cfg)
     if cfg.data.train_batch_size % n:
         from flows.common import UserError
 
@@ -66,14 +67,40 @@ def launch(cfg: Config, argv: list[str]) -> int | None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
            "-m", "flows.train", *argv]  # fmt: skip
     log.info("train: %d ranks: %s", n, " ".join(cmd[1:]))
-    return subprocess.call(cmd)
+    code = subprocess.call(cmd)
+    if code not in (0, 2, 143):  # 2: a user error, already one line; 143: SIGTERM, already reported
+        print(stopped_line(cfg, code), file=sys.stderr)
+    return code
+
+
+def stopped_line(cfg: Config, code: int) -> str:
+    """The one line after torchrun stopped all ranks because one died or hung (exit ``code``)."""
+    from tasks.checkpoint import latest_checkpoint
+
+    last = latest_checkpoint(cfg.orchestration.checkpoint_dir)
+    where = f"the last checkpoint is {last}" if last is not None else "no checkpoint was written yet"
+    return (
+        f"train: stopped (torchrun exit {code}): a rank failed, died or hung (collective timeout "
+        f"distributed.timeout_s={cfg.distributed.timeout_s:g}); {where}; run the same command again to resume, "
+        "at any distributed.nproc_per_node"
+    )
+
+
+STARTUP_TIMEOUT_S = 1800.0
+"""How long ranks wait for each other at start-up (rank 0 starts Prefect and MLflow first: minutes on a busy
+machine); ``distributed.timeout_s`` bounds every collective after that."""
+_startup: list[Any] = []
 
 
 def join(cfg: Config) -> None:
     """Join torchrun's process group (timeout ``distributed.timeout_s``); B must split evenly over the ranks."""
     if not under_torchrun():
         return
+    import datetime
+
     dp.init_from_env(cfg.distributed.backend, cfg.distributed.timeout_s)
+    timeout = datetime.timedelta(seconds=max(STARTUP_TIMEOUT_S, cfg.distributed.timeout_s))
+    _startup[:] = [dist.new_group(backend="gloo", timeout=timeout)]
     world = dp.world_size()
     if cfg.data.train_batch_size % world:
         from flows.common import UserError
@@ -83,12 +110,27 @@ def join(cfg: Config) -> None:
         )
 
 
+def check_supported(cfg: Config) -> None:
+    """One line (UserError) for what the multi-rank training flow cannot run yet."""
+    if cfg.distributed.strategy == "fsdp2":
+        from flows.common import UserError
+
+        raise UserError(
+            "distributed.strategy=fsdp2: rollouts and checkpoints of FSDP2-sharded policies are not implemented "
+            "in the training flow yet (the update is); use distributed.strategy=ddp (docs/distributed.md)"
+        )
+
+
 def wrap_policies(policies: dict[str, Any], cfg: Config) -> None:
     """DDP / FSDP2 around each policy (before any checkpoint is restored into it); no-op on one rank."""
+    if _startup:  # every rank is here: rank 0's Prefect/MLflow start-up is not a collective timeout
+        dist.barrier(group=_startup[0])
     if dp.world_size() == 1:
+        if cfg.distributed.nproc_per_node > 1:
+            log.warning("train: distributed.nproc_per_node=%d but one rank: start it with `codea1 train` or "
+                        "torchrun (docs/distributed.md)", cfg.distributed.nproc_per_node)  # fmt: skip
         return
-    if cfg.rollout.backend == "vllm" and cfg.distributed.strategy == "fsdp2":
-        raise ValueError("distributed.strategy=fsdp2 with rollout.backend=vllm: not supported yet (use ddp)")
+    check_supported(cfg)
     for pol in policies.values():
         dp.wrap_policy(pol, cfg.distributed.strategy)
 

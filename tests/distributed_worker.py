@@ -10,7 +10,9 @@ and run one GRPO step; rank 0 writes the full trainable parameters and the step'
 from __future__ import annotations
 
 import os
+import random
 import sys
+from dataclasses import dataclass
 
 import torch
 
@@ -20,6 +22,48 @@ from codea1_core.models.policy import Policy, TrainBatch
 
 CASES = [("full", "ddp"), ("lora", "ddp"), ("full", "fsdp2"), ("lora", "fsdp2")]
 PROBLEMS, PER_PROBLEM = 4, 3
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """The part of an OutcomeMatrix the Mistake Book update reads (§8); picklable for the gather."""
+
+    problem_id: str
+    failed: tuple
+    passed: tuple
+    replay_passed: tuple = ()
+    problem_infra: bool = False
+
+    def failed_tests(self) -> list:
+        return list(self.failed)
+
+    def passed_replay(self) -> list:
+        return list(self.passed)
+
+
+def book_run(world: int, rank: int) -> dict:
+    """4 steps of B=4 problems (ids recurring across steps, so on other ranks): outcomes drawn from a seeded
+    stream (the same on every rank), replay retrieved from THIS rank's book, this rank's shard gathered through
+    ``flows.distributed.gather_outcomes`` and merged by the training task. Returns the final book."""
+    from codea1_core.method.mistake_book import MistakeBook
+    from codea1_core.types import TestCase
+    from flows.distributed import gather_outcomes
+    from tasks.mistake_book import merge_mistake_book
+
+    book = MistakeBook.from_config(Config().replace(**{"mistake_book.max_per_problem": 3}).mistake_book)
+    rng = random.Random(0)
+    for it in range(1, 5):
+        matrices = []
+        for b in range(PROBLEMS):
+            pid = f"p{(3 * it + b) % 6}"
+            replay = book.retrieve(pid, 8)
+            failed = tuple(
+                TestCase(f"f({rng.randint(0, 5)})", rng.randint(0, 3)) for _ in range(rng.randint(0, 4))
+            )
+            matrices.append(Matrix(pid, failed, tuple(t for t in replay if rng.random() < 0.5)))
+        mine = dp.shard(matrices, rank, world) if world > 1 else matrices
+        merge_mistake_book.fn(book, gather_outcomes(mine), it, None)
+    return book.to_dict()
 
 
 def make_cfg(finetune: str) -> Config:
@@ -85,8 +129,13 @@ if __name__ == "__main__":
     dp.init_from_env("gloo", timeout_s=120)
     cases = CASES if len(sys.argv) < 4 else [tuple(c.split(":")) for c in sys.argv[3:]]
     world, rank = dp.world_size(), dp.rank()
+    book = book_run(world, rank)
+    if rank == 0:
+        torch.save(book, os.path.join(sys.argv[2], f"book-w{world}.pt"))
     run(sys.argv[1], sys.argv[2], cases, world, rank)
     if world > 1:
         torch.distributed.destroy_process_group()
     # The same steps in one process (no process group used): the test's reference, split over the ranks.
     run(sys.argv[1], sys.argv[2], cases[rank::world], 1, 0)
+    if rank == 0:
+        torch.save(book_run(1, 0), os.path.join(sys.argv[2], "book-w1.pt"))

@@ -75,6 +75,14 @@ def test_two_rank_update_equals_single_process(two_rank_steps, finetune, strateg
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-7), key
 
 
+def test_two_rank_mistake_book_equals_single_process(two_rank_steps):
+    """One book, the same entries as one process: each rank's outcomes are gathered before the update (a rank
+    merging only its own shard would miss the other shard's problems, which recur on it in later steps)."""
+    two, one = torch.load(two_rank_steps / "book-w2.pt"), torch.load(two_rank_steps / "book-w1.pt")
+    assert sum(len(v) for v in one["problems"].values()) >= 6  # a real book: entries on several problems
+    assert two == one
+
+
 def test_memory_plan_per_rank_for_the_7b_recipe_on_8_gpus():
     """``codea1 plan --gpus 8``: FSDP2 shards the trained weights, gradients and AdamW state; DDP does not."""
     import json
