@@ -17,7 +17,10 @@ Imports only torch, transformers, peft, ``codea1_core`` and ``sandbox`` (the GPU
 mlflow, dvc, GX or PyYAML); Python 3.12 with the image's torch/transformers.
 
 Run: ``python bench/gpu_step_bench.py`` (GPU, full size) or ``python bench/gpu_step_bench.py --shrink
---device cpu`` (seconds on CPU). ``--json FILE`` also writes the measurements.
+--device cpu`` (seconds on CPU). ``--json FILE`` also writes the measurements. ``--nproc N`` re-executes it
+under ``torchrun --nproc-per-node N`` (one rank per GPU; gloo on CPU): each rank rolls out and scores its
+shard of the B problems, the LoRA updates are reduced with DDP and the full fine-tuning step is sharded with
+FSDP2 (``codea1_core.models.distributed``); rank 0 prints its own phases (per-rank seconds and peaks).
 """
 
 from __future__ import annotations
@@ -239,10 +242,14 @@ def run(args: argparse.Namespace) -> dict:
 
     from codea1_core.data.lab import lab_problems
     from codea1_core.method.mistake_book import MistakeBook
+    from codea1_core.models import distributed as dp
     from codea1_core.models.policy import Policy
     from sandbox import make_executor
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dp.init_from_env("auto", timeout_s=1800) and device == "cuda":
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    world = dp.world_size()
     torch.manual_seed(0)
     cfg = bench_config(args, "lora", device)
     meter, rows = Meter(torch.device(device)), []
@@ -261,7 +268,7 @@ def run(args: argparse.Namespace) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir, raw = build_model(Path(tmp), args.shrink, cfg.lab)
-        problems = lab_problems(cfg.lab, "train")[: args.problems]
+        problems = dp.shard(lab_problems(cfg.lab, "train")[: args.problems], dp.rank(), world)
         state = {
             "cfg": cfg,
             "problems": problems,
@@ -271,6 +278,9 @@ def run(args: argparse.Namespace) -> dict:
         with phase("load_lora"):
             state["code"] = Policy(str(model_dir), cfg, role="code", total_steps=args.steps + 1)
             state["test"] = Policy(str(model_dir), cfg, role="test", total_steps=args.steps + 1)
+            if world > 1:
+                dp.wrap_policy(state["code"], "ddp")
+                dp.wrap_policy(state["test"], "ddp")
         with make_executor(cfg.sandbox) as state["executor"]:
             code_batch = None
             for it in range(1, args.steps + 1):
@@ -289,11 +299,17 @@ def run(args: argparse.Namespace) -> dict:
         full_cfg = bench_config(args, "full", device)
         with phase("load_full"):
             full = Policy(str(model_dir), full_cfg, role="code", total_steps=2)
+            if world > 1:
+                dp.wrap_policy(full, "fsdp2")
         step_no[0] = args.steps
         train_step({"phase": phase}, "update_code_full", full, code_batch)
         rows[-1]["plan_gib"] = predicted_gib(full_cfg, raw, rows[-1]["micro_tokens"], True, meter.cuda)
         del full
     dev = torch.cuda.get_device_name() if meter.cuda else f"CPU ({os.cpu_count()} cores)"
+    if world > 1:
+        dev += f", rank {dp.rank()} of {world} (LoRA: DDP, full FT: FSDP2; B/{world} problems per rank)"
+        if dp.rank() != 0:
+            return {"device": dev, "phases": rows}
     shape = f"{raw['num_hidden_layers']} layers x {raw['hidden_size']}, vocab {raw['vocab_size']}"
     header = (f"gpu_step_bench: {dev} | {'SHRUNK ' if args.shrink else ''}Qwen2.5-Coder-1.5B architecture "
               f"({shape}) | B={args.problems} M={args.n_code} N={args.n_tests} new_tokens={args.new_tokens} | "
@@ -330,6 +346,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--micro-batch-tokens", type=int, default=32768, help="grpo.micro_batch_tokens")
     p.add_argument("--workers", type=int, default=4, help="sandbox workers")
     p.add_argument("--json", default=None, help="also write the measurements to this file")
+    p.add_argument("--nproc", type=int, default=1, help="ranks (torchrun, one per GPU); B must divide by it")
     args = p.parse_args(argv)
     for name in (
         "steps",
@@ -340,6 +357,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "rollout_batch",
         "micro_batch_tokens",
         "workers",
+        "nproc",
     ):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(args, name)}")
@@ -349,8 +367,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.nproc > 1 and "LOCAL_RANK" not in os.environ:  # re-execute under torchrun, one rank per GPU
+        import subprocess
+
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+               __file__, *(argv if argv is not None else sys.argv[1:])]  # fmt: skip
+        return subprocess.call(cmd)
     result = run(args)
-    if args.json:
+    if args.json and "header" in result:
         write_text_atomic(args.json, json.dumps(result, indent=1) + "\n")
     return 0
 

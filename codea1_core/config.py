@@ -358,6 +358,26 @@ class OrchestrationConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    """Data-parallel training over several GPUs or machines on ``torch.distributed`` (docs/distributed.md).
+
+    Resume-neutral: a run checkpointed at one world size resumes at another (2 -> 1, 1 -> 2)."""
+
+    nproc_per_node: int = 1
+    """Ranks on this machine; > 1: ``codea1 train`` re-executes itself under ``torchrun`` (one rank per GPU).
+    ``data.train_batch_size`` must be divisible by the world size (every rank takes an equal shard)."""
+    strategy: Literal["ddp", "fsdp2"] = "ddp"
+    """How gradients are reduced: ``ddp`` (DistributedDataParallel: LoRA, models that fit one device) or
+    ``fsdp2`` (``torch.distributed.fsdp.fully_shard``: parameters/gradients/AdamW state sharded; full fine-tuning
+    of models that do not fit, ``codea1 plan --gpus N``)."""
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """Process-group backend; ``auto``: ``nccl`` with CUDA, else ``gloo`` (CPU)."""
+    timeout_s: float = 600.0
+    """Collective timeout: a rank that died or hangs stops the others within this bound (one line, exit 1).
+    It must exceed the longest stretch one rank spends alone (rank 0's checkpoint and validation)."""
+
+
+@dataclass(frozen=True)
 class LabConfig:
     """The built-in CPU lab: synthetic problem families and the tiny model."""
 
@@ -437,6 +457,7 @@ class Config:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     orchestration: OrchestrationConfig = field(default_factory=OrchestrationConfig)
     lab: LabConfig = field(default_factory=LabConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None, *, source: str = "") -> Config:
@@ -609,6 +630,7 @@ RANGES: dict[str, tuple[str, Callable[[float], bool]]] = {
     "lab.buggy_fraction": _UNIT, "lab.warmstart_code_examples_per_problem": _COUNT0,
     "lab.warmstart_test_examples_per_problem": _COUNT0, "lab.warmstart_batch_size": _COUNT,
     "lab.warmstart_code_problems_per_family": _COUNT0,
+    "distributed.nproc_per_node": _COUNT, "distributed.timeout_s": _POS,
 }  # fmt: skip
 """Allowed range per dotted key (``key[]``: every list item). 0 means "off"/"all" where a key's docs say so;
 ``eval.temperature`` 0 is greedy decoding; ``orchestration.task_timeout_s`` 0 is no timeout."""

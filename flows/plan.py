@@ -28,6 +28,8 @@ CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
 SHIPPED_SHAPES = {
     "Qwen/Qwen2.5-Coder-1.5B-Instruct": "qwen2.5-coder-1.5b.config.json",
     "Qwen/Qwen2.5-Coder-1.5B": "qwen2.5-coder-1.5b.config.json",
+    "Qwen/Qwen2.5-Coder-7B-Instruct": "qwen2.5-coder-7b.config.json",
+    "Qwen/Qwen2.5-Coder-7B": "qwen2.5-coder-7b.config.json",
 }
 """Hub ids whose ``config.json`` is kept in ``configs/`` (no download needed to plan them)."""
 
@@ -63,14 +65,25 @@ def _shape_from_file(path: Path) -> ModelShape:
         raise UserError(str(exc)) from None
 
 
-def plan_report(cfg: Config, gpu_sizes: tuple[float, ...]) -> tuple[list[str], bool]:
-    """The printed report (parts of the first size's plan, then one verdict per size) and whether all fit."""
+def plan_report(cfg: Config, gpu_sizes: tuple[float, ...], gpus: int = 1) -> tuple[list[str], bool]:
+    """The printed report (parts of the first size's plan, then one verdict per size) and whether all fit.
+
+    ``gpus`` > 1: the plan is per rank of a data-parallel run with ``distributed.strategy``, followed by the
+    verdicts of both strategies (which one fits, per rank)."""
     shape = model_shape(cfg.model.code_path)
-    plan = estimate(cfg, shape, gpu_sizes[0])
-    lines = [f"memory plan for {cfg.model.code_path} (mode {cfg.mode}, peak of a training step, one GPU):"]
+    strategy = cfg.distributed.strategy
+    plan = estimate(cfg, shape, gpu_sizes[0], ranks=gpus, strategy=strategy)
+    where = "one GPU" if gpus == 1 else f"per rank of {gpus} GPUs, distributed.strategy={strategy}"
+    lines = [f"memory plan for {cfg.model.code_path} (mode {cfg.mode}, peak of a training step, {where}):"]
     lines += plan.table()
-    verdicts = [verdict(cfg, shape, size) for size in gpu_sizes]
+    verdicts = [verdict(cfg, shape, size, ranks=gpus, strategy=strategy) for size in gpu_sizes]
     lines += [line for _, line in verdicts]
+    if gpus > 1:
+        for other in ("ddp", "fsdp2"):
+            if other != strategy:
+                lines += [f"with distributed.strategy={other}: {line}"
+                          for _, line in (verdict(cfg, shape, size, ranks=gpus, strategy=other)
+                                          for size in gpu_sizes)]  # fmt: skip
     return lines, all(ok for ok, _ in verdicts)
 
 
@@ -110,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--gpu-gb", type=float, action="append", default=None,
                         help="GPU memory in GB (repeatable; default: 80 and 141)")  # fmt: skip
+    parser.add_argument("--gpus", type=int, default=1,
+                        help="GPUs of a data-parallel run: the plan per rank (DDP and FSDP2 verdicts)")  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
     args = parser.parse_args(argv)
     fits = [True]
@@ -119,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         sizes = tuple(args.gpu_gb) if args.gpu_gb else GPU_SIZES_GB
         if any(s <= 0 for s in sizes):
             raise UserError(f"--gpu-gb: expected a positive size in GB, got {min(sizes)}")
-        lines, fits[0] = plan_report(cfg, sizes)
+        if args.gpus < 1:
+            raise UserError(f"--gpus: expected >= 1, got {args.gpus}")
+        lines, fits[0] = plan_report(cfg, sizes, args.gpus)
         print("\n".join(lines))
 
     rc = run_user_errors(go)

@@ -19,6 +19,7 @@ Run: ``python -m flows.train [--params params.yaml] [key=value ...]`` or ``codea
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -31,8 +32,9 @@ from codea1_core.config import Config, load_config
 from codea1_core.atomic import write_bytes_atomic, write_json_atomic
 from codea1_core.method import batches
 from codea1_core.models.loading import build_policy
+from flows import distributed as dist_train
 from flows import process
-from flows.common import flow_config, flow_run_name, run_label, stage_main
+from flows.common import UserError, flow_config, flow_run_name, run_label, stage_main
 from flows.process import as_function, as_task, load_problems, log, training_steps  # noqa: F401 (bench)
 from tasks import checkpoint as ckpt
 from tasks.execute import execute, execute_golden
@@ -87,16 +89,18 @@ def train(cfg: Config) -> dict[str, Any]:
     """The training loop of §3 (runs inside :func:`train_flow`); ``{"stopped": True, ...}`` after SIGTERM."""
     from sandbox import make_executor
 
-    with ckpt.WorkspaceLock(cfg.orchestration.checkpoint_dir), process.stop_on_sigterm() as stop:
-        run = setup(cfg, make_tracker)
+    main = dist_train.is_main()  # several ranks: rank 0 owns lock, tracking, checkpoints (flows/distributed.py)
+    lock = ckpt.WorkspaceLock(cfg.orchestration.checkpoint_dir) if main else contextlib.nullcontext()
+    with lock, process.stop_on_sigterm() as stop:
+        run = setup(cfg, make_tracker if main else dist_train.null_tracker)
         run.stop = stop
         with process.ending(run), make_executor(cfg.sandbox) as run.executor:  # the tracker's run ends here
-            if run.start == 0 and cfg.eval.every > 0 and run.val_set:  # validate first (§3 step 16)
+            if run.start == 0 and cfg.eval.every > 0 and run.val_set and main:  # validate first (§3 step 16)
                 val = validate(run.code_pol, run.val_set, cfg, run.executor, 0)
                 log_iteration(run.tracker, 0, {"iteration": 0, **val})
             for it in range(run.start + 1, run.total + 1):
-                iteration(run, it)
-            run.summary = finish(run)
+                iteration(run, it, as_task if main else as_function)
+            run.summary = finish(run) if main else {}
     return run.summary
 
 
@@ -119,13 +123,15 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     state = ckpt.resume_or_start(out_dir, cfg.orchestration.resume, fingerprint, total, cfg.flat())
     tracker = tracker_factory(cfg, run_id=state["run_id"], run_name=f"train-{run_label(cfg)}")
     with process.failing(tracker):  # from here a failure ends the MLflow run FAILED (not RUNNING for good)
-        ckpt.save_run_info(out_dir, fingerprint, tracker.run_id, cfg.flat())
+        if dist_train.is_main():
+            ckpt.save_run_info(out_dir, fingerprint, tracker.run_id, cfg.flat())
         for row in state["history"]:  # backfill iterations checkpointed before a kill but not yet logged
             log_iteration.fn(tracker, int(row["iteration"]), row)
         process.seed_everything(cfg.seed)  # adapter initialisation is part of the run's identity
         policies = {"code": build_policy(cfg.model.code_path, cfg, "code", total)}
         if cfg.mode == "codea1":  # selfplay: one model plays both roles; golden: no Test LLM
             policies["test"] = build_policy(cfg.model.test_path, cfg, "test", total)
+        dist_train.wrap_policies(policies, cfg)  # several ranks: DDP / FSDP2, before the checkpoint is restored
         book = starting_book(cfg, state["book"])
         if state["path"] is not None:
             for role, pol in policies.items():
@@ -151,6 +157,8 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
     idx = batches.batch_indices(
         len(run.train_set), cfg.data.train_batch_size, cfg.data.seed, it - 1
     )  # step 1
+    idx = dist_train.shard_problems(idx)  # several ranks: this rank's shard (all of them on one)
+    main = dist_train.is_main()
     problems = [run.train_set[i] for i in idx]
     code_out = timed("rollout_code", rollout_code, run.code_pol, problems, cfg, it)  # step 2
     codes = extract_codes(code_out)  # step 3
@@ -159,8 +167,10 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
     if golden:  # §7.4: golden tests only, no Test LLM
         plans = [plan_golden(p, c) for p, c in zip(problems, codes, strict=True)]
         outcomes, sb = timed("execute", execute_golden, ex, plans, cfg, it)
+        outcomes = dist_train.gather_outcomes(outcomes)  # all B problems on every rank
         scores, sm = timed("score", score, outcomes, cfg, it, golden=True)
-        merge_mistake_book.fn(None, outcomes, it, run.out_dir / "mistake_book.json")  # a DVC out in all modes
+        if main:  # a DVC out in all modes
+            merge_mistake_book.fn(None, outcomes, it, run.out_dir / "mistake_book.json")
     else:
         args = (run.test_pol, problems, codes, cfg, it, selfplay)
         test_out = timed("rollout_tests", rollout_tests, *args)  # steps 4-5 (black-box prompts for selfplay)
@@ -168,10 +178,13 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
         replay = retrieve_replay(run.book, problems, cfg)  # step 7, before this step's book update
         plans = [plan_problem(*a) for a in zip(problems, codes, suites, replay, strict=True)]
         outcomes, sb = timed("execute", execute, ex, plans, cfg, it)  # step 8
+        outcomes = dist_train.gather_outcomes(outcomes)  # all B problems, every rank: one book, global scores
         scores, sm = timed("score", score, outcomes, cfg, it)  # step 9
-        book_path = run.out_dir / "mistake_book.json"
+        book_path = run.out_dir / "mistake_book.json" if main else None
         book_m = timed("merge_mistake_book", merge_mistake_book, run.book, outcomes, it, book_path)
         metrics |= gate_m | book_m  # step 10
+    scores = dist_train.local_part(scores)  # this rank's problems: its GRPO groups
+    if not golden:
         groups, _ = batches.test_groups(test_out, scores, cfg.grpo.update_n)  # step 11: TOPVAR
         test_batch = batches.build_group_batch(groups, cfg.grpo)
     code_batch = batches.build_group_batch(batches.code_groups(code_out, scores), cfg.grpo)  # steps 12-14
@@ -181,12 +194,15 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
         metrics |= timed("update_code", update_code, run.code_pol, code_batch, it)
         if test_batch is not None:
             metrics |= timed("update_test", update_test, run.test_pol, test_batch, it)
-    if cfg.eval.every > 0 and it % cfg.eval.every == 0 and run.val_set:  # step 16
-        metrics |= timed("validate", validate, run.code_pol, run.val_set, cfg, ex, it)
-    parquet = write_outcomes(run.out_dir / "outcomes" / f"it_{it:06d}.parquet", outcomes)
+    val: dict[str, float] = {}
+    if cfg.eval.every > 0 and it % cfg.eval.every == 0 and run.val_set and main:  # step 16
+        val = timed("validate", validate, run.code_pol, run.val_set, cfg, ex, it)
     times["time/iteration_s"] = time.perf_counter() - t_iter
-    row = {"iteration": it, **metrics, **sm, **sb, **times}
+    row = {"iteration": it, **dist_train.reduce_row({**metrics, **val, **sm, **sb, **times}, main_only=val)}
     run.history.append(row)  # recorded once, in the checkpoint's state (history.csv is derived at the end)
+    if not main:  # rank 0 alone writes, checkpoints and logs (flows/distributed.py)
+        return row
+    parquet = write_outcomes(run.out_dir / "outcomes" / f"it_{it:06d}.parquet", outcomes)
     state = {"fingerprint": run.fingerprint, "run_id": run.tracker.run_id, "history": run.history}
     book = run.book.to_dict() if run.book is not None else None
     call(ckpt.checkpoint, str(run.out_dir), it, run.policies, book, state, cfg.orchestration.keep_checkpoints)
@@ -242,9 +258,19 @@ def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict
     """DVC/CLI entry point (``flows.common.stage_main``): :func:`train_flow` under the lock, after the checks
     (``flows.process.run_guarded``), with the same ``params`` and ``overrides``."""
     overrides = list(overrides or [])
-    return process.run_guarded(
-        load_config(params, overrides), lambda: train_flow(params=params, overrides=overrides)
-    )
+    cfg = load_config(params, overrides)
+    code = dist_train.launch(cfg, ["--params", params, *overrides])  # nproc_per_node > 1: under torchrun
+    if code is not None:
+        raise SystemExit(code)
+    dist_train.join(cfg)  # under torchrun: the process group, with the collective timeout
+    try:
+        if not dist_train.is_main():  # rank > 0: the same loop, no Prefect run or tracking (rank 0 owns them)
+            return train(flow_config(params, overrides))
+        return process.run_guarded(cfg, lambda: train_flow(params=params, overrides=overrides))
+    except RuntimeError as exc:  # a rank died or hung past distributed.timeout_s: one line
+        if not dist_train.collective_failed(exc):
+            raise
+        raise UserError(dist_train.rank_line(exc)) from None
 
 
 if __name__ == "__main__":

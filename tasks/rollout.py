@@ -49,13 +49,24 @@ def drop_overlong_problems(problems: list[Problem], cfg: Config) -> tuple[list[P
     return kept, dropped
 
 
+def _offset(prompts: list[Any]) -> int:
+    """Several ranks: this shard's first prompt's index in the step (0 on one rank). ``Policy.generate`` seeds
+    each chunk with seed + its first prompt's index, so with ``rollout.batch_size`` dividing the shard's prompt
+    count every rank samples exactly what one process samples for the same problems."""
+    from codea1_core.models.distributed import rank
+
+    return rank() * len(prompts)
+
+
 @task(name="rollout_code", task_run_name="rollout_code[it={iteration}]", cache_policy=NO_CACHE)
 def rollout_code(policy: Any, problems: list[Problem], cfg: Config, iteration: int) -> list[list[Any]]:
     """M code completions per problem (§3 step 2)."""
     from codea1_core.method.prompts import code_messages
 
     prompts = [code_messages(p) for p in problems]
-    sp = sampling_params(cfg, "rollout", "code", iteration_seed(cfg.seed, iteration, "code"))
+    sp = sampling_params(
+        cfg, "rollout", "code", iteration_seed(cfg.seed, iteration, "code") + _offset(prompts)
+    )
     return policy.generate(prompts, cfg.rollout.n_code, sp)
 
 
@@ -72,7 +83,9 @@ def rollout_tests(
         for p, row in zip(problems, codes, strict=True)
         for code in row
     ]
-    sp = sampling_params(cfg, "rollout", "test", iteration_seed(cfg.seed, iteration, "test"))
+    sp = sampling_params(
+        cfg, "rollout", "test", iteration_seed(cfg.seed, iteration, "test") + _offset(prompts)
+    )
     flat = policy.generate(prompts, cfg.rollout.n_tests, sp)
     out, i = [], 0
     for row in codes:

@@ -21,7 +21,8 @@ def _step(policy: Any, batch: GroupBatch, role: str) -> dict[str, float]:
 
     metrics = {f"grpo/{role}/zero_variance_groups": float(batch.zero_variance_groups)}
     metrics[f"grpo/{role}/samples"] = float(len(batch))
-    if len(batch) == 0:
+    ranks = getattr(policy, "data_parallel", None)  # several ranks: all step, unless every batch is empty
+    if (len(batch) if ranks is None else ranks.total(len(batch))) == 0:
         return metrics
     flags = batch.in_zero_variance_group or None
     out = policy.step(TrainBatch(batch.prompt_ids, batch.completion_ids, batch.advantages, None, flags))

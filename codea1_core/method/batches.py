@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Sections whose values do not change what is trained: a checkpoint stays resumable across them.
-_RESUME_NEUTRAL = ("orchestration", "tracking", "eval")
+_RESUME_NEUTRAL = ("orchestration", "tracking", "eval", "distributed")
 _RESUME_NEUTRAL_KEYS = ("sandbox.workers", "rollout.batch_size", "data.data_dir")
 
 

@@ -28,6 +28,7 @@ Pure: arithmetic on dicts and the config; no torch. Run: ``codea1 plan --params 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from codea1_core.config import Config
 
@@ -167,7 +168,15 @@ def lm_head_bytes(shape: ModelShape, tokens: int, compute_bytes: int) -> float:
     return block * shape.vocab * (compute_bytes + 3 * 4) + tokens * shape.hidden * compute_bytes
 
 
-def estimate(cfg: Config, shape: ModelShape, gpu_gb: float, *, on_gpu: bool = True) -> MemoryPlan:
+def estimate(
+    cfg: Config,
+    shape: ModelShape,
+    gpu_gb: float,
+    *,
+    on_gpu: bool = True,
+    ranks: int = 1,
+    strategy: str = "ddp",
+) -> MemoryPlan:
     """The peak of a training step on one GPU of ``gpu_gb`` GB (decimal, as GPUs are sold) for ``cfg``.
 
     Args:
@@ -175,6 +184,10 @@ def estimate(cfg: Config, shape: ModelShape, gpu_gb: float, *, on_gpu: bool = Tr
         shape: The policies' architecture (both roles share one shape; they start from one base model).
         gpu_gb: GPU memory in GB (80 for an 80 GB card); the vLLM share is a fraction of it.
         on_gpu: False for a CPU estimate (no vLLM share, no CUDA runtime allowance; ``auto`` = float32).
+        ranks: GPUs of a data-parallel run (``distributed.nproc_per_node`` x nodes); the plan is per rank.
+        strategy: ``ddp`` (every rank holds everything: the plan does not shrink) or ``fsdp2`` (the trained
+            weights, gradients and AdamW state are sharded over ``ranks``, plus two gathered decoder layers;
+            the frozen reference and the autocast weight copies stay whole).
 
     Returns:
         The :class:`MemoryPlan`.
@@ -196,8 +209,14 @@ def estimate(cfg: Config, shape: ModelShape, gpu_gb: float, *, on_gpu: bool = Tr
         # autocast caches a half copy of each float32 master weight for the forward/backward it runs
         "weight_casts": n * compute if full and compute < 4 else 0.0,
     }
+    if ranks > 1 and strategy == "fsdp2":  # fully_shard: 1/ranks of each, plus the layers being gathered
+        for key in ("weights", "gradients", "optimizer"):
+            parts[key] /= ranks
+        parts["fsdp_gather"] = 2 * (n / max(1, shape.layers)) * compute
     notes = [f"{pols} polic{'ies' if pols > 1 else 'y'}, {n / 1e9:.2f}B parameters each, "
              f"{'full' if full else 'LoRA'} ({trainable / 1e6:.1f}M trainable), {dtype} compute"]  # fmt: skip
+    if ranks > 1:
+        notes.append(f"per rank of {ranks} ({strategy}); each rank rolls out and updates B/{ranks} problems")
     if on_gpu:
         vllm = cfg.rollout.backend == "vllm"
         parts["vllm"] = cfg.rollout.gpu_memory_utilization * gpu_gb * 1e9 if vllm else 0.0
@@ -205,42 +224,52 @@ def estimate(cfg: Config, shape: ModelShape, gpu_gb: float, *, on_gpu: bool = Tr
     return MemoryPlan(parts, gpu_gb * 1e9, tuple(notes))
 
 
-def _fits(cfg: Config, shape: ModelShape, gpu_gb: float) -> bool:
-    plan = estimate(cfg, shape, gpu_gb)
+def _fits(cfg: Config, shape: ModelShape, gpu_gb: float, **per_rank: Any) -> bool:
+    plan = estimate(cfg, shape, gpu_gb, **per_rank)
     return plan.total <= plan.gpu_bytes
 
 
-def fix(cfg: Config, shape: ModelShape, gpu_gb: float) -> str:
+def fix(cfg: Config, shape: ModelShape, gpu_gb: float, **per_rank: Any) -> str:
     """The one ``key=value`` that makes ``cfg`` fit (first that works: vLLM share, checkpointing, micro-batch,
     LoRA), or the key to change when none does (the model itself)."""
     if cfg.rollout.backend == "vllm":
         for util in (0.45, 0.4, 0.35, 0.3, 0.25, 0.2):
             if util < cfg.rollout.gpu_memory_utilization and _fits(
-                cfg.replace(**{"rollout.gpu_memory_utilization": util}), shape, gpu_gb
+                cfg.replace(**{"rollout.gpu_memory_utilization": util}), shape, gpu_gb, **per_rank
             ):
                 return f"rollout.gpu_memory_utilization={util}"
     if not cfg.model.gradient_checkpointing and _fits(
-        cfg.replace(**{"model.gradient_checkpointing": True}), shape, gpu_gb
+        cfg.replace(**{"model.gradient_checkpointing": True}), shape, gpu_gb, **per_rank
     ):
         return "model.gradient_checkpointing=true"
     tokens = cfg.grpo.micro_batch_tokens // 2
     while tokens >= 1024:
-        if _fits(cfg.replace(**{"grpo.micro_batch_tokens": tokens}), shape, gpu_gb):
+        if _fits(cfg.replace(**{"grpo.micro_batch_tokens": tokens}), shape, gpu_gb, **per_rank):
             return f"grpo.micro_batch_tokens={tokens}"
         tokens //= 2
-    if cfg.model.finetune == "full" and _fits(cfg.replace(**{"model.finetune": "lora"}), shape, gpu_gb):
+    ranks = int(per_rank.get("ranks", 1))
+    if (
+        ranks > 1
+        and per_rank.get("strategy") != "fsdp2"
+        and _fits(cfg, shape, gpu_gb, ranks=ranks, strategy="fsdp2")
+    ):
+        return "distributed.strategy=fsdp2"
+    if cfg.model.finetune == "full" and _fits(
+        cfg.replace(**{"model.finetune": "lora"}), shape, gpu_gb, **per_rank
+    ):
         return "model.finetune=lora"
     return "model.code_path (a smaller model; none of the memory keys makes this one fit)"
 
 
-def verdict(cfg: Config, shape: ModelShape, gpu_gb: float) -> tuple[bool, str]:
-    """(fits, one line) for one GPU of ``gpu_gb`` GB; the line names the key to change when it does not fit."""
-    plan = estimate(cfg, shape, gpu_gb)
+def verdict(cfg: Config, shape: ModelShape, gpu_gb: float, **per_rank: Any) -> tuple[bool, str]:
+    """(fits, one line) for one GPU of ``gpu_gb`` GB; the line names the key to change when it does not fit.
+    ``per_rank``: ``ranks`` and ``strategy`` of :func:`estimate` (a data-parallel run's plan per rank)."""
+    plan = estimate(cfg, shape, gpu_gb, **per_rank)
     need, have = plan.total / GIB, plan.gpu_bytes / GIB
     if plan.total <= plan.gpu_bytes:
         return True, f"{gpu_gb:g} GB GPU: fits ({need:.1f} of {have:.1f} GiB, {have - need:.1f} GiB free)"
     top = max((k for k in plan.parts), key=lambda k: plan.parts[k])
     return False, (
         f"{gpu_gb:g} GB GPU: does not fit (needs {need:.1f} of {have:.1f} GiB; largest part: {top} "
-        f"{plan.parts[top] / GIB:.1f} GiB); set {fix(cfg, shape, gpu_gb)}"
+        f"{plan.parts[top] / GIB:.1f} GiB); set {fix(cfg, shape, gpu_gb, **per_rank)}"
     )

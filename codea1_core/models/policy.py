@@ -200,15 +200,23 @@ class Policy:
         """Sample through :mod:`codea1_core.models.fast_generate` where it supports the model (False: always HF)."""
         self.share_prompt = cfg.rollout.share_prompt
         """Fast path: one prefill and one key/value copy per prompt (``rollout.share_prompt``; False: bitwise ``generate``)."""
+        self.dist_module: Any = None
+        """DDP / FSDP2 wrapper of the log-prob forward (:func:`codea1_core.models.distributed.wrap_policy`)."""
+        self.data_parallel: Any = None
+        """:class:`codea1_core.models.distributed.DataParallel` when the update is reduced over ranks."""
+        self.rebuild_optimizer()
+        self.step_count = 0
+
+    def rebuild_optimizer(self) -> None:
+        """A fresh AdamW + warm-up/cosine schedule over the trainable parameters (again after FSDP2 sharding)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
-        g = cfg.grpo
+        g = self.cfg.grpo
         self.optimizer = torch.optim.AdamW(
             params, lr=g.lr, betas=(g.adam_beta1, g.adam_beta2), weight_decay=g.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, g.warmup_steps, self.total_steps)
         )
-        self.step_count = 0
 
     # ---------------------------------------------------------------------------------------- set-up
     def _wrap_lora(self, model: Any) -> Any:
@@ -387,12 +395,15 @@ class Policy:
         model = self.ref_model if reference and self.ref_model is not None else self.model
         kwargs = {"input_ids": ids, "attention_mask": attn, "position_ids": pos}
         targets, cmask = ids[:, p_max:], attn[:, p_max:].bool()
+        run = _completion_logprobs
+        if self.dist_module is not None and model is self.model:  # through DDP/FSDP2's root (distributed.py)
+            model, run = None, lambda _m, *a: self.dist_module(*a)
         with self._autocast():
             if reference and self.ref_model is None:
                 with self.model.disable_adapter():
-                    lp, ent = _completion_logprobs(model, kwargs, targets, cmask, p_max, entropy)
+                    lp, ent = run(model, kwargs, targets, cmask, p_max, entropy)
             else:
-                lp, ent = _completion_logprobs(model, kwargs, targets, cmask, p_max, entropy)
+                lp, ent = run(model, kwargs, targets, cmask, p_max, entropy)
         return lp, cmask.float(), ent
 
     def _autocast(self) -> Any:
@@ -412,15 +423,26 @@ class Policy:
             cur, p_max, c_max = cur + [i], p, c
         return out + ([cur] if cur else [])
 
+    def _padded(self, micro_batches: list[list[int]]) -> list[list[int]]:
+        """Distributed: as many micro-batches as the rank with the most (empty = dummy), else unchanged."""
+        return micro_batches if self.data_parallel is None else self.data_parallel.pad(micro_batches)
+
+    def _samples(self, batch: TrainBatch, micro: list[int]) -> list[tuple[list[int], list[int]]]:
+        """(prompt, completion) pairs of ``micro``; an empty (dummy) micro-batch is one pad token each."""
+        if not micro:
+            pad = self.tokenizer.pad_token_id
+            return [([pad], [pad])]
+        return [(batch.prompt_ids[i], batch.completion_ids[i]) for i in micro]
+
     @torch.no_grad()
     def _logprobs_no_grad(
         self, batch: TrainBatch, idx: list[int], reference: bool
     ) -> dict[int, torch.Tensor]:
         self.model.eval()
         out = {}
-        for mb in self._micro_batches(idx, batch):
+        for mb in self._padded(self._micro_batches(idx, batch)):
             lp, _, _ = self._forward(
-                [(batch.prompt_ids[i], batch.completion_ids[i]) for i in mb],
+                self._samples(batch, mb),
                 reference=reference,
                 entropy=False,
             )
@@ -480,41 +502,61 @@ class Policy:
         sums = dict.fromkeys(("loss", "pg_loss", "kl", "clip_frac", "dual_clip_frac", "entropy"), 0.0)
         norms, n_mb = [], max(1, g.mini_batches)
         self.model.train()
+        dp = self.data_parallel
         for k in range(n_mb):
-            mb_idx = train_idx[k * len(train_idx) // n_mb : (k + 1) * len(train_idx) // n_mb]
-            if sum(len(batch.completion_ids[i]) for i in mb_idx):
-                norms.append(self._update(batch, mb_idx, old, ref, sums))
+            if dp is None:
+                mb_idx = train_idx[k * len(train_idx) // n_mb : (k + 1) * len(train_idx) // n_mb]
+            else:  # this rank's part of the k-th slice of the GLOBAL sample order (distributed.py)
+                mb_idx = dp.mini_batch(train_idx, k, n_mb)
+            mb_tokens = sum(len(batch.completion_ids[i]) for i in mb_idx)
+            mb_tokens = int(dp.total(mb_tokens)) if dp is not None else mb_tokens
+            if mb_tokens:
+                norms.append(self._update(batch, mb_idx, old, ref, sums, mb_tokens))
         self.scheduler.step()
         self.step_count += 1
-        tokens = sum(len(batch.completion_ids[i]) for i in train_idx)
+        counts = [sum(len(batch.completion_ids[i]) for i in train_idx), len(zero), len(all_idx)]
+        if dp is not None:  # token-weighted sums and counts over all ranks: the single-process metrics
+            reduced = dp.sums([*sums.values(), *counts])
+            sums, counts = dict(zip(sums, reduced[: len(sums)], strict=True)), reduced[len(sums) :]
+        tokens = counts[0]
         metrics = {k: v / max(1, tokens) for k, v in sums.items()}
         metrics.update(
             grad_norm=sum(norms) / len(norms) if norms else 0.0,
             tokens=float(tokens),
             lr=lr,
-            zero_adv_frac=len(zero) / max(1, len(all_idx)),
+            zero_adv_frac=counts[1] / max(1, counts[2]),
             seconds=time.perf_counter() - t0,
         )
         return metrics
 
-    def _update(self, batch: TrainBatch, mb_idx: list[int], old: dict, ref: dict, sums: dict) -> float:
-        """One optimizer step on one mini-batch; adds token-weighted metric sums; returns the grad norm."""
+    def _update(
+        self, batch: TrainBatch, mb_idx: list[int], old: dict, ref: dict, sums: dict, mb_tokens: int
+    ) -> float:
+        """One optimizer step on one mini-batch of ``mb_tokens`` completion tokens (over all ranks); adds
+        token-weighted metric sums; returns the grad norm."""
         from codea1_core.method.grpo import policy_loss
+        from codea1_core.models.distributed import grad_sync
 
         g = self.cfg.grpo
-        mb_tokens = sum(len(batch.completion_ids[i]) for i in mb_idx)
         self.optimizer.zero_grad(set_to_none=True)
-        for micro in self._micro_batches(mb_idx, batch):
-            lp, cmask, ent = self._forward([(batch.prompt_ids[i], batch.completion_ids[i]) for i in micro])
-            old_t = _pad_rows([old[i] for i in micro]).to(lp.device)
-            ref_t = _pad_rows([ref[i] for i in micro]).to(lp.device)
-            adv = torch.tensor([float(batch.advantages[i]) for i in micro], device=lp.device)
-            # Dividing by the mini-batch's token count makes the sum over micro-batches its token mean (§10).
-            loss, parts = policy_loss(
-                lp, old_t, ref_t, adv, cmask, g.clip_low, g.clip_high, g.dual_clip_c, g.kl_coef, g.kl_clamp,
-                num_tokens_total=mb_tokens,
-            )  # fmt: skip
-            loss.backward()
+        micros = self._padded(self._micro_batches(mb_idx, batch))
+        world = self.data_parallel.world if self.data_parallel is not None else 1
+        for n, micro in enumerate(micros):
+            with grad_sync(self.dist_module, enabled=n == len(micros) - 1):
+                lp, cmask, ent = self._forward(self._samples(batch, micro))
+                if not micro:  # dummy micro-batch (another rank has more): zero weight, same collectives
+                    (lp.sum() * 0.0).backward()
+                    continue
+                old_t = _pad_rows([old[i] for i in micro]).to(lp.device)
+                ref_t = _pad_rows([ref[i] for i in micro]).to(lp.device)
+                adv = torch.tensor([float(batch.advantages[i]) for i in micro], device=lp.device)
+                # Dividing by the mini-batch's token count makes the sum over micro-batches its token mean
+                # (§10); over W ranks the count is global and DDP/FSDP2 average gradients, hence x W.
+                loss, parts = policy_loss(
+                    lp, old_t, ref_t, adv, cmask, g.clip_low, g.clip_high, g.dual_clip_c, g.kl_coef,
+                    g.kl_clamp, num_tokens_total=mb_tokens,
+                )  # fmt: skip
+                (loss * world if world > 1 else loss).backward()
             sums["entropy"] += float((ent * cmask).sum())
             w = parts["tokens"]
             sums["loss"] += float(loss.detach()) * mb_tokens
@@ -523,7 +565,8 @@ class Policy:
             sums["clip_frac"] += (parts["clip_frac_low"] + parts["clip_frac_high"]) * w
             sums["dual_clip_frac"] += parts["dual_clip_frac"] * w
         params = [p for p in self.model.parameters() if p.requires_grad]
-        norm = float(torch.nn.utils.clip_grad_norm_(params, g.grad_clip))
+        norm = torch.nn.utils.clip_grad_norm_(params, g.grad_clip)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
         if not math.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(f"policy {self.role}: non-finite grad norm at step {self.step_count}")

@@ -1,0 +1,206 @@
+"""Training on several GPUs or machines: torchrun launch, rank sharding and rank-0 orchestration of ``flows.train``.
+
+What it does: ``codea1 train distributed.nproc_per_node=N ...`` re-executes the same command under
+``torchrun --nproc-per-node N`` (:func:`launch`; multi-node: run the ``torchrun`` line of docs/distributed.md on
+every node). Each rank joins the process group with ``distributed.timeout_s`` as the collective timeout
+(:func:`join`), wraps both policies (``codea1_core.models.distributed``: DDP or FSDP2) and runs
+``flows.train``'s loop on its shard of every step's problems. The loop's hooks here keep ONE run:
+
+* :func:`shard_problems` -- rank r takes the r-th contiguous shard of the step's B problems;
+* :func:`gather_outcomes` -- every rank gets all B outcome matrices (rank order = problem order), so the
+  rewards' step metrics and the Mistake Book update are computed on the whole batch, identically on every
+  rank (why gather rather than shard the book by problem id: a problem lands on a different rank from step
+  to step, the update is microseconds per problem, and one identical book on every rank keeps retrieval
+  local, the checkpoint unchanged and resumable at any world size);
+* :func:`local_part` -- this rank's slice of what was computed for all problems (its advantages);
+* :func:`reduce_row` -- the rank-local metrics (gate, sandbox, timings, sample counts) reduced over ranks;
+* rank 0 alone owns the Prefect flow run, the MLflow run, the workspace lock, the checkpoint and the final
+  export (:func:`is_main`); the other ranks run the same loop as plain functions with a null tracker.
+
+What it does not: the reduction of gradients (``codea1_core.models.distributed``), or vLLM (one engine per
+rank, each rank's ``rollout.*`` settings; docs/distributed.md).
+
+Run: ``codea1 train distributed.nproc_per_node=2`` (CPU: gloo) or
+``torchrun --nproc-per-node 2 -m flows.train [key=value ...]``; tests: ``pytest tests/test_distributed*.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+from codea1_core.config import Config
+from codea1_core.models import distributed as dp
+
+T = TypeVar("T")
+log = logging.getLogger("codea1.train")
+
+is_main = dp.is_main
+
+
+def under_torchrun() -> bool:
+    """True inside a process ``torchrun`` started (it sets ``TORCHELASTIC_RUN_ID`` / ``LOCAL_RANK``)."""
+    return "LOCAL_RANK" in os.environ
+
+
+def launch(cfg: Config, argv: list[str]) -> int | None:
+    """Re-execute ``python -m flows.train argv...`` under torchrun when ``distributed.nproc_per_node`` > 1.
+
+    Returns torchrun's exit code, or None when nothing was launched (one rank, or already under torchrun).
+    """
+    n = cfg.distributed.nproc_per_node
+    if n <= 1 or under_torchrun():
+        return None
+    check_supported(cfg)
+    if cfg.data.train_batch_size % n:
+        from flows.common import UserError
+
+        raise UserError(
+            f"data.train_batch_size={cfg.data.train_batch_size} is not divisible by "
+            f"distributed.nproc_per_node={n}: every rank takes an equal shard of the step's problems"
+        )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+           "-m", "flows.train", *argv]  # fmt: skip
+    log.info("train: %d ranks: %s", n, " ".join(cmd[1:]))
+    code = subprocess.call(cmd)
+    if code not in (0, 2, 143):  # 2: a user error, already one line; 143: SIGTERM, already reported
+        print(stopped_line(cfg, code), file=sys.stderr)
+    return code
+
+
+def stopped_line(cfg: Config, code: int) -> str:
+    """The one line after torchrun stopped all ranks because one died or hung (exit ``code``)."""
+    from tasks.checkpoint import latest_checkpoint
+
+    last = latest_checkpoint(cfg.orchestration.checkpoint_dir)
+    where = f"the last checkpoint is {last}" if last is not None else "no checkpoint was written yet"
+    return (
+        f"train: stopped (torchrun exit {code}): a rank failed, died or hung (collective timeout "
+        f"distributed.timeout_s={cfg.distributed.timeout_s:g}); {where}; run the same command again to resume, "
+        "at any distributed.nproc_per_node"
+    )
+
+
+STARTUP_TIMEOUT_S = 1800.0
+"""How long ranks wait for each other at start-up (rank 0 starts Prefect and MLflow first: minutes on a busy
+machine); ``distributed.timeout_s`` bounds every collective after that."""
+_startup: list[Any] = []
+
+
+def join(cfg: Config) -> None:
+    """Join torchrun's process group (timeout ``distributed.timeout_s``); B must split evenly over the ranks."""
+    if not under_torchrun():
+        return
+    import datetime
+
+    dp.init_from_env(cfg.distributed.backend, cfg.distributed.timeout_s)
+    timeout = datetime.timedelta(seconds=max(STARTUP_TIMEOUT_S, cfg.distributed.timeout_s))
+    _startup[:] = [dist.new_group(backend="gloo", timeout=timeout)]
+    world = dp.world_size()
+    if cfg.data.train_batch_size % world:
+        from flows.common import UserError
+
+        raise UserError(
+            f"data.train_batch_size={cfg.data.train_batch_size} is not divisible by the world size {world}"
+        )
+
+
+def check_supported(cfg: Config) -> None:
+    """One line (UserError) for what the multi-rank training flow cannot run yet."""
+    if cfg.distributed.strategy == "fsdp2":
+        from flows.common import UserError
+
+        raise UserError(
+            "distributed.strategy=fsdp2: rollouts and checkpoints of FSDP2-sharded policies are not implemented "
+            "in the training flow yet (the update is); use distributed.strategy=ddp (docs/distributed.md)"
+        )
+
+
+def wrap_policies(policies: dict[str, Any], cfg: Config) -> None:
+    """DDP / FSDP2 around each policy (before any checkpoint is restored into it); no-op on one rank."""
+    if _startup:  # every rank is here: rank 0's Prefect/MLflow start-up is not a collective timeout
+        dist.barrier(group=_startup[0])
+    if dp.world_size() == 1:
+        if cfg.distributed.nproc_per_node > 1:
+            log.warning("train: distributed.nproc_per_node=%d but one rank: start it with `codea1 train` or "
+                        "torchrun (docs/distributed.md)", cfg.distributed.nproc_per_node)  # fmt: skip
+        return
+    check_supported(cfg)
+    for pol in policies.values():
+        dp.wrap_policy(pol, cfg.distributed.strategy)
+
+
+def shard_problems(indices: list[int]) -> list[int]:
+    """This rank's contiguous shard of the step's problem indices (all of them on one rank)."""
+    return dp.shard(indices, dp.rank(), dp.world_size())
+
+
+def gather_outcomes(outcomes: list[T]) -> list[T]:
+    """All ranks' outcome matrices, in rank order (= the single-process problem order)."""
+    if dp.world_size() == 1:
+        return outcomes
+    return [m for part in dp.all_gather_objects(outcomes) for m in part]
+
+
+def local_part(items: list[T]) -> list[T]:
+    """This rank's slice of a per-problem list built over all B problems."""
+    return dp.shard(items, dp.rank(), dp.world_size())
+
+
+_SUMMED = ("samples", "zero_variance_groups", "gate_rows", "sandbox/calls", "sandbox/programs", "sandbox/timeouts",
+           "sandbox/infra_errors", "test/rejected/")  # fmt: skip
+
+
+def reduce_row(local: dict[str, float], main_only: Any = ()) -> dict[str, float]:
+    """Rank-local metrics over all ranks: counts summed, ``time/`` the slowest rank, the rest averaged.
+
+    Keys in ``main_only`` (rank 0's validation) pass through unreduced; the order of ``local`` is kept.
+    A key missing on a rank counts 0 there (``test/rejected/<reason>``). Averages of per-rank rates are exact
+    when the ranks' denominators are equal (a rate over a varying number of calls is the rank-mean, not the
+    pooled rate); ``sandbox/calls_per_s`` is averaged (per-rank throughput).
+    """
+    if dp.world_size() == 1:
+        return local
+    shared = sorted(k for k in local if k not in main_only)
+    keys = sorted({k for part in dp.all_gather_objects(shared) for k in part})  # the ranks' keys may differ
+    sums = dp.all_reduce([local.get(k, 0.0) for k in keys])
+    most = dp.all_reduce([local.get(k, 0.0) for k in keys], op="max")
+    world = dp.world_size()
+    out = {}
+    for k, s, m in zip(keys, sums, most, strict=True):
+        out[k] = m if k.startswith("time/") else s if any(t in k for t in _SUMMED) else s / world
+    return {**{k: out.get(k, v) for k, v in local.items()}, **out}
+
+
+def null_tracker(cfg: Config, run_id: str | None = None, run_name: str | None = None) -> Any:
+    """The tracker of ranks other than 0: records nothing anywhere (rank 0 owns the MLflow run)."""
+    from tasks.tracking import NullTracker
+
+    return NullTracker()
+
+
+_PEER_GONE = ("connection closed by peer", "connection reset", "timed out", "timeout", "broken pipe", "nccl")
+
+
+def collective_failed(exc: BaseException) -> bool:
+    """True when ``exc`` is a failed collective of a multi-rank run: ``DistBackendError`` (timeouts, a peer
+    gone) or gloo's plain ``RuntimeError`` ("Connection closed by peer", "Timed out waiting ...")."""
+    if dp.world_size() == 1:
+        return False
+    if isinstance(exc, dist.DistError):
+        return True
+    return isinstance(exc, RuntimeError) and any(t in str(exc).lower() for t in _PEER_GONE)
+
+
+def rank_line(exc: BaseException) -> str:
+    """One line for a collective that failed (a rank died or hung past ``distributed.timeout_s``)."""
+    return (
+        f"train: rank {dp.rank()}/{dp.world_size()}: a collective failed ({type(exc).__name__}: "
+        f"{str(exc).splitlines()[0][:200] if str(exc) else 'no message'}): another rank died or hung past "
+        "distributed.timeout_s; resume from the last checkpoint (any world size)"
+    )
