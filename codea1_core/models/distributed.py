@@ -196,10 +196,8 @@ def wrap_policy(policy: Any, strategy: Strategy) -> None:
     mini-batch. ``fsdp2``: each decoder layer and the root are ``fully_shard``-ed over a 1-D mesh of all ranks;
     parameters become DTensor shards, AdamW state is sharded with them. Call before any step or load.
     """
-    from codea1_core.models.policy import _completion_logprobs
-
     world = world_size()
-    root = LogprobModule(policy.model, _completion_logprobs)
+    root = LogprobModule(policy.model, policy.logprob_forward())
     if strategy == "ddp":
         device_ids = [policy.device.index or 0] if policy.device.type == "cuda" else None
         policy.dist_module = torch.nn.parallel.DistributedDataParallel(

@@ -207,6 +207,11 @@ class Policy:
         self.rebuild_optimizer()
         self.step_count = 0
 
+    @staticmethod
+    def logprob_forward() -> Any:
+        """The per-token log-prob forward a data-parallel wrapper runs (``distributed.wrap_policy``)."""
+        return _completion_logprobs
+
     def rebuild_optimizer(self) -> None:
         """A fresh AdamW + warm-up/cosine schedule over the trainable parameters (again after FSDP2 sharding)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
