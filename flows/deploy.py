@@ -76,16 +76,17 @@ def pipeline_flow(
     params: str = "params.yaml", overrides: list[str] | None = None, run_dir: str = ""
 ) -> dict[str, Any]:
     """Train -> evaluate -> register with the same ``params`` and ``overrides``, all in one run folder; returns
-    the registry decision (or the train flow's ``{"stopped": True, ...}`` after SIGTERM)."""
+    the registry decision (a CANCELLED state when SIGTERM stopped the training)."""
     from flows.evaluate import evaluate_flow
     from flows.register import register_flow
     from flows.train import train_flow
 
     folder = str(resolve_run_dir(run_dir) or "")  # resolved once: the three subflows share it
     overrides = list(overrides or [])
-    trained = train_flow(params, overrides, folder)
-    if trained.get("stopped"):
+    trained = train_flow(params, overrides, folder, return_state=True)
+    if trained.is_cancelled():  # SIGTERM stopped training: this run ends CANCELLED too
         return trained
+    trained.result()  # a failed training fails the pipeline here
     evaluate_flow(params, overrides, run_dir=folder)
     return register_flow(params, overrides, folder)
 

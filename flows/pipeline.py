@@ -7,13 +7,17 @@ What it does, top to bottom:
   2. Run ``dvc repro [ARGS]`` with this interpreter's ``bin/`` first on ``PATH`` (the stages' ``python`` is
      this environment's).
   3. Print the learning table (:mod:`flows.summary`).
-  4. Stop the server — also after a failed stage, Ctrl-C or SIGTERM (the running stage gets SIGTERM first).
+  4. Stop the server — also after a failed stage, Ctrl-C or SIGTERM: ``dvc`` runs in its own process group,
+     which gets SIGTERM first; the server stops once every process in it has exited (bounded wait).
 
 How to run: ``make run`` or ``python -m flows.pipeline [dvc repro arguments, e.g. train -f]``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,8 +27,8 @@ from flows import summary
 from flows.common import child_env
 from flows.prefect_server import ServerStartError, shared_api, sigterm_as_interrupt
 
-CHILD_STOP_TIMEOUT_S = 60.0
-"""After SIGTERM a stage finishes its current task and checkpoints; then it is killed."""
+CHILD_STOP_TIMEOUT_S = 120.0
+"""After SIGTERM a stage finishes its current task and checkpoints; what is left of it then is killed."""
 
 
 def _dvc() -> str:
@@ -32,19 +36,52 @@ def _dvc() -> str:
     return str(local) if local.exists() else "dvc"
 
 
-def run_child(cmd: list[str]) -> int:
-    """Run ``cmd`` to completion; on interrupt, pass SIGTERM on, wait a while, then kill, and re-raise."""
-    proc = subprocess.Popen(cmd, env=child_env())
+def run_child(cmd: list[str], stop_timeout_s: float = CHILD_STOP_TIMEOUT_S) -> int:
+    """Run ``cmd`` to completion in its own process group; on interrupt stop the whole group (:func:`stop_group`)
+    and re-raise.
+
+    Its own group: Ctrl-C in a terminal reaches this process only, which then stops ``dvc`` and the stage it
+    runs together; before, the stage (never signalled, or signalled while its Prefect API went away) was left
+    training on, holding the workspace lock.
+    """
+    proc = subprocess.Popen(cmd, env=child_env(), start_new_session=True)
     try:
         return proc.wait()
     except KeyboardInterrupt:
-        proc.terminate()
-        try:
-            proc.wait(timeout=CHILD_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_group(proc, stop_timeout_s)
         raise
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_group(proc: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM ``proc``'s process group (``dvc`` and the running stage: the stage stops after its current task,
+    checkpointed, its Prefect and MLflow runs ended), wait up to ``timeout_s`` for every process in it to exit,
+    then SIGKILL what is left. A second Ctrl-C while waiting kills at once."""
+    print(f"pipeline: stopping the running stage (up to {timeout_s:.0f} s: it finishes its current task; "
+          "Ctrl-C again to kill it now)", file=sys.stderr, flush=True)  # fmt: skip
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            proc.poll()  # reap dvc itself: a zombie still counts as a member of the group
+            if not _group_alive(proc.pid):
+                return
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:

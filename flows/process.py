@@ -315,10 +315,14 @@ def load_problems(cfg: Config) -> tuple[list[Any], list[Any]]:
     """Prepared train/val problems (``data/prepared``); lab-only configs fall back to generating them."""
     prepared = Path(cfg.data.prepared_dir)
     if (prepared / "train.parquet").is_file():
+        from codea1_core.data.dataset_types import DatasetError
         from codea1_core.data.prepared import load_prepared
 
-        val = load_prepared(prepared / "val.parquet") if (prepared / "val.parquet").is_file() else []
-        return load_prepared(prepared / "train.parquet"), val
+        try:  # a truncated or malformed file: one line naming it
+            val = load_prepared(prepared / "val.parquet") if (prepared / "val.parquet").is_file() else []
+            return load_prepared(prepared / "train.parquet"), val
+        except DatasetError as exc:
+            raise UserError(str(exc)) from None
     if set(cfg.data.train_sources) <= {"lab"}:
         from codea1_core.data.lab import lab_problems
 
@@ -357,3 +361,17 @@ def preflight(cfg: Config) -> None:
         ckpt.check_step_budget(latest, ckpt.checkpoint_iteration(latest), total)
     if cfg.tracking.backend == "mlflow":
         probe_store(cfg)
+    for role in ("code", "test") if cfg.mode == "codea1" else ("code",):
+        check_model_path(cfg, role)
+
+
+def check_model_path(cfg: Config, role: str) -> None:
+    """A local model folder that is missing (the warm start not run yet) is one line; a Hub id (``org/name``,
+    one slash) is left to the loader."""
+    path = getattr(cfg.model, f"{role}_path")
+    local = Path(path).is_absolute() or path.startswith(".") or path.count("/") != 1
+    if local and not Path(path).is_dir():
+        raise UserError(
+            f"model.{role}_path={path}: no such folder: run the warmstart stage (`dvc repro warmstart`) "
+            f"or point model.{role}_path at a model"
+        )

@@ -412,12 +412,14 @@ def set_alias(cfg: Config, name: str, version: str, alias: str, tags: dict[str, 
 def log_to_run(
     cfg: Config, run_id: str | None, metrics: dict[str, float], data: dict[str, Any], name: str
 ) -> None:
-    """Log a decision (metrics + a JSON artifact) to an existing run, or to a new one when ``run_id`` is None."""
+    """Log a decision (metrics + a JSON artifact) to an existing run, or to a new one when ``run_id`` is None;
+    a metric whose latest value is already this one is not logged again (register reruns)."""
     client = _client(cfg)
     if run_id is None:
         run_id = client.create_run(_experiment_id(client, cfg), run_name=name).info.run_id
+    latest = client.get_run(run_id).data.metrics  # a rerun with the same numbers appends no second point
     for key, value in metrics.items():
-        if _is_number(value):
+        if _is_number(value) and latest.get(key) != float(value):
             client.log_metric(run_id, key, float(value))
     client.log_dict(run_id, data, f"{name}.json")
 

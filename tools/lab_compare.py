@@ -86,6 +86,7 @@ from flows.prefect_server import shared_api
 QUICK_OVERRIDES = [
     "orchestration.max_steps=2",
     "eval.n_samples=2",
+    "eval.k_list=[1, 2]",  # pass@k needs k <= n samples (checked at load)
     "rollout.n_code=2",
     "rollout.n_tests=2",
     "lab.warmstart_epochs=1",

@@ -36,7 +36,9 @@ def test_a_duplicated_nested_key_is_an_error_too(tmp_path: Path) -> None:
 def test_cross_field_values_are_checked_at_load(tmp_path: Path, override: str, message: str) -> None:
     params = tmp_path / "params.yaml"
     params.write_text("seed: 1\n")
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")
+    ):
         load_config(params, [override])
 
 

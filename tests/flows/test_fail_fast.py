@@ -150,6 +150,7 @@ def test_disk_full_and_read_only_errors_are_one_line_naming_the_path(tmp_path, c
     params.write_text(
         "data:\n  train_batch_size: 8\n"
         f"orchestration:\n  checkpoint_dir: {tmp_path / 'train'}\ntracking:\n  backend: 'null'\n"
+        f"model:\n  code_path: {tmp_path}\n  test_path: {tmp_path}\n"  # folders: the model check passes
     )
     assert stage_main(train_mod.run, "train", ["--params", str(params)]) == 2
     err = capsys.readouterr().err

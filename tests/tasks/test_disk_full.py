@@ -66,6 +66,7 @@ def test_a_full_disk_under_the_stage_entry_is_one_line(small_disk: Path, tmp_pat
     params.write_text(
         "data:\n  train_batch_size: 8\n"
         f"orchestration:\n  checkpoint_dir: {small_disk / 'train'}\ntracking:\n  backend: 'null'\n"
+        f"model:\n  code_path: {tmp_path}\n  test_path: {tmp_path}\n"  # a folder: the model check passes
     )
 
     def run(params: str, overrides: list[str]) -> None:

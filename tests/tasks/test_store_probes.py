@@ -26,7 +26,9 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
     modes, so a mount is the honest way to get one."""
     mnt = tmp_path / "ro"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True
+    ).returncode:
         pytest.skip("cannot mount a tmpfs here (not root, or no mount permission): no real read-only store")
     try:
         con = sqlite3.connect(mnt / "mlflow.db")
@@ -87,4 +89,6 @@ def test_evaluate_and_register_probe_the_store_first(stage, silent_server, tmp_p
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert last.startswith(f"error: MLflow store {silent_server} unreachable"), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
-    assert elapsed < 60, elapsed  # the probe is bounded (5 s); the rest is the interpreter's imports under load
+    assert elapsed < 60, (
+        elapsed
+    )  # the probe is bounded (5 s); the rest is the interpreter's imports under load

@@ -1,0 +1,89 @@
+"""Stopping ``make run`` stops everything: the pipeline runner hands SIGINT/SIGTERM to the running stage.
+
+Before: Ctrl-C on the process group stopped ``make`` and the Prefect server in ~2 s but orphaned the train stage
+for minutes (it retried the stopped API while holding the workspace lock), and SIGTERM to the pipeline never
+reached the stage at all: it trained to the end and registered a model version after the pipeline had printed
+"interrupted". Here the real runner (``python -m flows.pipeline``) runs ``dvc repro`` of the real train stage on
+a tiny config in a DVC repo; once the first checkpoint is written it is stopped as a terminal's Ctrl-C does
+(SIGINT to its process group) or as a service manager does (SIGTERM to it). After it exits: the stage's process
+is gone, no lock is left, the MLflow run is KILLED and the Prefect flow run CANCELLED (nothing RUNNING).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from test_train_flow import build_tiny
+from test_wedge import make_repo
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_stopping_the_pipeline_during_train_stops_the_stage(
+    prefect_harness, tiny_model, tmp_path, repo_root, how
+):
+    from mlflow.tracking import MlflowClient
+    from prefect.client.orchestration import get_client
+
+    repo = tmp_path / "repo"
+    env = make_repo(repo, tiny_model, repo_root)
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["orchestration"]["max_steps"], params["data"]["epochs"] = 50, 50
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    started = dt.datetime.now(dt.UTC)
+    proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline"], cwd=repo, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    out = repo / "outputs" / "train"
+    deadline = time.monotonic() + 400
+    while (
+        not (out / "checkpoints" / "LATEST").is_file() and proc.poll() is None and time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()[0][-3000:]
+    stage_pid = json.loads((out / "train.lock").read_text())["pid"]
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: the foreground process group
+    else:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        log, _ = proc.communicate(timeout=200)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("the pipeline did not stop within 200 s") from None
+    orphan = _alive(stage_pid)
+    if orphan:  # do not leave it training on
+        os.kill(stage_pid, signal.SIGKILL)
+    assert not orphan, f"the train stage (pid {stage_pid}) outlived the pipeline:\n{log[-3000:]}"
+    assert proc.returncode == 130, log[-3000:]
+    assert not (out / "train.lock").exists()
+    run_id = json.loads((out / "checkpoints" / "run.json").read_text())["run_id"]
+    mlflow = MlflowClient(tracking_uri=f"sqlite:///{repo}/mlflow.db")
+    assert mlflow.get_run(run_id).info.status == "KILLED", log[-3000:]
+    with get_client(sync_client=True) as prefect:
+        runs = [
+            r
+            for r in prefect.read_flow_runs()
+            if r.created and r.created >= started and r.name.startswith("train-")
+        ]
+    assert [r.state_type.value for r in runs] == ["CANCELLED"], [(r.name, r.state_type) for r in runs]

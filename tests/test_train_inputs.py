@@ -1,0 +1,53 @@
+"""Bad inputs of ``codea1 train`` are one line naming the file or key, before any work.
+
+Before: a truncated ``train.parquet`` or a missing warm-start model was a 50-145-line traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from codea1_core.config import Config
+
+
+def _params(tmp_path: Path, **extra: object) -> Path:
+    cfg = Config().replace(**{"orchestration.checkpoint_dir": str(tmp_path / "train"), "tracking.backend": "null",
+                              "data.prepared_dir": str(tmp_path / "prepared"), "data.train_batch_size": 4,
+                              "data.train_sources": ["lab"], **extra})  # fmt: skip
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(cfg.to_dict()))
+    return path
+
+
+def test_a_truncated_train_parquet_is_one_line(tmp_path: Path, capsys) -> None:
+    from codea1_core.data.lab import lab_problems
+    from codea1_core.data.prepared import save_prepared
+    from flows.common import stage_main
+    from flows.train import run
+
+    params = _params(tmp_path)
+    parquet = tmp_path / "prepared" / "train.parquet"
+    parquet.parent.mkdir()
+    save_prepared(lab_problems(Config().lab, "train"), parquet)
+    parquet.write_bytes(parquet.read_bytes()[: parquet.stat().st_size // 2])  # cut mid-write
+    assert stage_main(run, "train", ["--params", str(params)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith(f"error: {parquet}: not a readable parquet file")
+    assert "Traceback" not in err
+
+
+def test_a_missing_warm_start_model_is_one_line(tmp_path: Path, capsys) -> None:
+    from flows.common import stage_main
+    from flows.train import run
+
+    missing = tmp_path / "outputs" / "warmstart" / "code"
+    params = _params(tmp_path, **{"model.code_path": str(missing)})
+    assert stage_main(run, "train", ["--params", str(params)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        f"error: model.code_path={missing}: no such folder: run the warmstart stage (`dvc repro warmstart`) "
+        "or point model.code_path at a model"
+    )
+    assert "Traceback" not in err
