@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_train_flow import build_tiny
+from support import build_tiny
 from test_wedge import make_repo
 
 
