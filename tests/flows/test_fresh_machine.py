@@ -69,7 +69,6 @@ def test_every_entry_point_applies_the_prefect_defaults_before_prefect_reads_the
         )
 
 
-@pytest.mark.timeout(420)  # the fresh interpreter may take 240 s
 def test_an_explicit_user_setting_wins(tmp_path: Path) -> None:
     env = _pristine_env(tmp_path, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="77")
     proc = subprocess.run(
@@ -122,7 +121,7 @@ FLOW_CHILD = (
 )
 
 
-@pytest.mark.timeout(600)  # the pipeline subprocess may take 400 s
+@pytest.mark.timeout(900)  # the pipeline subprocess may take 400 s, after the stages it starts
 @pytest.mark.e2e
 def test_one_prefect_api_serves_every_stage_and_stops_after(tmp_path: Path) -> None:
     """Two stage-like processes under ``shared_api`` use its server (no temporary ones) and land in its DB."""

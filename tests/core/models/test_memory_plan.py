@@ -168,7 +168,6 @@ def test_a_config_that_cannot_fit_names_the_key_to_change(overrides, key):
     assert verdict(apply_overrides(cfg, [fixed]), QWEN_SHAPE, 80)[0], line
 
 
-@pytest.mark.timeout(420)  # the CLI subprocess may take 300 s
 @pytest.mark.e2e
 def test_codea1_plan_prints_both_gpu_verdicts():
     out = subprocess.run([sys.executable, "-m", "flows.cli", "plan", "--params", str(QWEN_YAML)],
@@ -178,7 +177,6 @@ def test_codea1_plan_prints_both_gpu_verdicts():
     assert "activations" in out.stdout and "vllm" in out.stdout
 
 
-@pytest.mark.timeout(420)  # the stage subprocess may take 300 s
 @pytest.mark.e2e
 def test_train_start_stops_in_one_line_when_it_cannot_fit(tmp_path):
     """Only with a GPU (or ``model.gpu_memory_gb``): here 8 GB for two 1.5B policies cannot fit."""
