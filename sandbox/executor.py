@@ -85,7 +85,7 @@ there is no uid drop, no namespaces and no cgroup (``network_isolation="auto"`` 
 ``ex.isolation``; ``"require"`` refuses to start); bubblewrap is not used.
 
 Cost: per program, one fork of the zygote, one job message, one reap round trip; every step that is
-the same for all children is done once by the zygote (``sandbox/child.py``, ``_prepare_zygote``),
+the same for all children is done once by the zygote (``sandbox/zygote.py``, ``_prepare_zygote``),
 because a forked child pays a copy-on-write page fault for every page it writes (and the zygote, whose
 pages each fork write-protects, one for every page its loop writes): so the child's set-up and the
 zygote's loop are closures with their names bound once, libraries are bound at start-up

@@ -1,0 +1,143 @@
+"""The harness: what runs inside each forked child, after its confinement (runs UNTRUSTED code).
+
+What it does: :func:`_make_harness` (built once in the zygote) returns ``harness(source, exprs, start,
+chan, token, budget)``: define the program, evaluate each call expression under a per-call
+``setitimer``, encode each result with ``codea1_core.values`` and send one authenticated frame per call
+over the child's private pipe. The frame format (:data:`_HDR`, :data:`_FRAME`, the token) is defined
+here and checked by the worker (``sandbox/supervision.py``).
+
+What it does not do: confine the process (``sandbox/zygote.py`` does, before calling it), or judge its
+own results (the worker re-checks every limit). The threat model is in ``sandbox/executor.py``.
+"""
+
+from __future__ import annotations
+
+import _signal
+import os
+import signal
+import struct
+import time
+from collections.abc import Callable
+
+from codea1_core import values
+from sandbox import limits as _limits
+
+STATUS_CODES = ("ok", "error", "timeout", "memory", "unsupported_output")
+_HDR = struct.Struct(">I")
+_FRAME = struct.Struct(">cBid")  # kind, status code, call index, child-measured seconds (after the token)
+_TOKEN_BYTES = 16
+_ERROR_CHARS = 1000
+
+
+def _too_large(cap: int) -> str:
+    return f"UnsupportedValue: result too large (the program's results exceed {cap} bytes)"
+
+
+class _CallTimeout(BaseException):
+    pass
+
+
+def _on_alarm(signum, frame):  # noqa: ARG001
+    raise _CallTimeout
+
+
+def _make_harness(lim: _limits.ExecLimits) -> Callable[..., None]:
+    """Build the harness once, in the zygote, with everything it needs bound as closure variables.
+
+    Bound before any untrusted code exists, so patching builtins, modules or ``sys.modules`` afterwards
+    cannot change what is sent (see the threat model); and bound once, so a child writes (hence copies)
+    only the pages of the objects its program's path actually uses (binding them in every child wrote
+    to each of them, ~35 page faults).
+    """
+    write, pack_hdr, pack_frame, exit_ = os.write, _HDR.pack, _FRAME.pack, os._exit
+    encode, unsupported = values.encode, values.UnsupportedValue
+    # _signal.signal, not signal.signal: the latter's Python wrapper converts the previous handler to a
+    # Handlers enum member, and for our own handler that conversion fails and formats a ValueError (an
+    # enum look-up, an exception and a repr in every child: ~25 page faults and their CPU).
+    setitimer, real, now, sig, alarm = (
+        signal.setitimer,
+        signal.ITIMER_REAL,
+        time.monotonic,
+        _signal.signal,
+        int(signal.SIGALRM),
+    )
+    compile_, eval_, exec_, len_, range_, view_ = compile, eval, exec, len, range, memoryview
+    type_, str_, base_exc, error_chars = type, str, BaseException, _ERROR_CHARS
+    timeout_exc, memory_exc, on_alarm = _CallTimeout, MemoryError, _on_alarm
+    call_s, define_s, max_bytes = lim.call_timeout_s, lim.effective_define_timeout_s, lim.max_value_bytes
+    too_large = _too_large(lim.max_result_bytes).encode()
+    builtins_ = __builtins__
+
+    def describe(exc: BaseException) -> str:
+        """``"Type: message"`` without trusting the exception (its ``__str__`` is untrusted code)."""
+        try:
+            name = type_(exc).__name__
+        except base_exc:
+            name = "Exception"
+        try:
+            setitimer(real, 0.5)
+            try:
+                msg = str_(exc)
+            finally:
+                setitimer(real, 0)
+            if type_(msg) is not str_:
+                msg = "<unprintable>"
+        except base_exc:
+            msg = "<unprintable>"
+        return f"{name}: {msg}"[:error_chars]
+
+    def harness(source: str, exprs: list[str], start: int, chan: int, token: bytes, budget: int) -> None:
+        """Define ``source``, evaluate ``exprs[start:]``, one authenticated frame each on ``chan``."""
+
+        def send(kind: bytes, code: int, index: int, payload: bytes, seconds: float = 0.0) -> None:
+            body = token + pack_frame(kind, code, index, seconds) + payload
+            view = view_(pack_hdr(len_(body)) + body)
+            while view:
+                view = view[write(chan, view) :]
+
+        namespace: dict = {"__name__": "program", "__builtins__": builtins_}
+        send(b"S", 0, -1, b"")  # set-up done: from here on, a death is the program's doing
+        try:
+            try:
+                sig(alarm, on_alarm)
+                setitimer(real, define_s)
+                exec_(compile_(source, "<program>", "exec"), namespace)
+            finally:
+                setitimer(real, 0)
+        except timeout_exc:
+            send(b"P", 0, -1, f"Timeout: program top level exceeded {define_s} s".encode())
+            exit_(0)
+        except BaseException as exc:  # noqa: BLE001 - any top-level failure is a program error
+            send(b"P", 0, -1, describe(exc).encode("utf-8", "replace"))
+            exit_(0)
+        send(b"R", 0, -1, b"")  # defined
+        for index in range_(start, len_(exprs)):
+            code, payload, t0 = 0, b"", now()
+            try:
+                try:
+                    sig(alarm, on_alarm)
+                    t0 = now()
+                    setitimer(real, call_s)
+                    payload = encode(eval_(compile_(exprs[index], "<call>", "eval"), namespace))
+                finally:
+                    setitimer(real, 0)
+                if now() - t0 > call_s:
+                    code, payload = 2, f"Timeout: call exceeded {call_s} s".encode()
+                elif len_(payload) > max_bytes:
+                    code, payload = 4, f"UnsupportedValue: result larger than {max_bytes} bytes".encode()
+                elif len_(payload) > budget:
+                    code, payload = 4, too_large
+                else:
+                    budget -= len_(payload)
+            except timeout_exc:
+                code, payload = 2, f"Timeout: call exceeded {call_s} s".encode()
+            except memory_exc:
+                code, payload = 3, b"MemoryError: memory limit reached"
+            except unsupported as exc:
+                code, payload = 4, f"UnsupportedValue: {exc.args[0] if exc.args else ''}".encode()
+            except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt included
+                code, payload = 1, describe(exc).encode("utf-8", "replace")
+            send(b"C", code, index, payload, now() - t0)
+        exit_(0)
+
+    return harness
