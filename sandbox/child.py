@@ -30,9 +30,11 @@ import os
 import struct
 import time
 
+from sandbox import landlock as _landlock
 from sandbox import limits as _limits
+from sandbox import syscall_filter as _syscalls
 from sandbox.harness import _TOKEN_BYTES
-from sandbox.supervision import _exit_reason, _supervise
+from sandbox.supervision import _exit_reason, _oom_killed, _supervise
 from sandbox.zygote import Zygote
 
 _PRELOAD = (
@@ -121,7 +123,16 @@ def worker_main() -> None:
         "ipc": isolation["ipc"].startswith("ipcns per worker and per program"),
         "n": 0,
         "oom_seen": 0,
+        "peak_fds": _limits.peak_reset_fds(isolation["cgroup_dirs"]),
     }
+    isolation["accounting"] = (
+        "memory high-water mark reset after every program (v1)"
+        if ctx["peak_fds"]
+        else "v2 memory.peak cannot be reset for other readers: unreadable to programs under Landlock"
+        if isolation["cgroup_dirs"]
+        else "no cgroup"
+    )
+    _deny_layers(settings, isolation, ctx)
     # The zygote is forked now, before any job exists in this process: every child forks from it, so
     # nothing of an earlier program (results, outputs, job data, frames, freed buffers) is reachable.
     ctx["zygote"] = Zygote(ctx, close_fds=(rfd, wfd))
@@ -139,6 +150,66 @@ def worker_main() -> None:
             write_msg(wfd, ("infra", job_id, f"{type(exc).__name__}: {exc}"))
             continue
         write_msg(wfd, ("result", job_id, calls, output))
+
+
+def _deny_layers(settings: dict, isolation: dict, ctx: dict) -> None:
+    """Prepare, once per worker, the deny-by-default layers each child applies (``sandbox/zygote.py``):
+    a fresh anonymous session keyring (the worker joins one first, so not even it possesses the trusted
+    parent's), the Landlock ruleset and the per-call scope ruleset (``sandbox/landlock.py``), the seccomp
+    allow-list (``sandbox/syscall_filter.py``). ``settings["deny"]``: ``on`` (default), ``off`` (the
+    benchmark's baseline) or ``kill`` (the allow-list's measurement: a denied call kills the process).
+    ``isolation`` gets one line per layer: active, or why not."""
+    deny = settings.get("deny", "on")
+    ctx.update(join_keyring=None, restrict=_landlock.restrict_function(), landlock_fd=-1, scope_fd=-1)
+    ctx["seccomp_load"] = None
+    if deny == "off":
+        for layer in ("seccomp", "landlock", "keyring"):
+            isolation[layer] = "off (deny='off')"
+        return
+    keyctl = _syscalls.syscall_number("keyctl")
+    if _limits.join_fresh_keyring(keyctl):
+        ctx["join_keyring"] = _limits.keyring_joiner(keyctl)
+        isolation["keyring"] = "a fresh anonymous session keyring per program (keyctl denied)"
+    else:
+        isolation["keyring"] = "unavailable (no keyctl here): the parent's session keyring stays possessed"
+    try:
+        program = _syscalls.build_filter("kill" if deny == "kill" else "eperm")
+        ctx["seccomp_load"] = _syscalls.loader(program)
+        isolation["seccomp"] = (
+            f"on (allow-list, {len(program) // 8} BPF instructions, default "
+            f"{'kill' if deny == 'kill' else 'EPERM'}; libseccomp)"
+        )
+    except OSError as exc:
+        isolation["seccomp"] = f"unavailable ({exc}; install libseccomp2)"
+        if settings.get("mode") == "require":
+            raise
+    tmp = isolation.get("private_tmp") or ["/tmp"]  # (no private tmpfs: the children's dirs are in /tmp)
+    try:
+        # (the hidden paths' covering tmpfs are empty but for the interpreter bound back: listing
+        # them shows what it showed before Landlock)
+        read = [
+            *(settings.get("keep_paths") or []),
+            *_limits.python_keep_paths(),
+            *isolation.get("hidden", []),
+        ]
+        ctx["landlock_fd"], abi = _landlock.make_ruleset(read, tmp)
+
+        def refresh(fd: int = ctx["landlock_fd"]) -> None:  # same descriptor, rules for the new tmpfs
+            new = _landlock.make_ruleset(read, tmp)[0]
+            os.dup2(new, fd)
+            os.close(new)
+
+        ctx["landlock_refresh"] = refresh
+        ctx["scope_fd"] = _landlock.scope_calls(abi)
+        isolation["landlock"] = (
+            f"on (ABI {abi}: read-only interpreter and system dirs, read-write {', '.join(tmp)}"
+            + ("; TCP, abstract sockets and signals scoped" if abi >= 6 else "")
+            + ")"
+            if abi
+            else "unavailable (the kernel has no Landlock, or it is disabled)"
+        )
+    except OSError as exc:
+        isolation["landlock"] = f"unavailable ({exc})"
 
 
 def _preload() -> None:
@@ -182,7 +253,9 @@ def oneshot_main(root: str) -> None:
         "ipc": False,
         "n": 0,
         "oom_seen": 0,
+        "peak_fds": [],
     }
+    _deny_layers(settings, {"private_tmp": []}, ctx)
     try:
         ctx["zygote"] = Zygote(ctx, close_fds=())
         try:
@@ -272,4 +345,12 @@ def _run_child(
         status = zygote.reap(pid)  # kills what is left, wipes the private tmpfs; raises if it could not
     if end == "died":
         end, detail = _exit_reason(status, *detail, ctx)
+    for index, item in got.items():  # an isolated call's process killed: the cgroup's OOM killer?
+        if item[0] == "error" and item[2] == "CallKilled: signal 9" and _oom_killed(ctx):
+            got[index] = (
+                "memory",
+                b"",
+                "MemoryError: the call's processes exceeded the memory limit",
+                item[3],
+            )
     return got, end, detail

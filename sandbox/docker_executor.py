@@ -4,7 +4,8 @@ What it does: for each program, creates a container from ``image`` with the netw
 memory limit (``memory_mb``, no swap), a pids limit, ``no-new-privileges`` and all capabilities
 dropped except those the in-container worker needs to drop to an unprivileged uid and clean up
 (SETUID, SETGID, KILL, CHOWN); copies in the sandbox worker (``sandbox/child.py``, ``harness.py``,
-``supervision.py``, ``zygote.py``, ``limits.py``, ``codea1_core/values.py``) and the job, starts it, waits (program cap + margin), fetches the result
+``supervision.py``, ``zygote.py``, ``limits.py``, ``landlock.py``, ``syscall_filter.py``,
+``codea1_core/values.py``) and the job, starts it, waits (program cap + margin), fetches the result
 file and removes the container. Inside, the same child/harness/frame protocol as the process backend
 applies (per-call limits, verdict integrity); the trusted parent decodes values.
 
@@ -39,6 +40,8 @@ _SHIPPED = (
     "sandbox/supervision.py",
     "sandbox/zygote.py",
     "sandbox/limits.py",
+    "sandbox/landlock.py",
+    "sandbox/syscall_filter.py",
 )
 
 

@@ -253,6 +253,9 @@ class ProcessExecutor:
         drop_privileges: when running as root, run children as a dedicated unprivileged uid per worker.
         infra_retries: retries of a program whose worker failed before reporting ``infra_error``.
         hide_paths: directories hidden from children (default: project, data folder, $HOME).
+        deny: the deny-by-default layers (seccomp allow-list, Landlock, fresh keyrings): ``on``;
+            ``off`` (the benchmark's baseline); ``kill`` (a denied syscall kills the child: how the
+            allow-list is measured, ``tests/test_sandbox_allowlist.py``).
     """
 
     def __init__(
@@ -263,7 +266,10 @@ class ProcessExecutor:
         drop_privileges: bool = True,
         infra_retries: int = 2,
         hide_paths: list[str] | None = None,
+        deny: str = "on",
     ) -> None:
+        if deny not in ("on", "off", "kill"):
+            raise ValueError(f"deny: expected on, off or kill, got {deny!r}")
         if network_isolation not in ("auto", "require", "off"):
             raise ValueError(f"network_isolation: expected auto, require or off, got {network_isolation!r}")
         if workers < 1 or infra_retries < 0:
@@ -279,6 +285,7 @@ class ProcessExecutor:
             "mode": network_isolation,
             "hide_paths": default_hide_paths() if hide_paths is None else list(hide_paths),
             "keep_paths": python_keep_paths(),
+            "deny": deny,
             "limits": {k: getattr(self.limits, k) for k in self.limits.__dataclass_fields__},
         }
         self.stats: dict[str, float] = dict.fromkeys(

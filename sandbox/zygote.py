@@ -186,10 +186,16 @@ def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
     reap, clean, prepare, child_main = _reap, _clean_tmp, _prepare_child, ctx["child_main"]
     uid, sock_fd, sol_socket, scm_rights = ctx["uid"], sock.fileno(), _SOL_SOCKET, _SCM_RIGHTS
     setpgid, write, cgroup_fds = os.setpgid, os.write, tuple(ctx["cgroup_fds"])
+    peak_fds = tuple(ctx["peak_fds"])
     tmp, reaping, offered = "", 0, -1
     while True:
         if reaping:  # the child the worker took ran its program: kill, reap, clean up
             status, err = reap(reaping, uid), 0
+            for fd in peak_fds:  # the next program must not see this one's high-water mark (v1)
+                try:
+                    write(fd, b"0")
+                except OSError:
+                    pass
             try:
                 clean(tmp, ctx)
             except OSError as exc:
@@ -316,6 +322,10 @@ def _make_child_main(ctx: dict) -> Callable[[int, int, int, int, str], None]:
     buffers = [bytearray(65536)]  # the job lands here: no allocation (a 64 KiB bytes object was ~6 faults)
     buffer = view(buffers[0])
     confine = _limits.child_confiner(ctx["rlimits"], ctx["uid"])
+    # The deny-by-default layers, all prepared by the worker (sandbox/child.py, _deny_layers): a fresh
+    # keyring, the Landlock ruleset, the scope-only ruleset each call joins, the seccomp allow-list.
+    join_keyring, restrict, ruleset = ctx["join_keyring"], ctx["restrict"], ctx["landlock_fd"]
+    scope, seccomp = (ctx["scope_fd"] if ctx["lim"].isolate_calls else -1), ctx["seccomp_load"]
 
     def child_main(sock_fd: int, job_r: int, chan: int, out_w: int, tmp: str) -> None:
         try:
@@ -324,6 +334,8 @@ def _make_child_main(ctx: dict) -> Callable[[int, int, int, int, str], None]:
             # (the zygote has put us in our own process group and in the worker's cgroup)
             if enter_ipc is not None and not enter_ipc():
                 exit_(72)
+            if join_keyring is not None and join_keyring() < 0:  # before the uid drop (issue: keyrings)
+                exit_(73)
             # The job, usually in one read (see _read_job_rest for the rest); reads of 1 MiB to EOF, as
             # before, were an mmap + mremap + munmap per child.
             n = readv(job_r, buffers)
@@ -336,11 +348,18 @@ def _make_child_main(ctx: dict) -> Callable[[int, int, int, int, str], None]:
             dup2(devnull, 0)
             dup2(out_w, 1)  # sys.stdout/sys.stderr (made by the zygote) write to descriptors 1 and 2
             dup2(out_w, 2)
+            if ruleset >= 0 and restrict(446, ruleset, 0) != 0:  # landlock_restrict_self
+                exit_(74)
+            call_scope = -1
+            if scope >= 0:  # kept just above the channel for the calls' processes
+                call_scope = dup2(scope, chan + 1)
             closerange(3, chan)  # the job pipe, the cgroup files, /dev/null, the output pipe's original
-            closerange(chan + 1, 65536)
+            closerange(chan + 2 if call_scope >= 0 else chan + 1, 65536)
             chdir(tmp)
             confine(cpu_s)
-            harness(source, exprs, start, chan, token, budget)
+            if seccomp is not None and seccomp() != 0:  # last: the allow-list denies what came before
+                exit_(75)
+            harness(source, exprs, start, chan, token, budget, call_scope)
         except BaseException:
             pass
         exit_(71)
@@ -414,7 +433,8 @@ def _clean_tmp(tmp: str, ctx: dict) -> None:
             os.rmdir(tmp)  # empty (the usual case): /tmp may then need no remount at all
         except OSError:
             pass
-        _limits.wipe_private_tmp(ctx["private_tmp"], ctx["lim"].max_file_mb)
+        if _limits.wipe_private_tmp(ctx["private_tmp"], ctx["lim"].max_file_mb) and ctx["landlock_fd"] >= 0:
+            ctx["landlock_refresh"]()  # its rules name the tmpfs just replaced
     else:
         remove_tree(tmp)
 
