@@ -72,6 +72,7 @@ def _make_harness(lim: _limits.ExecLimits) -> Callable[..., None]:
     too_large = _too_large(lim.max_result_bytes).encode()
     builtins_ = __builtins__
     isolate, freeze, restrict = lim.isolate_calls, gc.freeze, _landlock.restrict_function()
+    code_type, function_type = type(_on_alarm.__code__), type(_on_alarm)
     pipe_, fork_, close_, read_, kill_, waitpid_ = os.pipe, os.fork, os.close, os.read, os.kill, os.waitpid
     pidfd_open, poll_, pollin, set_blocking = os.pidfd_open, select.poll, select.POLLIN, os.set_blocking
     wifsignaled, wtermsig, wexitstatus, sigkill = (
@@ -102,15 +103,39 @@ def _make_harness(lim: _limits.ExecLimits) -> Callable[..., None]:
             msg = "<unprintable>"
         return f"{name}: {msg}"[:error_chars]
 
-    def evaluate(expr: str, namespace: dict) -> tuple[int, bytes, float]:
-        """One call: ``(status code, payload, seconds)``; the payload is capped, not yet budgeted."""
+    def plain(expr: str, namespace: dict) -> object:
+        """The compiled call if it only calls a function the program defined, on constants (``f(1, [2])``,
+        ``f(g(3))``: one name, no attribute, no other name, no lambda or comprehension), else None. Such
+        a call brings no code of its own: whatever it changes, the program's own code changed, as in a
+        script (its memo, a mutable default); every other call runs in its own process."""
+        try:
+            code = compile_(expr, "<call>", "eval")
+        except base_exc:  # noqa: BLE001 - reported by the call's own process
+            return None
+        names = code.co_names
+        if len_(names) > 1:
+            return None
+        for const in code.co_consts:
+            if type_(const) is code_type:
+                return None
+        if names:
+            fn = namespace.get(names[0])
+            if type_(fn) is not function_type or fn.__globals__ is not namespace:
+                return None
+        return code
+
+    def evaluate(expr: object, namespace: dict) -> tuple[int, bytes, float]:
+        """One call (its text or compiled code): ``(status code, payload, seconds)``; the payload is
+        capped, not yet budgeted."""
         code, payload, t0 = 0, b"", now()
         try:
             try:
                 sig(alarm, on_alarm)
                 t0 = now()
                 setitimer(real, call_s)
-                payload = encode(eval_(compile_(expr, "<call>", "eval"), namespace))
+                if type_(expr) is str_:
+                    expr = compile_(expr, "<call>", "eval")
+                payload = encode(eval_(expr, namespace))
             finally:
                 setitimer(real, 0)
             if now() - t0 > call_s:
@@ -222,10 +247,11 @@ def _make_harness(lim: _limits.ExecLimits) -> Callable[..., None]:
         if isolate:
             freeze()  # the copies then write fewer of the defined program's pages
         for index in range_(start, len_(exprs)):
-            if isolate:
+            call = plain(exprs[index], namespace) if isolate else exprs[index]
+            if call is None:
                 code, payload, seconds = evaluate_apart(exprs[index], namespace, chan, scope)
             else:
-                code, payload, seconds = evaluate(exprs[index], namespace)
+                code, payload, seconds = evaluate(call, namespace)
             if code == 0:
                 if len_(payload) > budget:
                     code, payload = 4, too_large

@@ -416,3 +416,42 @@ def test_landlock_confines_files(ex):
     for _ in range(2):  # the second program runs on a fresh private tmpfs
         out = ex.run(program, calls + ["open(os.environ['HOME'] + '/f', 'w').write('abc')"])
         assert [o.value for o in out] == [False, False, True, "x", 3], out
+
+
+def test_a_tampering_call_fails_alone_when_calls_are_isolated(ex):
+    """With calls isolated (the pipeline's default) a call bringing code of its own (``os._exit``, forged
+    frames on every descriptor, closing the result channel) runs in its own process: it fails itself
+    and never reaches the result channel, and the program's other calls keep their honest values
+    (without isolation every later call of the program is tainted, ``tests/test_sandbox_hostile.py``).
+    A call of the program's own function on constants runs in the program's process, as before."""
+    forge = (
+        "import os, struct\n"
+        "def forge():\n"
+        "    junk = struct.pack('>I', 37) + b'\\x00' * 16 + struct.pack('>cBid', b'C', 0, 1, 0.0) + b'i' + b'\\x00' * 7 + b'\\x01'\n"
+        "    for fd in range(3, 20000):\n"
+        "        try:\n"
+        "            os.write(fd, junk)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    return 'forged'\n"
+    )
+    close_std = (
+        "import os\ndef close_std():\n    for fd in (0, 1, 2):\n        os.close(fd)\n    return 'closed'\n"
+    )
+    jobs = [
+        ("import os\n", ["1", "os._exit(0)", "2"]),
+        (forge, ["forge()", "1"]),
+        (close_std, ["close_std()", "1", "print('x')"]),
+        ("import os\n", ["os.closerange(3, 65536)", "2"]),
+    ]
+    jobs.append((forge.replace("def forge():", "def forge(unused):"), ["forge(__import__('os'))", "1"]))
+    got = [[(o.status, o.value, o.error.split(":")[0]) for o in outs] for outs in ex.run_many(jobs)]
+    assert got == [
+        [("ok", 1, ""), ("error", None, "ChildExited"), ("ok", 2, "")],
+        # the program's own function on constants runs in the program's process, as without isolation
+        [("error", None, "SandboxViolation"), ("error", None, "SandboxViolation")],
+        # print, with 0-2 closed: its output lands on the call's own result pipe (a malformed result)
+        [("ok", "closed", ""), ("ok", 1, ""), ("error", None, "SandboxViolation")],
+        [("error", None, "ChildExited"), ("ok", 2, "")],
+        [("error", None, "SandboxViolation"), ("ok", 1, "")],  # a call with code of its own: apart
+    ], got
