@@ -48,10 +48,12 @@ Linux it provides, per program:
     does at start: the trusted parent's keyring is never possessed); the worker cgroup's memory
     high-water mark is reset after every program (v1; v2's is unreadable under Landlock);
   * with ``ExecLimits.isolate_calls`` (the project's executors: ``sandbox.isolate_calls``, default
-    true) each call runs in its own forked copy of the defined program, without the result channel,
-    in a Landlock domain that cannot signal the process reporting the calls: no call can change the
-    value of another (the reference run's expected values, the candidates' verdicts, the Mistake
-    Book's replay), and a tampering call fails only itself;
+    true) each call that brings code of its own (anything but the program's own function called on
+    constants) runs in its own forked copy of the defined program, without the result channel, in a
+    Landlock domain that cannot signal the process reporting the calls: no call can change the value
+    of another (the reference run's expected values, the candidates' verdicts, the Mistake Book's
+    replay), and such a tampering call fails only itself (the program's own code, e.g. a memo, still
+    carries state from call to call, as in a script);
   * a scrubbed environment, stdin on /dev/null, stdout/stderr captured and truncated;
   * per-call time limits enforced twice: SIGALRM in the child and a wall clock in the worker, which
     kills the child and restarts the program at the next call, so one hang fails only its call (D3);

@@ -79,8 +79,10 @@ class ExecLimits:
     isolate_calls: bool = False
     """Each call runs in its own forked copy of the defined program, so no call can change what
     another returns (a call whose argument rebinds the function under test, patches a builtin or
-    leaves state in the program's objects); False: all calls in one namespace, in order. The
-    project's executors turn it on (``sandbox.isolate_calls``, default true, ``sandbox/factory.py``)."""
+    leaves state in the program's objects); False: all calls in one namespace, in order. Only calls
+    that bring code of their own are forked (``sandbox/harness.py``, ``plain``): a call of a function
+    the program defined, on constants, runs in the program's process (dataset inputs cost no fork).
+    The project's executors turn it on (``sandbox.isolate_calls``, default true, ``sandbox/factory.py``)."""
     max_decode_s: float = 10.0
     """CPU seconds the trusted parent may spend decoding one program's results; calls past it are
     ``unsupported_output`` (``sandbox/decoding.py``)."""

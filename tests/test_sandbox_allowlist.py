@@ -1,16 +1,17 @@
 """The syscall allow-list, measured: honest workloads never hit a denied syscall.
 
 The project's honest workloads — the lab's reference solutions and buggy variants on their golden tests,
-HumanEval+ / MBPP+ canonical solutions on their inputs (``$CODEA1_DATA_DIR``) — run twice on pools built
-as the pipeline builds them (calls isolated): once with the deny-by-default layers off, once with the
-allow-list's measurement mode (``deny="kill"``: a denied syscall KILLS the process, so an EPERM a
-program would have swallowed cannot go unseen). Every outcome must be the same. The default run takes a
+HumanEval+ / MBPP+ canonical solutions on their inputs (``$CODEA1_DATA_DIR``) — run twice: once as before
+the deny-by-default change (layers off, all calls in one namespace), once as the pipeline runs them now
+(calls isolated) in the allow-list's measurement mode (``deny="kill"``: a denied syscall KILLS the
+process, so an EPERM a program would have swallowed cannot go unseen). Every outcome must be the same. The default run takes a
 subset of EvalPlus (base inputs of the first tasks); the ``slow`` one takes every task with its plus
 inputs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -52,7 +53,8 @@ def _evalplus_jobs(inputs: tuple[str, ...], max_tasks: int) -> list[tuple[str, l
 
 
 def _run(jobs, deny: str):
-    with ProcessExecutor(workers=2, limits=LIMITS, deny=deny) as ex:
+    limits = dataclasses.replace(LIMITS, isolate_calls=deny != "off")
+    with ProcessExecutor(workers=2, limits=limits, deny=deny) as ex:
         if deny == "kill":
             assert ex.isolation["seccomp"].startswith("on"), ex.isolation["seccomp"]
         return ex.run_many(jobs)
