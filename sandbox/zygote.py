@@ -172,6 +172,8 @@ def _prepare_zygote(ctx: dict) -> None:
     ctx["child_main"] = _make_child_main(ctx)
     ctx["tmp_prefix"] = f"/tmp/codea1-run-{os.getpid()}-"
     ctx["environ_store"] = os.environ._data  # bytes -> bytes on POSIX; see _prepare_child
+    if ctx["seccomp_zygote"] is not None and ctx["seccomp_zygote"]() != 0:  # last: no-new-privs is set
+        raise OSError("the zygote could not load its syscall filter")
 
 
 def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
