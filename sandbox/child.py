@@ -166,7 +166,7 @@ def _deny_layers(settings: dict, isolation: dict, ctx: dict) -> None:
         for layer in ("seccomp", "landlock", "keyring"):
             isolation[layer] = "off (deny='off')"
         return
-    keyctl = _syscalls.syscall_number("keyctl")
+    keyctl = _syscalls.syscall_number("keyctl") or _limits.KEYCTL_NR.get(os.uname().machine)
     fresh = _limits.join_fresh_keyring(keyctl)  # the worker's own: the parent's is possessed no more
     try:
         zygote_filter, child_filter = _syscalls.build_filters("kill" if deny == "kill" else "eperm")

@@ -44,8 +44,9 @@ Linux it provides, per program:
     creation, bpf, perf, userfaultfd, io_uring, inotify/fanotify, file locks, ``socket``/``connect``
     and more are denied) and joins a Landlock domain (kernel permitting: read-only interpreter and
     system directories, read-write private tmp, nothing else, not /sys; TCP, abstract Unix sockets and
-    signals scoped); it joins a fresh anonymous session keyring before the uid drop (the worker itself
-    does at start: the trusted parent's keyring is never possessed); the worker cgroup's memory
+    signals scoped); the worker joins a fresh anonymous session keyring at start (the trusted parent's
+    is never possessed), which its children share but cannot use (every keyring call is denied; without
+    the filter each child joins its own before the uid drop); the worker cgroup's memory
     high-water mark is reset after every program (v1; v2's is unreadable under Landlock);
   * with ``ExecLimits.isolate_calls`` (the project's executors: ``sandbox.isolate_calls``, default
     true) each call that brings code of its own (anything but the program's own function called on
