@@ -29,6 +29,13 @@ $(STAMP): pyproject.toml constraints.txt
 	  $(BIN)/python -m pip install -q torch==2.13.0 $(TORCH_PIP_ARGS); \
 	fi
 	@$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	@# the sandbox's syscall allow-list loads the system libseccomp (sandbox/syscall_filter.py)
+	@if ! $(BIN)/python -c "import ctypes; ctypes.CDLL('libseccomp.so.2')" 2>/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get install -y -q libseccomp2 >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q libseccomp2 >/dev/null) \
+	      || echo "setup: could not install libseccomp2: the sandbox runs without its syscall filter" >&2; \
+	  else echo "setup: libseccomp.so.2 not found: the sandbox runs without its syscall filter (apt-get install libseccomp2)" >&2; fi; \
+	fi
 	@touch $(STAMP)
 
 ## run: the main job — `dvc repro` of the default pipeline (prepare -> warmstart -> train -> evaluate -> register)

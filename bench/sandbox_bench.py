@@ -24,6 +24,11 @@ What it does not do: check results beyond counting statuses (the tests do that).
 Run: ``python bench/sandbox_bench.py [--trivial 2000] [--workers 2] [--data-dir DIR]``, or
 ``python bench/sandbox_bench.py --compare-ref e7470d3 [--rounds 3]``.
 
+With ``--deny-compare`` it measures instead the CPU per program with the deny-by-default layers (the
+seccomp allow-list, Landlock, a fresh keyring per program) and without (``deny="off"``), and with each
+call in its own process (``isolate_calls``, the pipeline's default), in one run of interleaved rounds,
+beside the fork floor (goal: the filter within 5 % of without).
+
 ``--ray`` (needs ``pip install -e '.[ray]'``) measures instead, on the same two workloads in one run, the
 process pool beside the Ray backend on one node (a local Ray runtime, one actor owning a pool of ``--workers``
 workers): programs/s of both and the per-program overhead Ray adds, ``ray_s / process_s - 1`` (goal <= 10 %
@@ -112,6 +117,42 @@ def run_executor(
         seconds = time.perf_counter() - t0
         cpu_s = sum(map(_tree_cpu_s, pids)) + time.process_time() - cpu0
     return seconds, cpu_s, collections.Counter(o.status for r in results for o in r)
+
+
+def cpu_per_program_ms(
+    jobs: list[tuple[str, list[str]]], workers: int, deny: str, isolate_calls: bool
+) -> float:
+    """CPU ms per program (workers, zygotes, children, parent) on a warm fully isolated pool."""
+    limits = ExecLimits(call_timeout_s=5.0, program_timeout_s=60.0, isolate_calls=isolate_calls)
+    with ProcessExecutor(workers=workers, limits=limits, deny=deny) as ex:
+        ex.run_many(jobs[: 2 * workers])  # warm-up
+        pids = [w.proc.pid for w in ex._workers]
+        cpu0 = sum(map(_tree_cpu_s, pids)) + time.process_time()
+        ex.run_many(jobs)
+        return 1000 * (sum(map(_tree_cpu_s, pids)) + time.process_time() - cpu0) / len(jobs)
+
+
+def deny_compare(rounds: int, workers: int, suites: dict[str, list[tuple[str, list[str]]]]) -> None:
+    """CPU per program with the deny-by-default layers (seccomp allow-list, Landlock, fresh keyrings) and
+    without, and with each call in its own process (``isolate_calls``, the pipeline's default), in ONE
+    run: interleaved rounds (off, on, on+isolated, then reversed), medians, the fork floor before/after."""
+    floors = [fork_floor_ms()]
+    arms = (("off", False), ("on", False), ("on", True))
+    got: dict[tuple[str, str, bool], list[float]] = collections.defaultdict(list)
+    for r in range(rounds):
+        for deny, isolate in arms if r % 2 == 0 else arms[::-1]:
+            for suite, jobs in suites.items():
+                got[suite, deny, isolate].append(cpu_per_program_ms(jobs, workers, deny, isolate))
+    floors.append(fork_floor_ms())
+    floor_ms = statistics.mean(floors)
+    print(f"  fork+exit+wait floor (bare python3, before/after): {floors[0]:.3f} / {floors[1]:.3f} ms CPU")
+    for suite, jobs in suites.items():
+        off, on, iso = (statistics.median(got[suite, d, i]) for d, i in arms)
+        calls = sum(len(c) for _, c in jobs) / len(jobs)
+        print(f"\n{suite} ({len(jobs)} programs, {calls:.1f} calls each; medians of {rounds} rounds)")
+        print(f"  CPU ms/program  filter off {off:.3f}   filter on {on:.3f}   on + isolated calls {iso:.3f}")
+        print(f"  filter on / off: {on / off:.3f} (goal <= 1.05)   isolated calls / on: {iso / on:.3f}")
+        print(f"  vs the floor ({floor_ms:.2f} ms): off {off / floor_ms:.2f} x, on {on / floor_ms:.2f} x")
 
 
 def run_baseline(jobs: list[tuple[str, list[str]]], workers: int) -> tuple[float, float]:
@@ -301,6 +342,9 @@ def main() -> None:
     parser.add_argument("--compare-ref", default="", help="git revision to compare this executor against")
     parser.add_argument("--ray", action="store_true", help="process pool vs the Ray backend instead")
     parser.add_argument(
+        "--deny-compare", action="store_true", help="CPU/program with the syscall filter vs without instead"
+    )
+    parser.add_argument(
         "--rounds", type=int, default=3, help="--compare-ref: interleaved rounds; --ray: alternating rounds"
     )
     args = parser.parse_args()
@@ -313,6 +357,15 @@ def main() -> None:
         print(f"\nload average after: {os.getloadavg()[0]:.2f}")
         return
     trivial = [(f"def f(x):\n    return x + {i}\n", ["f(1)"]) for i in range(args.trivial)]
+    if args.deny_compare:
+        suites = {"trivial programs (one call)": trivial}
+        if (data_dir / "humanevalplus").is_dir():
+            suites["HumanEval+ canonical solutions, base inputs"] = [
+                (w.program, w.calls) for w in evalplus_workloads(data_dir, "humanevalplus", ("base_input",))
+            ]
+        deny_compare(args.rounds, args.workers, suites)
+        print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+        return
     if args.ray:
         main_ray(args, trivial)
         return

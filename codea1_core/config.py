@@ -260,6 +260,13 @@ class SandboxConfig:
     """``require``: fail at start-up without a network namespace or bubblewrap; ``auto``: best available."""
     drop_privileges: bool = True
     """When running as root, run children as an unprivileged uid."""
+    isolate_calls: bool = True
+    """Each call runs in its own forked copy of the defined program (``sandbox.ExecLimits.isolate_calls``),
+    so no call of one test can change the value of another, in the reference run (expected values),
+    the candidates' runs, evaluation and the Mistake Book's replay (ours; the official implementation
+    evaluates all suites' calls of a code in one program, in order: docs/method.md §6.2). Only calls that
+    bring code of their own are forked: a call of the program's own function on constants is not.
+    False: all calls of a program in one namespace, in order."""
     docker_image: str = "python:3.11-slim"
     """Image of the Docker backend."""
     ray_address: str = ""

@@ -9,10 +9,13 @@ decoder does not need for trusted bytes:
     (``values_equal`` uses ``==`` on sets), costs at most that factor per key instead of the quadratic
     blow-up of colliding keys (a 100 x repeated set of 3000 colliding ints: one ``[s] * 100`` in the
     child, seconds of the parent's time when decoded naively);
-  * memory: every object built is charged an estimate of its size against a :class:`DecodeBudget`
-    shared by all calls of one program (``DECODED_PER_ENCODED_BYTE`` times its result cap), so the
-    parent's memory per program, hence per batch, is bounded whatever the program returns (an encoding
-    of a million empty sets is 5 MB but would be 216 MB of objects).
+  * memory: every object built is charged its real CPython size (``sys.getsizeof``; a container's
+    floor is charged before it is built) against a :class:`DecodeBudget` shared by all calls of one
+    program (``DECODED_PER_ENCODED_BYTE`` times its result cap), so the parent's memory per program,
+    hence per batch, is bounded whatever the program returns (an encoding of a million empty sets is
+    5 MB but would be 216 MB of objects);
+  * time: the same budget holds the program's decode time (``ExecLimits.max_decode_s`` of the decoding
+    thread's CPU); past it the call, and every later call of the program, is ``unsupported_output``.
 
 Rejections raise :class:`ResultRejected` (the call is ``unsupported_output``); malformed bytes raise
 ``ValueError`` as in ``values.decode``. :func:`outcomes_of` turns one program's reported calls into
@@ -23,6 +26,8 @@ program (no ``__hash__``/``__eq__`` of user classes can be reached: only plain t
 from __future__ import annotations
 
 import struct
+import sys
+import time
 from typing import Any
 
 from codea1_core.types import CallOutcome
@@ -35,12 +40,20 @@ DECODED_PER_ENCODED_BYTE = 4
 """Decoded-object bytes a program may cost per byte of its result cap (1 GiB at the default cap; a
 list of ints costs ~4.4 x its encoding, of 1-character strings ~10 x, of empty sets ~43 x)."""
 
+_cpu = time.thread_time  # the decoding thread's own CPU: a loaded machine does not shorten the cap
+_size = sys.getsizeof
 _Q = struct.Struct(">q")
 _D = struct.Struct(">d")
 _L = struct.Struct(">I")
 _CONTAINER_TAGS = frozenset(b"ltSZd")
-_BASE_BYTES = {0x6C: 56, 0x74: 40, 0x53: 216, 0x5A: 216, 0x64: 64}  # empty list, tuple, set, frozenset, dict
-_ITEM_BYTES = {0x6C: 8, 0x74: 8, 0x53: 40, 0x5A: 40, 0x64: 48}  # per item (hash tables: slack included)
+# A floor of each container's size charged before it is built (empty list, tuple, set, frozenset, dict;
+# per item), then ``sys.getsizeof`` of what was built: CPython's real size, hash tables and
+# over-allocation included (``tests/test_sandbox_deny.py`` checks the charges against tracemalloc).
+_BASE_BYTES = {0x6C: 56, 0x74: 40, 0x53: 216, 0x5A: 216, 0x64: 64}
+_ITEM_BYTES = {0x6C: 8, 0x74: 8, 0x53: 16, 0x5A: 16, 0x64: 16}
+_EMPTY = {0x6C: list, 0x74: tuple, 0x53: set, 0x5A: frozenset, 0x64: dict}
+_EMPTY_BYTES = {tag: sys.getsizeof(make()) for tag, make in _EMPTY.items()}
+_INT_BYTES = 32  # an int object of up to 60 bits, as allocated (28 or 32 bytes, 8-byte aligned)
 
 
 class ResultRejected(ValueError):
@@ -48,15 +61,29 @@ class ResultRejected(ValueError):
 
 
 class DecodeBudget:
-    """Decoded bytes one program may still cost the parent (shared by the calls of that program)."""
+    """Decoded bytes and CPU seconds one program may still cost the parent (shared by its calls)."""
 
-    def __init__(self, result_cap_bytes: int) -> None:
+    def __init__(self, result_cap_bytes: int, max_cpu_s: float | None = None) -> None:
         self.left = result_cap_bytes * DECODED_PER_ENCODED_BYTE
+        self.deadline = None if max_cpu_s is None else _cpu() + max_cpu_s
+        self.max_cpu_s = max_cpu_s
+        self._ticks = 0
+        self.spent = "result too large (decoded size over the program's budget)"
 
     def charge(self, nbytes: int) -> None:
         self.left -= nbytes
         if self.left < 0:
-            raise ResultRejected("result too large (decoded size over the program's budget)")
+            raise ResultRejected(self.spent)
+        self._ticks += 1
+        if self._ticks & 1023 == 0:
+            self.check_time()
+
+    def check_time(self) -> None:
+        """Raise once the program's decode time is spent (checked every 1,024 objects: ~50 us apart)."""
+        if self.deadline is not None and _cpu() > self.deadline:
+            self.left = -1  # every later call of the program is refused at once
+            self.spent = f"decode time over the program's cap ({self.max_cpu_s} s of parent CPU)"
+            raise ResultRejected(self.spent)
 
 
 def decode_result(data: bytes, budget: DecodeBudget) -> Any:
@@ -67,6 +94,9 @@ def decode_result(data: bytes, budget: DecodeBudget) -> Any:
         ValueError: malformed bytes.
     """
     view = memoryview(data)
+    if budget.left < 0:
+        raise ResultRejected(budget.spent)
+    budget.check_time()
     try:
         value, pos = _dec(view, 0, 0, budget)
     except ResultRejected:
@@ -90,12 +120,14 @@ def _dec(view: memoryview, pos: int, depth: int, budget: DecodeBudget) -> tuple[
     if tag in _CONTAINER_TAGS:
         return _dec_container(view, tag, pos, depth, budget)
     if tag == 0x69:  # i
-        budget.charge(32)
-        return _Q.unpack_from(view, pos)[0], pos + 8
+        value = _Q.unpack_from(view, pos)[0]
+        budget.charge(0 if -5 <= value <= 256 else _INT_BYTES)  # (small ints are shared, not built)
+        return value, pos + 8
     if tag == 0x73:  # s
         (n,) = _L.unpack_from(view, pos)
-        budget.charge(80 + n)  # a str takes at most as many bytes per character as UTF-8 does
-        return _take(view, pos + 4, n).decode("utf-8", "surrogatepass"), pos + 4 + n
+        text = _take(view, pos + 4, n).decode("utf-8", "surrogatepass")
+        budget.charge(_size(text))
+        return text, pos + 4 + n
     if tag == 0x66:  # f
         budget.charge(24)
         return _D.unpack_from(view, pos)[0], pos + 8
@@ -110,9 +142,10 @@ def _dec(view: memoryview, pos: int, depth: int, budget: DecodeBudget) -> tuple[
         return False, pos
     if tag == 0x49 or tag == 0x62:  # I b
         (n,) = _L.unpack_from(view, pos)
-        budget.charge(40 + n)
         raw = _take(view, pos + 4, n)
-        return (int.from_bytes(raw, "big", signed=True) if tag == 0x49 else raw), pos + 4 + n
+        value = int.from_bytes(raw, "big", signed=True) if tag == 0x49 else raw
+        budget.charge(_size(value))
+        return value, pos + 4 + n
     raise ValueError(f"unknown tag {tag:#x} at byte {pos - 1}")
 
 
@@ -121,22 +154,30 @@ def _dec_container(view: memoryview, tag: int, pos: int, depth: int, budget: Dec
         raise ValueError(f"nested deeper than {MAX_DEPTH}")
     (n,) = _L.unpack_from(view, pos)
     pos += 4
+    if n == 0:  # (common in flooding results: one call, a charge, no hash check)
+        budget.charge(_EMPTY_BYTES[tag])
+        return _EMPTY[tag](), pos
     if n > len(view) - pos:  # every item takes at least one byte
         raise ValueError("truncated container")
-    budget.charge(_BASE_BYTES[tag] + _ITEM_BYTES[tag] * n)  # ~ sys.getsizeof of the container built
+    floor = _BASE_BYTES[tag] + _ITEM_BYTES[tag] * n  # at most what CPython will allocate for it
+    budget.charge(floor)  # before building: nothing larger than the budget is ever built
     items = []
     for _ in range(n * 2 if tag == 0x64 else n):
         item, pos = _dec(view, pos, depth + 1, budget)
         items.append(item)
     if tag == 0x6C:
-        return items, pos
-    if tag == 0x74:
-        return tuple(items), pos
-    keys = items[0::2] if tag == 0x64 else items
-    _check_hash_spread(keys)
-    if tag == 0x64:
-        return dict(zip(keys, items[1::2], strict=True)), pos
-    return (set(items) if tag == 0x53 else frozenset(items)), pos
+        value: Any = items
+    elif tag == 0x74:
+        value = tuple(items)
+    else:
+        keys = items[0::2] if tag == 0x64 else items
+        _check_hash_spread(keys)
+        if tag == 0x64:
+            value = dict(zip(keys, items[1::2], strict=True))
+        else:
+            value = set(items) if tag == 0x53 else frozenset(items)
+    budget.charge(max(_size(value) - floor, 0))  # then its real size (hash tables, over-allocation)
+    return value, pos
 
 
 def _check_hash_spread(keys: list) -> None:
@@ -154,7 +195,7 @@ def _check_hash_spread(keys: list) -> None:
 
 def outcomes_of(calls: list[tuple], limits: ExecLimits) -> list[CallOutcome]:
     """Decode one program's reported calls, all charged to one decode budget (bounded parent memory)."""
-    budget = DecodeBudget(limits.max_result_bytes)
+    budget = DecodeBudget(limits.max_result_bytes, limits.max_decode_s)
     return [_to_outcome(c, budget) for c in calls]
 
 

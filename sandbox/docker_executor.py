@@ -3,7 +3,8 @@
 What it does: for each program, creates a container from ``image`` with the network disabled, a
 memory limit (``memory_mb``, no swap), a pids limit, ``no-new-privileges`` and all capabilities
 dropped except those the in-container worker needs to drop to an unprivileged uid and clean up
-(SETUID, SETGID, KILL, CHOWN); copies in the sandbox worker (``sandbox/child.py``, ``limits.py``,
+(SETUID, SETGID, KILL, CHOWN); copies in the sandbox worker (``sandbox/child.py``, ``harness.py``,
+``supervision.py``, ``zygote.py``, ``limits.py``, ``landlock.py``, ``syscall_filter.py``,
 ``codea1_core/values.py``) and the job, starts it, waits (program cap + margin), fetches the result
 file and removes the container. Inside, the same child/harness/frame protocol as the process backend
 applies (per-call limits, verdict integrity); the trusted parent decodes values.
@@ -32,7 +33,16 @@ from sandbox.limits import ExecLimits
 _ROOT_IN_CONTAINER = "/codea1"
 _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from sandbox.child import oneshot_main; oneshot_main(sys.argv[1])"
 _REPO = Path(__file__).resolve().parent.parent
-_SHIPPED = ("codea1_core/values.py", "sandbox/child.py", "sandbox/limits.py")
+_SHIPPED = (
+    "codea1_core/values.py",
+    "sandbox/child.py",
+    "sandbox/harness.py",
+    "sandbox/supervision.py",
+    "sandbox/zygote.py",
+    "sandbox/limits.py",
+    "sandbox/landlock.py",
+    "sandbox/syscall_filter.py",
+)
 
 
 class DockerExecutor:

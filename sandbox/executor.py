@@ -35,6 +35,26 @@ Linux it provides, per program:
     fresh ones after every program that used them (no walk over what the program built: no tree shape
     can make the clean-up fail); the project checkout, the data folder and $HOME are covered by empty
     read-only tmpfs (only the Python installation is bound back, read-only);
+  * /dev is a read-only tmpfs holding only null, zero, full, random, urandom (no host pty pool, no
+    /dev/log, kmsg or tty), and /run (= /var/run, where host daemons keep their sockets) is covered by
+    a read-only tmpfs holding only the private lock directories (``ex.isolation["dev"]``, ``["run"]``);
+  * deny by default (``sandbox/syscall_filter.py``, ``sandbox/landlock.py``; ``ex.isolation`` reports
+    each layer, or why it is off): every child loads a seccomp-bpf allow-list (default ``EPERM``: the
+    program gets a ``PermissionError``, the worker lives; keyrings, ptrace, the mount family, namespace
+    creation, bpf, perf, userfaultfd, io_uring, inotify/fanotify, file locks, ``socket``/``connect``
+    and more are denied) and joins a Landlock domain (kernel permitting: read-only interpreter and
+    system directories, read-write private tmp, nothing else, not /sys; TCP, abstract Unix sockets and
+    signals scoped); the worker joins a fresh anonymous session keyring at start (the trusted parent's
+    is never possessed), which its children share but cannot use (every keyring call is denied; without
+    the filter each child joins its own before the uid drop); the worker cgroup's memory
+    high-water mark is reset after every program (v1; v2's is unreadable under Landlock);
+  * with ``ExecLimits.isolate_calls`` (the project's executors: ``sandbox.isolate_calls``, default
+    true) each call that brings code of its own (anything but the program's own function called on
+    constants) runs in its own forked copy of the defined program, without the result channel, in a
+    Landlock domain that cannot signal the process reporting the calls: no call can change the value
+    of another (the reference run's expected values, the candidates' verdicts, the Mistake Book's
+    replay), and such a tampering call fails only itself (the program's own code, e.g. a memo, still
+    carries state from call to call, as in a script);
   * a scrubbed environment, stdin on /dev/null, stdout/stderr captured and truncated;
   * per-call time limits enforced twice: SIGALRM in the child and a wall clock in the worker, which
     kills the child and restarts the program at the next call, so one hang fails only its call (D3);
@@ -43,16 +63,18 @@ Linux it provides, per program:
     together by ``max_result_bytes`` (checked by the harness and again by the worker; past it a call
     is ``unsupported_output`` "result too large"); the parent decodes with ``sandbox/decoding.py``,
     linear in the input (sets/dicts with more than 32 keys sharing one hash are ``unsupported_output``)
-    and charging every object built to a per-program budget (4 x ``max_result_bytes``, 1 GiB by
-    default), so the parent's decoded results of a batch take at most ``jobs x 4 x max_result_bytes``
-    whatever programs return (the default cap, 256 MiB, keeps every EvalPlus reference chunk whole);
+    and charging every object built its real CPython size to a per-program budget (4 x
+    ``max_result_bytes``, 1 GiB by default) and its decode time to ``max_decode_s`` of CPU, so the
+    parent's decoded results of a batch take at most ``jobs x 4 x max_result_bytes`` whatever programs
+    return (the default cap, 256 MiB, keeps every EvalPlus reference chunk whole);
   * a worker whose machinery fails (fork, mount, its zygote gone) answers ``infra``: the parent replaces
     it and retries the job (up to ``infra_retries``), so a broken worker never stays in the pool;
   * reproducibility: every worker runs with PYTHONHASHSEED=0, so set/dict orders of a program are the
     same in every worker (a candidate matching the reference never fails by chance).
 
 The program runs as module ``program`` (``if __name__ == "__main__":`` blocks do not run); each call is an
-expression evaluated in its namespace, in order, so calls see globals changed by earlier calls.
+expression evaluated in its namespace, in order: with ``isolate_calls`` each in a fresh copy of the
+namespace as the definition left it, else in the one namespace (calls see globals changed by earlier ones).
 
 Statuses: ok / error ("Type: message") / timeout / memory (MemoryError under RLIMIT_AS, or a cgroup OOM
 kill) / unsupported_output (not plain data, see ``codea1_core.values``, or too large, or hash-flooded) /
@@ -74,8 +96,12 @@ the program did not compute.
 NOT covered (honestly): candidate code runs in the same process as the harness, so a program that
 deliberately introspects the interpreter (``gc.get_objects``, frame locals, ``/proc/self/mem``,
 ``sys.settrace``) can read ITS OWN token and write well-formed frames claiming values of its choosing
-for its own later calls; no in-process scheme prevents that, only a separate process per call would.
-Also not covered: kernel exploits; reading world-readable host files outside the hidden paths
+for its own later calls (with ``isolate_calls``, only its top level can: a call's process has no
+channel); no in-process scheme prevents that.
+Also not covered: kernel exploits and bugs of the allowed syscalls; timing channels between programs
+(CPU, caches, /proc counters); with Landlock off (kernel < 5.13, or a container hiding it) reading /sys
+and, under cgroup v2, the previous program's ``memory.peak``; signals from a call's process to the one
+reporting the calls below Landlock ABI 6; reading world-readable host files outside the hidden paths
 (/etc, /usr, /proc of other processes' command lines); writing /proc or /sys files a non-root uid may
 write (few; they are left writable because the worker needs its cgroup files); CPU contention with
 other workers (no cpu cgroup); memory beyond ``memory_mb`` where no cgroup is writable (then only
@@ -85,15 +111,16 @@ there is no uid drop, no namespaces and no cgroup (``network_isolation="auto"`` 
 ``ex.isolation``; ``"require"`` refuses to start); bubblewrap is not used.
 
 Cost: per program, one fork of the zygote, one job message, one reap round trip; every step that is
-the same for all children is done once by the zygote (``sandbox/child.py``, ``_prepare_zygote``),
+the same for all children is done once by the zygote (``sandbox/zygote.py``, ``_prepare_zygote``),
 because a forked child pays a copy-on-write page fault for every page it writes (and the zygote, whose
 pages each fork write-protects, one for every page its loop writes): so the child's set-up and the
 zygote's loop are closures with their names bound once, libraries are bound at start-up
 (``LD_BIND_NOW``), and the worker takes small frames arriving together in one wake-up
 (``_supervise``). ``tests/test_sandbox_cost.py`` counts the faults; ``bench/sandbox_bench.py`` the CPU.
 
-Run its tests: ``pytest tests/test_sandbox.py tests/test_sandbox_hostile.py tests/test_sandbox_cost.py``;
-the benchmark: ``python bench/sandbox_bench.py``.
+Run its tests: ``pytest tests/test_sandbox.py tests/test_sandbox_hostile.py tests/test_sandbox_cost.py
+tests/test_sandbox_deny.py tests/test_sandbox_allowlist.py``; the benchmark: ``python bench/sandbox_bench.py``
+(``--deny-compare``: CPU per program with the deny-by-default layers and without).
 """
 
 from __future__ import annotations
@@ -253,6 +280,9 @@ class ProcessExecutor:
         drop_privileges: when running as root, run children as a dedicated unprivileged uid per worker.
         infra_retries: retries of a program whose worker failed before reporting ``infra_error``.
         hide_paths: directories hidden from children (default: project, data folder, $HOME).
+        deny: the deny-by-default layers (seccomp allow-list, Landlock, fresh keyrings): ``on``;
+            ``off`` (the benchmark's baseline); ``kill`` (a denied syscall kills the child: how the
+            allow-list is measured, ``tests/test_sandbox_allowlist.py``).
     """
 
     def __init__(
@@ -263,7 +293,10 @@ class ProcessExecutor:
         drop_privileges: bool = True,
         infra_retries: int = 2,
         hide_paths: list[str] | None = None,
+        deny: str = "on",
     ) -> None:
+        if deny not in ("on", "off", "kill"):
+            raise ValueError(f"deny: expected on, off or kill, got {deny!r}")
         if network_isolation not in ("auto", "require", "off"):
             raise ValueError(f"network_isolation: expected auto, require or off, got {network_isolation!r}")
         if workers < 1 or infra_retries < 0:
@@ -279,6 +312,7 @@ class ProcessExecutor:
             "mode": network_isolation,
             "hide_paths": default_hide_paths() if hide_paths is None else list(hide_paths),
             "keep_paths": python_keep_paths(),
+            "deny": deny,
             "limits": {k: getattr(self.limits, k) for k in self.limits.__dataclass_fields__},
         }
         self.stats: dict[str, float] = dict.fromkeys(

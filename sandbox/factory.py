@@ -20,6 +20,7 @@ def make_executor(sandbox_cfg: Any) -> Any:
         program_timeout_s=sandbox_cfg.program_cap_s,
         memory_mb=sandbox_cfg.memory_mb,
         max_output_bytes=sandbox_cfg.max_output_bytes,
+        isolate_calls=getattr(sandbox_cfg, "isolate_calls", True),
     )
     common = {
         "workers": sandbox_cfg.workers,

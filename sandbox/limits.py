@@ -76,6 +76,16 @@ class ExecLimits:
     ``unsupported_output`` "result too large". With the decode budget (``sandbox/decoding.py``) this bounds
     the parent's memory per program, hence per batch, whatever the programs return. The default keeps
     every EvalPlus reference whole: prepare's 100-call chunks of HumanEval/15 plus inputs total ~145 MB."""
+    isolate_calls: bool = False
+    """Each call runs in its own forked copy of the defined program, so no call can change what
+    another returns (a call whose argument rebinds the function under test, patches a builtin or
+    leaves state in the program's objects); False: all calls in one namespace, in order. Only calls
+    that bring code of their own are forked (``sandbox/harness.py``, ``plain``): a call of a function
+    the program defined, on constants, runs in the program's process (dataset inputs cost no fork).
+    The project's executors turn it on (``sandbox.isolate_calls``, default true, ``sandbox/factory.py``)."""
+    max_decode_s: float = 10.0
+    """CPU seconds the trusted parent may spend decoding one program's results; calls past it are
+    ``unsupported_output`` (``sandbox/decoding.py``)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -84,6 +94,7 @@ class ExecLimits:
             "memory_mb",
             "max_output_bytes",
             "max_result_bytes",
+            "max_decode_s",
         ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
@@ -168,6 +179,7 @@ def setup_worker_isolation(mode: str, hide_paths: list[str], keep_paths: list[st
         OSError: ``mode == "require"`` and a namespace could not be created.
     """
     info: dict = {"network": "none", "filesystem": "none", "ipc": "none", "hidden": [], "private_tmp": []}
+    info["dev"] = info["run"] = "host's (no mount namespace)"
     if mode == "off":
         info["network"] = info["filesystem"] = info["ipc"] = "off"
         return info
@@ -187,6 +199,8 @@ def setup_worker_isolation(mode: str, hide_paths: list[str], keep_paths: list[st
     try:
         _mount(None, "/", None, MS_REC | MS_PRIVATE)  # never propagate our mounts to the host
         readonly = _remount_host_readonly()
+        info["dev"] = _minimal_dev()
+        info["run"] = _cover_run()
         info["private_tmp"] = _mount_private_tmp(tmp_mb)
         info["hidden"] = _hide(hide_paths, keep_paths)
         info["filesystem"] = (
@@ -239,20 +253,118 @@ def _mount_private_tmp(tmp_mb: int) -> list[str]:
     return done
 
 
-def wipe_private_tmp(paths: list[str], tmp_mb: int) -> None:
+MINIMAL_DEV = ("null", "zero", "full", "random", "urandom")
+"""The only device nodes a child sees (bound from the host's /dev onto a fresh read-only tmpfs, with the
+``fd``/``stdin``/``stdout``/``stderr`` links and empty ``shm`` and ``mqueue`` for the private tmpfs): no
+``ptmx``/``pts`` (the host's pty pool), no ``log`` socket, no ``kmsg``, ``tty``, ``fuse``, ``kvm``..."""
+
+
+def _minimal_dev() -> str:
+    """Cover /dev with a tmpfs holding only :data:`MINIMAL_DEV` (bind mounts of the host's nodes)."""
+    keep = {}
+    for name in MINIMAL_DEV:
+        try:
+            keep[name] = os.open(f"/dev/{name}", os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            continue
+    try:
+        _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NODEV | 0x8, "size=64k,nr_inodes=64,mode=0755")
+        for name, fd in keep.items():
+            os.close(os.open(f"/dev/{name}", os.O_CREAT | os.O_WRONLY, 0o666))
+            _mount(f"/proc/self/fd/{fd}", f"/dev/{name}", None, MS_BIND)
+        for name in ("shm", "mqueue"):
+            os.mkdir(f"/dev/{name}", 0o1777)
+        for name, target in (
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ):
+            os.symlink(target, f"/dev/{name}")
+        _mount(None, "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | 0x8, "size=64k,mode=0755")
+    finally:
+        for fd in keep.values():
+            os.close(fd)
+    return f"minimal read-only tmpfs ({' '.join(keep)}; shm and mqueue private; no pty, log or tty)"
+
+
+def _cover_run() -> str:
+    """Cover /run and /var/run (where host daemons keep their sockets: the system bus, journald's
+    /dev/log, Docker, Ray) with a read-only tmpfs holding only empty ``lock``/``shm`` directories
+    where the host has them (the private tmpfs go there)."""
+    done: list[str] = []
+    for path in ("/run", "/var/run"):
+        real = os.path.realpath(path)
+        if real in done or not os.path.isdir(real):
+            continue
+        keep = [
+            d for d in ("lock", "shm") if os.path.isdir(f"{real}/{d}") and not os.path.islink(f"{real}/{d}")
+        ]
+        flags = MS_NOSUID | MS_NODEV | 0x8
+        _mount("tmpfs", real, "tmpfs", flags, "size=4k,nr_inodes=8,mode=0755")
+        for d in keep:  # empty, for the private tmpfs mounted there next (PRIVATE_TMP_DIRS)
+            os.mkdir(f"{real}/{d}", 0o1777)
+        _mount(None, real, None, MS_REMOUNT | MS_RDONLY | flags, "size=4k,nr_inodes=8,mode=0755")
+        done.append(real)
+    return f"covered by a read-only tmpfs ({', '.join(done) or 'none present'}; only the private lock dirs)"
+
+
+KEYCTL_JOIN_SESSION_KEYRING = 1
+KEYCTL_NR = {"x86_64": 250, "aarch64": 219, "riscv64": 219}
+"""keyctl's number where libseccomp (which knows every architecture's) is missing."""
+
+
+def keyring_joiner(keyctl_nr: int) -> Callable[[], int]:
+    """``join()`` for a child (bound once): a new anonymous session keyring; returns its id or -1."""
+    fn = ctypes.CDLL(None)["syscall"]
+    fn.restype = ctypes.c_long
+    fn.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p]
+
+    def join(_fn=fn, _nr=keyctl_nr, _op=KEYCTL_JOIN_SESSION_KEYRING) -> int:
+        return _fn(_nr, _op, None)
+
+    return join
+
+
+def peak_reset_fds(dirs: list[str]) -> list[int]:
+    """Write-only descriptors of the v1 ``memory.max_usage_in_bytes`` files (a "0" written after each
+    program resets the high-water mark); v2's ``memory.peak`` resets only for the writer's descriptor."""
+    fds = []
+    for group in dirs:
+        try:
+            fds.append(os.open(f"{group}/memory.max_usage_in_bytes", os.O_WRONLY | os.O_CLOEXEC))
+        except OSError:
+            continue
+    return fds
+
+
+def join_fresh_keyring(keyctl_nr: int | None) -> bool:
+    """Join a new anonymous session keyring (the caller then no longer possesses its parent's); False
+    where the call is unavailable."""
+    if keyctl_nr is None:
+        return False
+    return _libc.syscall(keyctl_nr, KEYCTL_JOIN_SESSION_KEYRING, None) >= 0
+
+
+def wipe_private_tmp(paths: list[str], tmp_mb: int) -> int:
     """Replace each private tmpfs the program used with a fresh one: no walk over a tree the program
     shaped, so nothing it built (deep, wide, unreadable) can make the clean-up fail or last long. An
     unused tmpfs (only its root inode, no block) is left as it is: one statvfs instead of two mounts.
 
+    Returns how many were replaced (Landlock rules name the old ones: ``sandbox/zygote.py`` renews them).
+
     Raises:
         OSError: a tmpfs could not be replaced (the worker is then unusable: the parent replaces it).
     """
+    replaced = 0
     for path in paths:
         st = os.statvfs(path)
         if st.f_files - st.f_ffree <= 1 and st.f_blocks == st.f_bfree:
             continue
         _check(_libc.umount2(path.encode(), MNT_DETACH), f"umount {path}")
         _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_mb}m,mode=1777")
+        replaced += 1
+    return replaced
 
 
 IPC_DISABLED = "ipcns per worker, SysV shm/sem/msg and POSIX mqueues disabled in it (limits 0)"
@@ -531,6 +643,7 @@ def child_confiner(
     """
     setrlimit, cpu_limit, ceil = resource.setrlimit, resource.RLIMIT_CPU, math.ceil
     setgroups, setresgid, setresuid, death_signal = os.setgroups, os.setresgid, os.setresuid, set_death_signal
+    bare_prctl = _bare_prctl
 
     def confine(cpu_s: float) -> None:
         for which, value in fixed:
@@ -542,7 +655,9 @@ def child_confiner(
         if uid is not None:
             setgroups(())
             setresgid(uid, uid, uid)
-            setresuid(uid, uid, uid)
+            setresuid(uid, uid, uid)  # (also makes the process non-dumpable)
+        else:
+            bare_prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no process of the uid may open our /proc files
         death_signal()  # after setuid: a uid change clears it
 
     return confine

@@ -4,7 +4,7 @@ A forked child pays a copy-on-write page fault for every page it writes (every P
 touches: its reference count is written), and on this kind of VM a minor fault costs several
 microseconds: faults are most of a trivial program's CPU. Unlike CPU time they do not grow when other
 processes share the cores, so the cost test counts them. The guards check that what the zygote now
-prepares once for every child (``sandbox/child.py``: ``_prepare_zygote``, ``_prepare_child``) is still
+prepares once for every child (``sandbox/zygote.py``: ``_prepare_zygote``, ``_prepare_child``) is still
 what each child runs with.
 """
 

@@ -1,0 +1,242 @@
+"""Supervision: the worker's (trusted) side of one running child.
+
+What it does: :func:`_supervise` reads the child's frames until every call reported, the child died
+or a deadline passed, enforcing the limits from outside with a wall clock and validating every frame
+(token, kind, strictly increasing call index, the program's result-byte cap); :func:`_exit_reason`
+says why a child stopped reporting, from its wait status (a cgroup OOM kill is the program's memory).
+
+What it does not do: decode values (the trusted parent does, ``sandbox/decoding.py``), or kill and
+reap the child (the zygote does, ``sandbox/zygote.py``). The threat model is in ``sandbox/executor.py``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import select
+import signal
+import time
+
+from sandbox import limits as _limits
+from sandbox.harness import _ERROR_CHARS, _FRAME, _HDR, _TOKEN_BYTES, STATUS_CODES, _too_large
+
+_SETUP_S = 10.0  # generous: a child that cannot even start on a loaded machine is an infra failure
+_COALESCE_MS = 1  # see _supervise: how long the worker lets small frames gather before reading them
+_COALESCE_BYTES = 4096
+
+
+class _Progress:
+    """Worker-side view of one child: the frames accepted so far."""
+
+    def __init__(self, start: int, used: int) -> None:
+        self.used = used  # encoded result bytes of the program so far (earlier children included)
+        self.ready = self.defined = False  # "set-up done" / "program defined" frames seen
+        self.expect = start  # next call index
+        self.t_last = time.monotonic()  # arrival of the last accepted frame (our clock)
+        self.results: dict[int, tuple] = {}
+        self.buf = bytearray()
+
+    def mark(self) -> tuple:
+        return (self.ready, self.defined, self.expect)
+
+
+def _supervise(
+    pid: int,
+    chan_r: int,
+    out_r: int,
+    token: bytes,
+    n: int,
+    start: int,
+    used: int,
+    deadline: float,
+    lim: _limits.ExecLimits,
+    output: bytearray,
+) -> tuple[dict, str, object]:
+    """Read frames until every call reported, the child died, or a deadline passed.
+
+    Returns ``(results, end, detail)``; ``end`` in done / program_error / violation / call_timeout /
+    program_cap / infra, or died with ``detail = (still_alive, ready, defined)`` (the reason needs
+    the wait status, known once the zygote reaped the child).
+
+    Small frames coming fast are taken together: first, and after a wake-up that brought fewer than
+    :data:`_COALESCE_BYTES` before the program was defined or within :data:`_COALESCE_MS` of the
+    previous ones, the wait is on the child's exit only, for at most :data:`_COALESCE_MS` (never past a deadline), then whatever arrived is read
+    at once. Why: every frame woke the worker (a context switch, often a cross-CPU wake-up, and a pass
+    of this loop), three per trivial program and one per call; a frame's arrival time is then known to
+    within that window, which no time limit (seconds) can notice. A window that brings nothing ends the
+    coalescing, so slow calls still cost one wake-up per frame, as before.
+    """
+    st = _Progress(start, used)
+    pidfd = os.pidfd_open(pid)
+    poller, exit_poller = select.poll(), select.poll()
+    for fd in (chan_r, out_r, pidfd):
+        poller.register(fd, select.POLLIN)
+    exit_poller.register(pidfd, select.POLLIN)
+    coalesce = True  # the child needs its set-up anyway: its first frames are read together too
+    last_data = time.monotonic()
+    try:
+        while True:
+            limit_s = (
+                lim.call_timeout_s if st.defined else lim.effective_define_timeout_s if st.ready else _SETUP_S
+            )
+            hard = st.t_last + limit_s + 0.25 + 0.1 * limit_s
+            until = min(hard, deadline)
+            before, exited, got = st.mark(), False, len(st.buf)
+            wait_ms = max(0, int((until - time.monotonic()) * 1000) + 1)
+            if coalesce:
+                exited = bool(exit_poller.poll(min(wait_ms, _COALESCE_MS)))
+                # (bounded: a child writing without pause must not fill our memory before a frame is
+                # checked; more than a window's worth turns coalescing off, and the rest is read as before)
+                st.buf += _read_available(chan_r, 1 << 20)
+                _drain_output(out_r, output, lim.max_output_bytes, None)
+            for fd, _ev in () if coalesce else poller.poll(wait_ms):
+                if fd == out_r:
+                    _drain_output(out_r, output, lim.max_output_bytes, poller)
+                elif fd == chan_r:
+                    try:
+                        data = os.read(chan_r, 1 << 20)
+                    except BlockingIOError:
+                        continue
+                    if not data:
+                        poller.unregister(chan_r)
+                        exited = True  # nothing more can arrive: treat like an exit
+                    st.buf += data
+                else:
+                    exited = True
+            now, new = time.monotonic(), len(st.buf) - got
+            # a window that brought small frames is followed by another; so is a wake-up before the
+            # program is defined (the next frames are near), or one whose frame came soon after the
+            # previous ones (so slow calls still cost one wake-up per frame, as before)
+            soon = coalesce or not st.defined or now - last_data < _COALESCE_MS / 1000
+            coalesce = 0 < new < _COALESCE_BYTES and soon
+            if new:
+                last_data = now
+            late = now >= until
+            if exited or late:  # before judging, take whatever is already in the pipe
+                st.buf += _read_available(chan_r)
+            end = _accept_frames(st, token, n, lim)
+            if end is not None:
+                return st.results, *end
+            if exited:  # the channel may close just before the exit is visible
+                alive = not select.select([pidfd], [], [], 0.2)[0]
+                return st.results, "died", (alive, st.ready, st.defined)
+            if late and st.mark() == before:
+                if not st.ready:  # our own set-up never finished: not the program's doing
+                    return st.results, "infra", f"sandbox child did not start within {limit_s} s"
+                if not st.defined and hard <= deadline:
+                    return st.results, "program_error", f"Timeout: program top level exceeded {limit_s} s"
+                return st.results, ("call_timeout", "program_cap")[deadline < hard], st.expect
+    finally:
+        _drain_output(out_r, output, lim.max_output_bytes, None)
+        os.close(pidfd)
+
+
+def _accept_frames(st: _Progress, token: bytes, n: int, lim: _limits.ExecLimits) -> tuple[str, object] | None:
+    """Consume complete frames from ``st.buf``; returns ``(end, detail)`` when the child is finished."""
+    arrival = time.monotonic()
+    while len(st.buf) >= 4:
+        size = _HDR.unpack_from(st.buf)[0]
+        if size > lim.max_value_bytes + 4096 or size < _TOKEN_BYTES + _FRAME.size:
+            return "violation", f"bad frame size {size}"
+        if len(st.buf) < 4 + size:
+            return None
+        frame = bytes(st.buf[4 : 4 + size])
+        del st.buf[: 4 + size]
+        if not hmac.compare_digest(frame[:_TOKEN_BYTES], token):
+            return "violation", "frame without the run token"
+        kind, code, index, child_s = _FRAME.unpack_from(frame, _TOKEN_BYTES)
+        payload = frame[_TOKEN_BYTES + _FRAME.size :]
+        if kind == b"S" and not st.ready:
+            st.ready, st.t_last = True, arrival
+        elif kind == b"R" and st.ready and not st.defined:
+            st.defined, st.t_last = True, arrival
+        elif kind == b"P" and st.ready and not st.defined:
+            return "program_error", payload.decode("utf-8", "replace")
+        elif kind == b"C" and st.defined and index == st.expect and code < len(STATUS_CODES):
+            st.results[index] = _call_result(code, payload, arrival - st.t_last, child_s, lim, st.used)
+            st.used += len(st.results[index][1])
+            st.t_last, st.expect = arrival, st.expect + 1
+            if st.expect == n:
+                return "done", None
+        else:
+            return "violation", f"unexpected frame {kind!r} index {index} (expected {st.expect})"
+    return None
+
+
+def _call_result(
+    code: int, payload: bytes, dur_s: float, child_s: float, lim: _limits.ExecLimits, used: int
+) -> tuple:
+    """One reported call. The harness judged its own time-out and result budget; our clock (``dur_s``)
+    and byte count (``used``) are the backstop: a result arriving after our hard limit, or passing the
+    program's result cap, is never ``ok``."""
+    status = STATUS_CODES[code]
+    if status == "ok" and dur_s > lim.call_timeout_s * 1.1 + 0.25:  # past our hard limit: never "ok"
+        return ("timeout", b"", f"Timeout: call exceeded {lim.call_timeout_s} s", dur_s)
+    if status == "ok" and used + len(payload) > lim.max_result_bytes:
+        status, payload = "unsupported_output", _too_large(lim.max_result_bytes).encode()
+    # Frames read in one batch share an arrival time; the child's measurement is finer when plausible.
+    shown_s = child_s if 0.0 <= child_s <= dur_s + 0.01 or dur_s == 0.0 else dur_s
+    shown_s = min(max(shown_s, 0.0), lim.call_timeout_s + 0.1)
+    if status == "ok":
+        return ("ok", payload, "", shown_s)
+    return (status, b"", payload.decode("utf-8", "replace")[:_ERROR_CHARS], shown_s)
+
+
+def _exit_reason(status: int, alive: bool, ready: bool, defined: bool, ctx: dict) -> tuple[str, object]:
+    """Why a child stopped reporting, from its wait status (``alive``: it had not exited by itself)."""
+    if alive:
+        what = "closed its result channel"
+    elif status == -1:
+        what = "unknown status"
+    elif os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        what = f"signal {signal.Signals(sig).name}" if sig in signal.valid_signals() else f"signal {sig}"
+        if sig == signal.SIGXCPU:
+            return "program_cap", ""
+        if sig == signal.SIGKILL and ready and _oom_killed(ctx):
+            detail = "MemoryError: the program's processes exceeded the memory limit (cgroup OOM kill)"
+            return ("exited" if defined else "program_error"), detail
+    elif os.WIFEXITED(status):
+        what = f"code {os.WEXITSTATUS(status)}"
+    else:
+        what = "unknown status"
+    if not ready:  # died before the harness ran any untrusted code: our machinery failed
+        return "infra", f"sandbox child failed during set-up ({what})"
+    if not defined:
+        return "program_error", f"ProgramExited: program exited during definition ({what})"
+    return "exited", f"ChildExited: child exited before reporting this call ({what})"
+
+
+def _oom_killed(ctx: dict) -> bool:
+    """Whether the worker's cgroup counted a new OOM kill (read only after a SIGKILL death)."""
+    kills = _limits.oom_kills(ctx["cgroup_dirs"])
+    new, ctx["oom_seen"] = kills > ctx["oom_seen"], kills
+    return new
+
+
+def _drain_output(fd: int, output: bytearray, cap: int, poller: select.poll | None) -> None:
+    try:
+        data = os.read(fd, 1 << 16) if poller is not None else _read_available(fd, 1 << 20)
+    except OSError:
+        data = b""
+    if not data and poller is not None:
+        poller.unregister(fd)
+    room = cap - len(output)
+    if room > 0:
+        output += data[:room]
+
+
+def _read_available(fd: int, limit: int | None = None) -> bytes:
+    """What ``fd`` holds now (to EOF or until it would block), at most about ``limit`` bytes when given."""
+    os.set_blocking(fd, False)
+    chunks, got = [], 0
+    try:
+        while limit is None or got < limit:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+    except (BlockingIOError, OSError):
+        pass
+    return b"".join(chunks)
