@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 
 LIMITS = ExecLimits(call_timeout_s=5.0, program_timeout_s=60.0, isolate_calls=True)
 DATA = Path(
-    os.environ.get("CODEA1_DATA_DIR") or Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+    os.environ.get("CODEA1_DATA_DIR") or Path(__file__).resolve().parents[3] / "shared" / "data"
 )
 
 
