@@ -267,11 +267,9 @@ def run(args: argparse.Namespace) -> dict:
         rows.append(rec)
 
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(world):  # one rank at a time (the same seeded model on every rank, in its own folder)
-            if r == dp.rank():
-                model_dir, raw = build_model(Path(tmp), args.shrink, cfg.lab)
-            if world > 1:
-                torch.distributed.barrier()
+        # Rank 0 builds the model, every rank loads it (transformers writes files on the main process only).
+        built = build_model(Path(tmp), args.shrink, cfg.lab) if dp.rank() == 0 else None
+        model_dir, raw = dp.all_gather_objects(built)[0]
         problems = dp.shard(lab_problems(cfg.lab, "train")[: args.problems], dp.rank(), world)
         state = {
             "cfg": cfg,
