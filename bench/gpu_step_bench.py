@@ -267,7 +267,9 @@ def run(args: argparse.Namespace) -> dict:
         rows.append(rec)
 
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir, raw = build_model(Path(tmp), args.shrink, cfg.lab)
+        # Rank 0 builds the model, every rank loads it (transformers writes files on the main process only).
+        built = build_model(Path(tmp), args.shrink, cfg.lab) if dp.rank() == 0 else None
+        model_dir, raw = dp.all_gather_objects(built)[0]
         problems = dp.shard(lab_problems(cfg.lab, "train")[: args.problems], dp.rank(), world)
         state = {
             "cfg": cfg,
@@ -370,8 +372,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.nproc > 1 and "LOCAL_RANK" not in os.environ:  # re-execute under torchrun, one rank per GPU
         import subprocess
 
+        rest = list(argv if argv is not None else sys.argv[1:])
+        for i, arg in enumerate(rest):  # the ranks get the same arguments but --nproc (torchrun takes it)
+            if arg == "--nproc":
+                del rest[i : i + 2]
+                break
+            if arg.startswith("--nproc="):
+                del rest[i]
+                break
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-               __file__, *(argv if argv is not None else sys.argv[1:])]  # fmt: skip
+               __file__, *rest]  # fmt: skip
         return subprocess.call(cmd)
     result = run(args)
     if args.json and "header" in result:

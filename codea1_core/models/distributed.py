@@ -199,7 +199,11 @@ def wrap_policy(policy: Any, strategy: Strategy) -> None:
     world = world_size()
     root = LogprobModule(policy.model, policy.logprob_forward())
     if strategy == "ddp":
-        device_ids = [policy.device.index or 0] if policy.device.type == "cuda" else None
+        # "cuda" without an index is the rank's device (init_from_env set it from LOCAL_RANK)
+        device_ids = None
+        if policy.device.type == "cuda":
+            index = policy.device.index
+            device_ids = [index if index is not None else torch.cuda.current_device()]
         policy.dist_module = torch.nn.parallel.DistributedDataParallel(
             root, device_ids=device_ids, broadcast_buffers=False
         )
