@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -99,7 +100,14 @@ def test_register_and_aliases(cfg: Config, tiny_model_dir: Path) -> None:
 def test_champion_loads_as_transformers_model_and_with_from_pretrained(
     cfg: Config, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """Regression: registered versions had no MLmodel file, so no MLflow loader could read them."""
+    """Regression: registered versions had no MLmodel file, so no MLflow loader could read them.
+
+    ``mlflow.set_tracking_uri`` / ``set_registry_uri`` also export ``MLFLOW_TRACKING_URI`` /
+    ``MLFLOW_REGISTRY_URI``, which the tracker prefers over the config: both are put back as they were, else
+    every later test's runs went to the working folder's ``mlflow.db`` (seen: a later flow test's run was not
+    in its own store).
+    """
+    saved = {var: os.environ.get(var) for var in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
     import mlflow.transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -122,6 +130,11 @@ def test_champion_loads_as_transformers_model_and_with_from_pretrained(
     finally:
         mlflow.set_tracking_uri(before[0])
         mlflow.set_registry_uri(before[1])
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
     model = AutoModelForCausalLM.from_pretrained(local / "model")
     tokenizer = AutoTokenizer.from_pretrained(local / "model")
     ids = tokenizer("def f(x):", return_tensors="pt")["input_ids"]
