@@ -294,7 +294,9 @@ def prepare(cfg: Config) -> dict[str, Any]:
         out_dir / "report.json", json.dumps(tracked, indent=1, sort_keys=True, default=str).encode()
     )
     run_stats = {key: report[key] for key in RUN_FIELDS}
-    write_bytes_atomic(out_dir.parent / "cache" / "prepare_run.json", json.dumps(run_stats, indent=1).encode())
+    write_bytes_atomic(
+        out_dir.parent / "cache" / "prepare_run.json", json.dumps(run_stats, indent=1).encode()
+    )
     _summary(report)
     return report
 
