@@ -47,7 +47,7 @@ from codea1_core.config import Config, ConfigError, load_config
 from codea1_core.files import write_bytes_atomic, write_json_atomic
 from codea1_core.method import loop
 from codea1_core.models.loading import build_policy
-from flows.common import UserError, flow_config, flow_run_name, run_label, stage_main
+from flows.common import UserError, flow_config, flow_run_name, record_numerics, run_label, stage_main
 from tasks import checkpoint as ckpt
 from tasks.execute import execute, execute_golden
 from tasks.mistake_book import merge_mistake_book, retrieve_replay
@@ -126,7 +126,9 @@ def train_flow(
 ) -> dict[str, Any]:
     """Prefect entry point (DVC stage, CLI and the ``train/codea1-train`` deployment): a params file +
     ``key=value`` overrides (``mode=golden``, ...), trained into ``run_dir`` when given (``flows.common``)."""
-    return train(flow_config(params, overrides, run_dir))
+    cfg = flow_config(params, overrides, run_dir)
+    record_numerics(cfg, "train")
+    return train(cfg)
 
 
 class Stopped(Exception):
