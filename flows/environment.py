@@ -130,12 +130,17 @@ def pin_numerics(mode: str) -> None:
         os.environ.pop(NUMERICS_SET_VAR, None)
         return
     for key, want in REPRODUCIBLE_NUMERICS.items():
-        have = os.environ.setdefault(key, want)
+        if key not in os.environ:
+            os.environ[key] = want
+            ours.add(key)
+        have = os.environ[key]
         if have.strip().upper() != want.upper():
             raise ConfigError(
                 f"model.cpu_numerics: reproducible pins {key}={want}, but the environment sets {key}={have} "
                 "(unset it, or run with model.cpu_numerics=native)"
             )
+    if ours:
+        os.environ[NUMERICS_SET_VAR] = ",".join(sorted(ours))
     import sys
 
     if "torch" in sys.modules:  # read back the levels (MKL's and ATen's first call fixes them)

@@ -25,7 +25,7 @@ TINY = [
     "lab.warmstart_batch_size=4", "data.train_batch_size=2", "rollout.n_code=2", "rollout.n_tests=2",
     "rollout.max_new_tokens_code=24", "rollout.max_new_tokens_test=24", "orchestration.max_steps=2",
     "grpo.warmup_steps=1", "eval.n_samples=4", "eval.k_list=[1]", "eval.max_new_tokens=24", "eval.every=0",
-    "eval.max_mutants=2", "tracking.backend=null", "sandbox.workers=1",
+    "eval.max_mutants=2", "eval.baseline=false", "tracking.backend=null", "sandbox.workers=1",
 ]  # fmt: skip
 """The short run: a 32-wide one-layer model, a few SFT steps, 2 GRPO steps of 2 problems, a 4-sample evaluation."""
 
