@@ -20,14 +20,16 @@ from pathlib import Path
 import flows  # noqa: F401  (first: the process defaults, before torch loads)
 
 TINY = [
-    "lab.hidden_size=32", "lab.num_layers=1", "lab.num_heads=2", "lab.intermediate_size=64", "lab.vocab_size=512",
-    "lab.warmstart_epochs=1", "lab.warmstart_code_epochs=1", "lab.warmstart_code_problems_per_family=2",
+    "lab.train_per_family=1", "lab.heldout_per_family=1", "lab.hidden_size=32", "lab.num_layers=1",
+    "lab.num_heads=2", "lab.intermediate_size=64", "lab.vocab_size=512",
+    "lab.warmstart_epochs=1", "lab.warmstart_code_epochs=1", "lab.warmstart_code_problems_per_family=1",
     "lab.warmstart_batch_size=4", "data.train_batch_size=2", "rollout.n_code=2", "rollout.n_tests=2",
     "rollout.max_new_tokens_code=24", "rollout.max_new_tokens_test=24", "orchestration.max_steps=2",
     "grpo.warmup_steps=1", "eval.n_samples=4", "eval.k_list=[1]", "eval.max_new_tokens=24", "eval.every=0",
     "eval.max_mutants=2", "eval.baseline=false", "tracking.backend=null", "sandbox.workers=1",
 ]  # fmt: skip
-"""The short run: a 32-wide one-layer model, a few SFT steps, 2 GRPO steps of 2 problems, a 4-sample evaluation."""
+"""The short run: one problem per lab family, a 32-wide one-layer model, a few SFT steps, 2 GRPO steps of 2
+problems, a 4-sample evaluation."""
 
 
 def _clock(key: str) -> bool:

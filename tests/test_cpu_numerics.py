@@ -133,7 +133,6 @@ FORCED = [
     {"MKL_ENABLE_INSTRUCTIONS": "AVX512"},  # what MKL picks on an AVX-512 CPU (capped at this CPU's own; on
     # this AMD EPYC, AVX2, what a run without the variable picks too)
     {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},  # a CPU without AVX, for MKL
-    {"ATEN_CPU_CAPABILITY": "avx2"},  # set by the user: the pinned level, accepted
 ]
 
 
