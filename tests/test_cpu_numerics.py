@@ -175,3 +175,33 @@ def _short_runs(tmp_path: Path) -> None:
     native = _numbers(native, "native, ATen default")
     assert native["numerics"]["mkl_cbwr"] == "OFF" and native["numerics"]["aten_capability"] == "DEFAULT"
     assert "weights" in _differences(reference, native), "the kernel levels did not change a number"
+
+
+SPLIT_TEST = (
+    "tests/test_shared_decode.py::test_two_or_three_decode_processes_give_the_one_process_result_bitwise"
+)
+LEVELS = [
+    {"ATEN_CPU_CAPABILITY": "avx2"},
+    {"ATEN_CPU_CAPABILITY": "default"},
+    {"MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    {"MKL_ENABLE_INSTRUCTIONS": "AVX512"},
+    {NUMERICS_ENV: "native"},  # MKL's default mode: the decode stays in one process
+    {NUMERICS_ENV: "native", "ATEN_CPU_CAPABILITY": "default"},
+    {NUMERICS_ENV: "native", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    {NUMERICS_ENV: "native", "MKL_ENABLE_INSTRUCTIONS": "AVX512"},
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env", LEVELS, ids=lambda env: ",".join(f"{k}={v}" for k, v in env.items()))
+def test_the_bitwise_decode_split_test_passes_under_every_forced_kernel_level(env):
+    """The split decode's claim holds, or is not made (one process), whatever kernels MKL and ATen run."""
+    full = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (*REPRODUCIBLE_NUMERICS, NUMERICS_SET_VAR, NUMERICS_ENV)
+    }
+    full |= env | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", SPLIT_TEST]
+    proc = subprocess.run(cmd, cwd=ROOT, env=full, capture_output=True, text=True, timeout=1800, check=False)
+    assert proc.returncode == 0 and "3 passed" in proc.stdout, proc.stdout[-3000:]
