@@ -98,6 +98,14 @@ class ModelConfig:
     sums by thread count, so on the CPU the same seed gives other numbers with another count: pin it to get the
     same numbers on machines with different core counts (the lab pins 2: its seed-1 warm start measured 23.7
     with 2 threads, 18.1 with 1). No effect on GPU kernels."""
+    cpu_numerics: Literal["reproducible", "native"] = "reproducible"
+    """Which CPU kernels round the numbers. ``reproducible``: the kernel levels are pinned (MKL's conditional
+    numerical reproducibility ``MKL_CBWR=COMPATIBLE``, ATen's ``ATEN_CPU_CAPABILITY=avx2``, ``MKL_DYNAMIC=FALSE``,
+    oneDNN's ISA capped at AVX2: ``flows/environment.py``), so a seed gives the same numbers on any x86-64 CPU
+    with AVX2, whatever its vendor or AVX-512, with the same torch wheel and ``cpu_threads``. ``native``: the
+    fastest kernels this CPU has (other CPUs round otherwise; the decode then runs in one process). Environment
+    variables the user set win in ``native``; in ``reproducible`` a conflicting one is an error. No effect on
+    GPU kernels."""
 
 
 @dataclass(frozen=True)

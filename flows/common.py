@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from codea1_core.config import Config, ConfigError, load_config
+from codea1_core.atomic import write_json_atomic
+from flows.environment import pin_numerics
 
 RUNS_DIR = Path("runs")
 """Where deployment runs write (``run_dir="auto"``): never into the DVC workspace's ``outputs/``."""
@@ -57,6 +59,7 @@ def load_stage_config(params: str, overrides: list[str]) -> Config:
     """Load and validate params (ConfigError with a one-line message) and pin torch's CPU threads
     (:func:`pin_cpu_threads`): the CLI commands that run models outside a flow (``solve``, ``attack``) load here."""
     cfg = load_config(params, overrides)
+    pin_numerics(cfg.model.cpu_numerics)
     pin_cpu_threads(cfg)
     return cfg
 
@@ -117,6 +120,27 @@ def pin_cpu_threads(cfg: Config) -> None:
         sys.modules["torch"].set_num_threads(n)
 
 
+def record_numerics(cfg: Config, stage: str) -> dict[str, str]:
+    """Write what decides this stage's CPU rounding to ``<outputs>/numerics/<stage>.json`` and return it.
+
+    ``<outputs>`` is the folder above ``orchestration.checkpoint_dir`` (``outputs/`` in the workspace). Not a
+    DVC output on purpose: the CPU model is a fact of the machine, and inside a tracked output it would make
+    every other machine's ``dvc status`` report a change. The training run's MLflow tags carry the same.
+    """
+    from codea1_core.models import cpu_numerics
+
+    record = cpu_numerics.describe(cfg.model.cpu_numerics)
+    folder = Path(cfg.orchestration.checkpoint_dir).parent / "numerics"
+    write_json_atomic(folder / f"{stage}.json", record, indent=1)
+    if record["mode"] == "reproducible" and record["aten_capability"] != "AVX2":
+        logging.getLogger("codea1.numerics").warning(
+            "model.cpu_numerics: reproducible, but this CPU runs ATen's %s kernels (no AVX2): its numbers differ "
+            "from an AVX2 CPU's",
+            record["aten_capability"],
+        )
+    return record
+
+
 def flow_config(
     params: str = "params.yaml",
     overrides: list[str] | None = None,
@@ -131,6 +155,7 @@ def flow_config(
     nothing trained in it: the evaluate deployment evaluates the workspace's models into the new folder).
     """
     cfg = load_config(params, list(overrides or []))
+    pin_numerics(cfg.model.cpu_numerics)  # before torch's first CPU kernel: the kernel levels
     pin_cpu_threads(cfg)  # before any model work: the thread count is part of what a seed reproduces
     folder = resolve_run_dir(run_dir)
     if folder is None:

@@ -10,6 +10,14 @@ stages), the ``codea1`` CLI, ``serve``, ``ui`` and ``lab-compare`` get these def
 
 What it does not: override anything the user set — every default is ``os.environ.setdefault`` — or hide
 real warnings: only named library notices a user can do nothing about are filtered.
+
+Numerics (``model.cpu_numerics``): :data:`REPRODUCIBLE_NUMERICS` pins the kernel levels that decide how CPU
+arithmetic rounds, so a seed gives the same numbers on any x86-64 CPU with AVX2 (vendor, AVX-512 or not).
+MKL and ATen read these variables at their first kernel, not at import, so :func:`apply` sets them as
+defaults here (tests, ``bench/`` and every entry point start in the mode) and :func:`pin_numerics`, called
+when a stage has read its params (``flows.common``), keeps them (``reproducible``: a conflicting variable the
+user set is an error) or takes back the ones set here (``native``). Why these levels, and what they cost:
+README ("Reproducible numbers").
 """
 
 from __future__ import annotations
@@ -38,6 +46,27 @@ DEFAULTS: dict[str, str] = {
     "HF_HUB_DISABLE_TELEMETRY": "1",
 }
 
+REPRODUCIBLE_NUMERICS: dict[str, str] = {
+    # MKL's conditional numerical reproducibility: the COMPATIBLE branch (SSE2 kernels) is the one MKL runs the
+    # same on Intel and other vendors' CPUs (its AVX2/AVX512 branches fall back to AUTO on non-Intel CPUs), and
+    # the one in which a row's GEMM result does not depend on its batch (codea1_core.models.cpu_numerics).
+    "MKL_CBWR": "COMPATIBLE",
+    "MKL_DYNAMIC": "FALSE",  # MKL's CNR condition: no run-time change of its thread count
+    # ATen's vectorised element-wise kernels: AVX2 on every CPU that has it (AVX-512 CPUs would pick avx512,
+    # whose wider vectors sum in another order); its own SLEEF maths, not the C library's, which varies
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",  # oneDNN, where torch calls it on the CPU
+}
+"""The ``model.cpu_numerics: reproducible`` environment; ``native`` leaves all four to the CPU."""
+
+NUMERICS_ENV = "CODEA1_CPU_NUMERICS"
+"""``native``: :func:`apply` sets none of :data:`REPRODUCIBLE_NUMERICS` (a test session or benchmark on the CPU's
+own kernels); a stage still follows its ``model.cpu_numerics`` when it reads its params."""
+
+NUMERICS_SET_VAR = "CODEA1_NUMERICS_DEFAULTS"
+"""Names of the :data:`REPRODUCIBLE_NUMERICS` variables set by :func:`apply` (not by the user): inherited by child
+processes (``dvc repro`` from ``flows.pipeline``), so a stage in ``native`` mode can take them back there too."""
+
 # (message regex, category, module regex): library notices between the lines that matter, none actionable.
 _NOISE: tuple[tuple[str, type[Warning], str], ...] = (
     # google-api-core (pulled in by a transitive dependency) on the running Python version.
@@ -63,6 +92,13 @@ def apply() -> None:
     """Set the environment defaults (explicit user settings win) and filter known library noise."""
     for key, value in DEFAULTS.items():
         os.environ.setdefault(key, value)
+    ours = _numerics_set_here()
+    for key, value in REPRODUCIBLE_NUMERICS.items():
+        if key not in os.environ and os.environ.get(NUMERICS_ENV, "").strip().lower() != "native":
+            os.environ[key] = value
+            ours.add(key)
+    if ours:
+        os.environ[NUMERICS_SET_VAR] = ",".join(sorted(ours))
     for message, category, module in _NOISE:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
     for name in _QUIET_LOGGERS:
@@ -70,3 +106,55 @@ def apply() -> None:
         logger.setLevel(logging.WARNING)
         if _warnings_and_above not in logger.filters:
             logger.addFilter(_warnings_and_above)
+
+
+def _numerics_set_here() -> set[str]:
+    """The numerics variables this process (or its parent) set as defaults and nobody changed since."""
+    names = os.environ.get(NUMERICS_SET_VAR, "").split(",")
+    return {n for n in names if n in REPRODUCIBLE_NUMERICS and os.environ.get(n) == REPRODUCIBLE_NUMERICS[n]}
+
+
+def pin_numerics(mode: str) -> None:
+    """Make the environment match ``model.cpu_numerics`` before torch's first CPU kernel.
+
+    ``reproducible``: every :data:`REPRODUCIBLE_NUMERICS` variable set (a differing value the user set raises
+    :class:`~codea1_core.config.ConfigError` naming it), then, if torch already computed something, a check
+    that MKL and ATen really run at those levels. ``native``: the defaults :func:`apply` set are taken back.
+    """
+    from codea1_core.config import ConfigError
+
+    ours = _numerics_set_here()
+    if mode == "native":
+        for key in ours:
+            del os.environ[key]
+        os.environ.pop(NUMERICS_SET_VAR, None)
+        return
+    for key, want in REPRODUCIBLE_NUMERICS.items():
+        if key not in os.environ:
+            os.environ[key] = want
+            ours.add(key)
+        have = os.environ[key]
+        if have.strip().upper() != want.upper():
+            raise ConfigError(
+                f"model.cpu_numerics: reproducible pins {key}={want}, but the environment sets {key}={have} "
+                "(unset it, or run with model.cpu_numerics=native)"
+            )
+    if ours:
+        os.environ[NUMERICS_SET_VAR] = ",".join(sorted(ours))
+    import sys
+
+    if "torch" in sys.modules:  # read back the levels (MKL's and ATen's first call fixes them)
+        from codea1_core.models import cpu_numerics
+
+        got = cpu_numerics.mkl_cbwr_branch()
+        if got not in (None, REPRODUCIBLE_NUMERICS["MKL_CBWR"]):
+            raise ConfigError(
+                f"model.cpu_numerics: reproducible, but MKL already runs its {got} branch in this process "
+                "(fixed at its first call, before these params were read): start a new process"
+            )
+        capability = sys.modules["torch"].backends.cpu.get_cpu_capability()
+        if capability not in ("AVX2", "DEFAULT"):  # DEFAULT: a CPU without AVX2 (logged by the stage record)
+            raise ConfigError(
+                f"model.cpu_numerics: reproducible, but ATen already runs its {capability} kernels in this "
+                "process (fixed at its first kernel, before these params were read): start a new process"
+            )

@@ -39,7 +39,15 @@ from prefect import flow
 from codea1_core.atomic import write_text_atomic
 from codea1_core.config import Config
 from codea1_core.evaluation.report import render_report
-from flows.common import UserError, flow_config, flow_run_name, load_stage_config, run_user_errors
+from codea1_core.atomic import write_text_atomic
+from flows.common import (
+    UserError,
+    flow_config,
+    flow_run_name,
+    load_stage_config,
+    record_numerics,
+    run_user_errors,
+)
 from flows.summary import HEADLINE_FILE, headline
 
 log = logging.getLogger(__name__)
@@ -263,6 +271,7 @@ def evaluate_flow(
     that training run's models are evaluated into ``<run_dir>/eval``; ``run_dir="auto"`` evaluates the
     workspace's models into a new run folder."""
     cfg = flow_config(params, overrides, run_dir, keep_train_dir=True)
+    record_numerics(cfg, "evaluate")
     return evaluate(cfg, code_model or None, test_model or None)
 
 

@@ -16,7 +16,10 @@ What it does, top to bottom:
   4. Write ``train.parquet``, ``val.parquet``, ``eval_<name>.parquet`` and ``report.json`` (counts per
      source, rejected problems, excluded tests and unparsed dataset asserts with reasons, skipped
      sources with reasons), each
-     atomically, only after everything succeeded; print a summary table.
+     atomically, only after everything succeeded; print a summary table. Those DVC-tracked files hold
+     only what the inputs decide, so a rerun writes the same bytes and ``dvc status`` stays clean; what
+     differs per run (seconds, sandbox programs run, cache hits) goes to the untracked
+     ``<prepared_dir>/../cache/prepare_run.json`` (:data:`RUN_FIELDS`).
 
 What it does not: train, evaluate, or download EvalPlus/MBPP (offline files only; KodCode may come from
 the hub through ``datasets``). How to run: ``python -m flows.prepare [key=value ...]`` or
@@ -285,6 +288,10 @@ def prepare_flow(params: str = "params.yaml", overrides: list[str] | None = None
     return prepare(flow_config(params, overrides))
 
 
+RUN_FIELDS = ("seconds", "sandbox_programs", "cache_hits")
+"""Report fields that differ between runs of the same inputs: kept out of the DVC-tracked ``report.json``."""
+
+
 def prepare(cfg: Config) -> dict[str, Any]:
     """Load, verify, gate and write the prepared sets; returns the report (also ``report.json``)."""
     from tasks.quality import validate_problems
@@ -316,8 +323,13 @@ def prepare(cfg: Config) -> dict[str, Any]:
             (out_dir / f"{group}.parquet").unlink(missing_ok=True)
     report["seconds"] = round(time.monotonic() - t0, 2)
     report["report_path"] = str(out_dir / "report.json")
+    tracked = {key: value for key, value in report.items() if key not in RUN_FIELDS}
     write_bytes_atomic(
-        out_dir / "report.json", json.dumps(report, indent=1, sort_keys=True, default=str).encode()
+        out_dir / "report.json", json.dumps(tracked, indent=1, sort_keys=True, default=str).encode()
+    )
+    run_stats = {key: report[key] for key in RUN_FIELDS}
+    write_bytes_atomic(
+        out_dir.parent / "cache" / "prepare_run.json", json.dumps(run_stats, indent=1).encode()
     )
     _summary(report)
     return report

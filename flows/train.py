@@ -34,7 +34,7 @@ from codea1_core.method import batches
 from codea1_core.models.loading import build_policy
 from flows import distributed as dist_train
 from flows import process
-from flows.common import UserError, flow_config, flow_run_name, run_label, stage_main
+from flows.common import UserError, flow_config, flow_run_name, record_numerics, run_label, stage_main
 from flows.process import as_function, as_task, load_problems, log, training_steps  # noqa: F401 (bench)
 from tasks import checkpoint as ckpt
 from tasks.execute import execute, execute_golden
@@ -82,7 +82,9 @@ def train_flow(
 ) -> dict[str, Any]:
     """Prefect entry point (DVC stage, CLI and the ``train/codea1-train`` deployment): a params file +
     ``key=value`` overrides (``mode=golden``, ...), trained into ``run_dir`` when given (``flows.common``)."""
-    return process.final_state(train(flow_config(params, overrides, run_dir)))  # CANCELLED after SIGTERM
+    cfg = flow_config(params, overrides, run_dir)
+    record_numerics(cfg, "train")
+    return process.final_state(train(cfg))  # CANCELLED after SIGTERM
 
 
 def train(cfg: Config) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from prefect import flow
 from codea1_core.atomic import replace_dir, temp_dir_for, write_json_atomic
 from codea1_core.config import Config, LabConfig, load_config
 from codea1_core.types import Problem
-from flows.common import flow_config, flow_run_name, stage_main
+from flows.common import flow_config, flow_run_name, record_numerics, stage_main
 
 log = logging.getLogger("codea1.warmstart")
 
@@ -134,7 +134,9 @@ def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
 @flow(name="warmstart", flow_run_name=flow_run_name)  # no log_prints: datasets prints dis() into stdout
 def warmstart_flow(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
     """Prefect entry point (DVC stage and CLI): a params file + ``key=value`` overrides."""
-    return warm_start(flow_config(params, overrides))
+    cfg = flow_config(params, overrides)
+    record_numerics(cfg, "warmstart")
+    return warm_start(cfg)
 
 
 def summary_line(metrics: dict[str, Any]) -> str:

@@ -160,6 +160,9 @@ class MlflowTracker:
                 Param(k, json.dumps(v) if isinstance(v, list) else str(v)) for k, v in cfg.flat().items()
             ]
             tags = [RunTag(k, v) for k, v in run_tags().items()]
+            from codea1_core.models.cpu_numerics import describe  # imports torch: only where a run starts
+
+            tags += [RunTag(f"numerics.{k}", v) for k, v in describe(cfg.model.cpu_numerics).items()]
             for i in range(0, len(params), 100):  # MLflow caps a batch at 100 params
                 self.client.log_batch(self.run_id, params=params[i : i + 100])
             self.client.log_batch(self.run_id, tags=tags)

@@ -39,7 +39,10 @@ Two things make a row's numbers depend on its batch on the CPU (measured with to
 
 The shared decode runs every step on a multiple of 16 rows (:class:`DecodeStep` ``min_rows``: ghost rows), so
 splitting the prompts over processes, or prompts leaving the batch, never changes another row's tokens
-(``tests/test_shared_decode.py`` checks both on four model shapes)."""
+(``tests/test_shared_decode.py`` checks both on four model shapes). That holds with MKL in its ``COMPATIBLE``
+branch (``model.cpu_numerics: reproducible``): in its default mode MKL's GEMM kernels depend on the CPU, and
+on an AMD EPYC (MKL 2024.2) a batched GEMM of the shared attention rounded otherwise for another batch count,
+so outside that branch the decode is not split (``codea1_core.models.cpu_numerics``)."""
 
 
 def _linear(module: Any) -> Callable[[torch.Tensor], torch.Tensor]:

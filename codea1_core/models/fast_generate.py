@@ -9,9 +9,11 @@ stopping, finished rows padded), in one of two modes (``rollout.share_prompt``):
   from uniforms drawn up front, and prompts whose samples all stopped leave the batch. Same distribution
   as ``generate``, other random numbers, logits equal to float rounding (``tests/test_shared_decode.py``).
   Every row's numbers are independent of the other rows in its batch (ghost rows up to a multiple of
-  :data:`~codea1_core.models.decode_step.BATCH_INVARIANT_ROWS`), so the prompts of a small model are
-  decoded by one process per core (warm forked workers, :mod:`codea1_core.models.decode_pool`;
-  :func:`_decode_split`) with the same tokens as in one process;
+  :data:`~codea1_core.models.decode_step.BATCH_INVARIANT_ROWS`, and MKL's ``COMPATIBLE`` branch, which
+  ``model.cpu_numerics: reproducible`` pins), so the prompts of a small model are decoded by one process per
+  core (warm forked workers, :mod:`codea1_core.models.decode_pool`; :func:`_decode_split`) with the same
+  tokens as in one process. In any other MKL mode (``native``) a batched GEMM may round with its batch count,
+  so the decode stays in one process (:func:`~codea1_core.models.cpu_numerics.batch_invariant_gemm`);
 * exact (``share_prompt=False``, or ``n == 1``): the same tokens and raw-logit log-probs as ``generate``, bit
   for bit, given the same torch RNG state. It differs only in bookkeeping that does not touch the numbers:
 
@@ -51,7 +53,7 @@ from typing import Any
 
 import torch
 
-from codea1_core.models import decode_pool, decode_step
+from codea1_core.models import cpu_numerics, decode_pool, decode_step
 
 log = logging.getLogger(__name__)
 
@@ -566,7 +568,8 @@ def _sample_shared(
       pad from then on, as ``generate`` writes them; their log-probs 0, unused by ``Policy``);
     * small models (:data:`SMALL_MODEL_HIDDEN`) decode on one intra-op thread per process, in as many processes
       as there are cores (:func:`_decode_split`; ``processes``: None = :func:`_split_processes`): the same
-      tokens and log-probs for every count, bit for bit.
+      tokens and log-probs for every count, bit for bit — in MKL's ``COMPATIBLE`` branch only; in any other
+      MKL mode one process (:func:`~codea1_core.models.cpu_numerics.batch_invariant_gemm`).
     """
     device = input_ids.device
     prompts, _ = input_ids.shape
@@ -580,6 +583,8 @@ def _sample_shared(
     if processes is None:
         processes = _split_processes(base, device, prompts, rows * max_new_tokens)
     processes = max(1, min(processes, prompts))
+    if processes > 1 and not cpu_numerics.batch_invariant_gemm():
+        processes = 1  # outside MKL's COMPATIBLE branch a row's GEMM may round with its batch: no split
     decode = _Decode(
         base=base,
         prompts=state,
