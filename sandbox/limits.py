@@ -83,9 +83,11 @@ class ExecLimits:
     that bring code of their own are forked (``sandbox/harness.py``, ``plain``): a call of a function
     the program defined, on constants, runs in the program's process (dataset inputs cost no fork).
     The project's executors turn it on (``sandbox.isolate_calls``, default true, ``sandbox/factory.py``)."""
-    max_decode_s: float = 10.0
+    max_decode_s: float = 60.0
     """CPU seconds the trusted parent may spend decoding one program's results; calls past it are
-    ``unsupported_output`` (``sandbox/decoding.py``)."""
+    ``unsupported_output`` (``sandbox/decoding.py``). Not lower: HumanEval/130's plus inputs
+    (``tri(1000002)``..., a million numbers each) took over 10 s in one program on a loaded machine
+    (``pytest -m slow tests/test_sandbox_allowlist.py``)."""
 
     def __post_init__(self) -> None:
         for name in (
