@@ -377,7 +377,7 @@ def compare(paths: list[str], out: str | Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m flows.evaluate`` / ``codea1 evaluate``; exit 2 with one line on user errors."""
-    from flows.process import probe_tracking
+    from tasks.tracking import TrackingUnavailable, probe_if_used
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(description="Evaluate the Code LLM and the Test LLM on benchmarks.")
@@ -397,7 +397,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {compare(args.compare, out)}")
             return
         cfg = load_stage_config(args.params, list(args.overrides))  # a bad file: one line, before Prefect
-        probe_tracking(cfg)  # an unusable MLflow store: one line now, not after the evaluation
+        try:  # an unusable MLflow store: one line now, not minutes of retries after the evaluation
+            probe_if_used(cfg)
+        except TrackingUnavailable as exc:
+            raise UserError(str(exc)) from None
         metrics = evaluate_flow(
             args.params, list(args.overrides), args.code_model or "", args.test_model or ""
         )

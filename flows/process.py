@@ -333,18 +333,6 @@ def load_problems(cfg: Config) -> tuple[list[Any], list[Any]]:
     )
 
 
-def probe_tracking(cfg: Config) -> None:
-    """Every stage that talks to MLflow calls this first: an unreachable, locked or read-only store is one
-    UserError line within seconds (MLflow's own client retries for minutes, a traceback per retry)."""
-    from tasks.tracking import TrackingUnavailable, probe_store
-
-    if cfg.tracking.backend == "mlflow":
-        try:
-            probe_store(cfg)
-        except TrackingUnavailable as exc:
-            raise UserError(str(exc)) from None
-
-
 def preflight(cfg: Config) -> None:
     """What would fail later, checked before the flow starts: checkpoints (verified, with fallback; a step budget
     below the last one) and the MLflow store (probed, <= 10 s). Raises the tasks' errors; :func:`run_guarded` turns them into one line."""

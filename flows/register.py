@@ -150,9 +150,12 @@ def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict
     """DVC/CLI entry point: one line per role with its metric, the numbers compared and the decision (the MLflow
     store probed first: an unusable one is one line, not minutes of retries)."""
     from codea1_core.config import load_config
-    from flows.process import probe_tracking
+    from tasks.tracking import TrackingUnavailable, probe_if_used
 
-    probe_tracking(load_config(params, list(overrides or [])))
+    try:
+        probe_if_used(load_config(params, list(overrides or [])))
+    except TrackingUnavailable as exc:
+        raise UserError(str(exc)) from None
     decision = register_flow(params=params, overrides=list(overrides or []))
     for role, m in decision["models"].items():
         print(f"register {role}: {m['metric']} -> {m['alias']} ({m['reason']})")

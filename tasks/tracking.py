@@ -365,6 +365,13 @@ def _probe_folder(folder: Path, what: str) -> None:
         raise TrackingUnavailable(f"{what} {folder} is not writable ({exc.strerror or exc})") from None
 
 
+def probe_if_used(cfg: Config) -> None:
+    """:func:`probe_store` when the config tracks to MLflow (``tracking.backend: mlflow``): every stage that talks
+    to MLflow calls this first (MLflow's own client retries an unusable store for minutes)."""
+    if cfg.tracking.backend == "mlflow":
+        probe_store(cfg)
+
+
 def make_tracker(cfg: Config, run_id: str | None = None, run_name: str | None = None) -> Tracker:
     """``MlflowTracker`` or ``NullTracker`` from ``cfg.tracking.backend``."""
     if cfg.tracking.backend == "null":
