@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -78,8 +79,26 @@ def samples_for(problems, seed: int, loop_tasks: int, mutants: bool) -> list[lis
     return out
 
 
-def prepare_ours(bench: str, data_dir: Path, workers: int, max_tasks: int):
-    """The prepare stage's reference run of one benchmark: (filled problems, {task id: dropped inputs})."""
+def prepare_ours(
+    bench: str, data_dir: Path, workers: int, max_tasks: int, cache: Path | None = None, tasks: tuple = ()
+):
+    """The prepare stage's reference run of one benchmark: (filled problems, {task id: dropped inputs}).
+
+    With ``cache`` the result is kept there (``ours_<bench>_<selection hash>.parquet`` + ``.json``) and reused."""
+    from codea1_core.data.prepared import load_prepared, save_prepared
+
+    key = hashlib.sha256(json.dumps([max_tasks, sorted(tasks)]).encode()).hexdigest()[:12]
+    stem = cache / f"ours_{bench}_{key}" if cache else None
+    if stem and stem.with_suffix(".json").is_file():
+        return load_prepared(stem.with_suffix(".parquet")), json.loads(stem.with_suffix(".json").read_text())
+    filled, dropped = _prepare_ours(bench, data_dir, workers, max_tasks, tasks)
+    if stem:
+        save_prepared(filled, stem.with_suffix(".parquet"))
+        stem.with_suffix(".json").write_text(json.dumps(dropped))
+    return filled, dropped
+
+
+def _prepare_ours(bench: str, data_dir: Path, workers: int, max_tasks: int, tasks: tuple):
     from codea1_core.config import Config
     from codea1_core.data.datasets import load_source
     from codea1_core.data.prepared import chunk_exprs, reference_exprs, resolve
@@ -88,7 +107,7 @@ def prepare_ours(bench: str, data_dir: Path, workers: int, max_tasks: int):
 
     cfg = Config().replace(**{"sandbox.workers": workers, "sandbox.call_timeout_s": 20.0})
     problems = load_source(bench, "test", cfg, data_dir)
-    problems = problems[:max_tasks] if max_tasks else problems
+    problems = [p for i, p in enumerate(problems) if (max_tasks and i < max_tasks) or p.id in tasks]
     jobs, owner = [], []
     for i, p in enumerate(problems):
         for part in chunk_exprs(reference_exprs(p)):
@@ -190,7 +209,12 @@ def cause(task_id: str, ours: tuple[bool, bool], theirs: tuple[bool, bool]) -> s
 
 def run_bench(bench: str, args, data_dir: Path, tmp: Path) -> tuple[int, int, int]:
     """Print one benchmark's comparison; returns (samples, disagreements, unexplained)."""
-    problems, dropped = prepare_ours(bench, data_dir, args.workers, args.max_tasks)
+    cache = Path(args.cache) if args.cache else None
+    everything = not args.max_tasks and not args.tasks
+    tasks = tuple(args.tasks or ())
+    problems, dropped = prepare_ours(
+        bench, data_dir, args.workers, 10**6 if everything else args.max_tasks, cache, tasks
+    )
     samples = samples_for(problems, args.seed, args.loop_tasks if args.mutants else 0, args.mutants)
     our_wall, our_v = score_ours(problems, samples, args.workers)
     their_wall, their_v = score_theirs(bench, problems, samples, args.workers, tmp)
@@ -232,6 +256,10 @@ def main() -> int:
         "--loop-tasks", type=int, default=2, help="tasks per benchmark given a looping sample"
     )
     parser.add_argument("--max-tasks", type=int, default=0, help="first N tasks of each benchmark (0 = all)")
+    parser.add_argument("--tasks", nargs="*", default=[], help="these task ids too (with --max-tasks: only)")
+    parser.add_argument(
+        "--cache", default="", help="keep both sides' reference outputs here between runs (default: none)"
+    )
     args = parser.parse_args()
     data_dir = Path(args.data)
     benches = args.bench or (["humanevalplus", "mbppplus"] if args.mutants else ["humanevalplus"])
@@ -244,7 +272,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for bench in benches:  # evalplus reads these at import time
             os.environ[OVERRIDE_ENV[bench]] = str(next((data_dir / bench).glob(f"{STEMS[bench]}-*.jsonl*")))
-        os.environ["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")  # evalplus' ground truth stays out of $HOME
+        # evalplus' ground truth stays out of $HOME: in --cache, else in the temporary folder
+        os.environ["XDG_CACHE_HOME"] = str(Path(args.cache or tmp) / "cache")
+        if args.cache:
+            Path(args.cache).mkdir(parents=True, exist_ok=True)
         for bench in benches:
             for i, x in enumerate(run_bench(bench, args, data_dir, Path(tmp))):
                 total[i] += x
