@@ -224,3 +224,18 @@ def test_reference_inputs_survive_whatever_the_chunking():
     assert [o.status for o in fixed] == [o.status for o in alone] == ["ok"] * 4
     assert [o.value for o in fixed] == [o.value for o in alone]
     assert chunk_exprs(list("abcde"), 2) == [["a", "b"], ["c", "d"], ["e"]]
+
+
+def test_a_run_past_evalplus_run_cap_fails_its_remaining_inputs():
+    """evalplus stops a base or plus run after min(60 s, sum of its limits) + 2 s: slow-but-correct
+    samples of heavy tasks (HumanEval/15) fail there, input limits notwithstanding."""
+    tests = tuple(TestCase(f"f({i})", i) for i in range(70))
+    problem = Problem(
+        id="HumanEval/15", source="humanevalplus", split="test", prompt="", description="", entry_point="f",
+        reference_solution="def f(x):\n    return x\n", tests=tests, metadata={"ref_time_s": [0.1] * 70},
+    )  # fmt: skip
+    fast = [CallOutcome("ok", i, duration_s=0.5) for i in range(70)]  # 35 s in all: under the 62 s cap
+    slow = [CallOutcome("ok", i, duration_s=0.95) for i in range(70)]  # each under 1 s, 66.5 s in all
+    assert judge_sample(problem, fast, 1e-6, 1e-6, True).base
+    assert not judge_sample(problem, slow, 1e-6, 1e-6, True).base
+    assert judge_sample(problem, slow, 1e-6, 1e-6, False).base  # training rules: per-call limit only

@@ -45,6 +45,7 @@ from codea1_core.data.evalplus_rules import (
     OUTPUT_NOT_NONE,
     judged_call,
     outputs_match,
+    run_cap_s,
     time_limit_s,
 )
 from codea1_core.evaluation.metrics import pass_at_k
@@ -229,17 +230,20 @@ def evalplus_flags(problem: Problem, outcomes: Sequence[CallOutcome]) -> list[bo
     """Per input, the EvalPlus verdict (``codea1_core.data.evalplus_rules``), base run then plus run.
 
     An input fails when the call did not return, took longer than ``max(1 s, 4 x the reference's time)``
-    (``metadata["ref_time_s"]``; 1 s where none was recorded) or its output does not match.
+    (``metadata["ref_time_s"]``; 1 s where none was recorded), came after its run (base, plus) used up
+    ``run_cap_s`` of the run's limits, or its output does not match.
     """
     cases = list(problem.tests) + list(problem.plus_tests)
     times = list((problem.metadata or {}).get("ref_time_s") or [])
+    limits = [time_limit_s(times[i]) if i < len(times) else MIN_TIME_LIMIT_S for i in range(len(cases))]
+    n_base = len(problem.tests)
     flags: list[bool] = []
-    atol = problem.atol
+    atol, spent, cap = problem.atol, 0.0, run_cap_s(limits[:n_base])
     for i, (case, o) in enumerate(zip(cases, outcomes, strict=True)):
-        if i == len(problem.tests):
-            atol = problem.atol  # the plus inputs are a separate evalplus run: atol starts afresh
-        limit = time_limit_s(times[i]) if i < len(times) else MIN_TIME_LIMIT_S
-        if not o.ok or o.duration_s > limit:
+        if i == n_base:  # the plus inputs are a separate evalplus run: atol and the run's clock start afresh
+            atol, spent, cap = problem.atol, 0.0, run_cap_s(limits[n_base:])
+        spent += o.duration_s
+        if not o.ok or o.duration_s > limits[i] or spent > cap:
             flags.append(False)
             continue
         try:
