@@ -113,7 +113,12 @@ def _prepare_ours(bench: str, data_dir: Path, workers: int, max_tasks: int, task
     from flows.prepare import run_reference_jobs
     from sandbox import make_executor
 
-    cfg = Config().replace(**{"sandbox.workers": workers, "sandbox.call_timeout_s": 20.0})
+    # EvalPlus computes its ground truth without limits: give the references its memory cap (4 GiB) and
+    # a minute per call, so that inputs the prepare stage's defaults drop (Mbpp/255's 1.6-million-tuple
+    # outputs: memory, and a time-out on a loaded machine) are judged as evalplus judges them
+    cfg = Config().replace(
+        **{"sandbox.workers": workers, "sandbox.call_timeout_s": 60.0, "sandbox.memory_mb": 4096}
+    )
     problems = load_source(bench, "test", cfg, data_dir)
     problems = [p for i, p in enumerate(problems) if (max_tasks and i < max_tasks) or p.id in tasks]
     jobs, owner = [], []
