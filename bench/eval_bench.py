@@ -117,7 +117,12 @@ def _prepare_ours(bench: str, data_dir: Path, workers: int, max_tasks: int, task
     # a minute per call, so that inputs the prepare stage's defaults drop (Mbpp/255's 1.6-million-tuple
     # outputs: memory, and a time-out on a loaded machine) are judged as evalplus judges them
     cfg = Config().replace(
-        **{"sandbox.workers": workers, "sandbox.call_timeout_s": 60.0, "sandbox.memory_mb": 4096}
+        **{
+            "sandbox.workers": workers,
+            "sandbox.call_timeout_s": 60.0,
+            "sandbox.program_cap_s": 1200.0,  # as prepare: max(program_cap_s, 20 x the call limit)
+            "sandbox.memory_mb": 4096,
+        }
     )
     problems = load_source(bench, "test", cfg, data_dir)
     problems = [p for i, p in enumerate(problems) if (max_tasks and i < max_tasks) or p.id in tasks]
