@@ -320,6 +320,13 @@ class EvalConfig:
     """Also evaluate the starting models (``model.code_path``/``test_path``, when local dirs other than the
     evaluated ones: the lab's warm start) with the same settings and seeds, as ``warmstart/...`` and
     ``delta/...`` keys (``flows/evaluate.py``); cached by content hash."""
+    evalplus_protocol: bool = True
+    """HumanEval+ / MBPP+ are judged by EvalPlus' own rules (``codea1_core.data.evalplus_rules``): the
+    sample runs as written (no imports added), EvalPlus' comparison and float rule, per-input time limit
+    max(1 s, 4 x the reference's time). ``false``: training's rules (the problem's imports prepended,
+    ``sandbox.float_*_tol`` everywhere). Other benchmarks (the lab) always use training's rules. Reported
+    as ``code/<bench>/evalplus_protocol``. The sandbox still stops a call at ``sandbox.call_timeout_s``:
+    raise it above 4 x the slowest reference input to grant EvalPlus' full limits (the parity bench does)."""
     out_dir: str = "outputs/eval"
     """Where ``evaluate`` writes ``metrics.json``, ``report.html`` and the mutant cache."""
     bigcodebench_path: str = ""

@@ -45,7 +45,14 @@ from codea1_core.atomic import write_bytes_atomic
 from codea1_core.config import Config, resolve_data_dir
 from codea1_core.data.dataset_types import DatasetError, SourceUnavailable
 from codea1_core.data.datasets import load_source
-from codea1_core.data.prepared import load_prepared, reference_exprs, resolve, save_prepared
+from codea1_core.data.prepared import (
+    chunk_exprs,
+    load_prepared,
+    reference_exprs,
+    rerun_alone,
+    resolve,
+    save_prepared,
+)
 from codea1_core.types import CallOutcome, Problem
 from codea1_core.values import decode, encode
 from flows.common import UserError, flow_config, flow_run_name, stage_main
@@ -55,11 +62,11 @@ log = logging.getLogger(__name__)
 
 __all__ = ["load_prepared", "main", "prepare", "prepare_flow", "run", "save_prepared"]
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
+"""2: entries carry their key, a checksum and the sandbox's version; 3: outcomes carry the reference's
+seconds per call (the EvalPlus protocol's time limits)."""
 BATCH_PROGRAMS = 64
 """Programs per ``run_many`` call; each finished batch is cached at once."""
-CHUNK_CALLS = 100
-"""Expressions per sandbox program (a reference runs in several programs when it has many tests)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -147,7 +154,8 @@ def _rows_sha256(rows: list) -> str:
 
 def _to_json(outcomes: list[CallOutcome], key: str) -> bytes:
     rows = [
-        [o.status, base64.b64encode(encode(o.value)).decode() if o.ok else None, o.error] for o in outcomes
+        [o.status, base64.b64encode(encode(o.value)).decode() if o.ok else None, o.error, o.duration_s]
+        for o in outcomes
     ]
     return json.dumps({"key": key, "outcomes": rows, "sha256": _rows_sha256(rows)}).encode()
 
@@ -166,7 +174,10 @@ def _from_json(path: Path, key: str) -> tuple[list[CallOutcome] | None, str]:
             return None, "its key does not match its name (copied or renamed)"
         if data.get("sha256") != _rows_sha256(rows):
             return None, "sha256 differs from its content (edited or corrupted)"
-        return [CallOutcome(s, decode(base64.b64decode(v)) if s == "ok" else None, e) for s, v, e in rows], ""
+        return [
+            CallOutcome(s, decode(base64.b64decode(v)) if s == "ok" else None, e, float(t))
+            for s, v, e, t in rows
+        ], ""
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         return None, f"malformed ({type(exc).__name__})"
 
@@ -178,9 +189,7 @@ def _run_references(
     chunks: list[tuple[int, str, list[str], Path]] = []
     sandbox = sandbox_version()
     for i, p in enumerate(problems):
-        exprs = reference_exprs(p)
-        for start in range(0, len(exprs), CHUNK_CALLS):
-            part = exprs[start : start + CHUNK_CALLS]
+        for part in chunk_exprs(reference_exprs(p)):
             chunks.append(
                 (
                     i,
@@ -211,14 +220,9 @@ def _run_references(
                 0, len(missing), BATCH_PROGRAMS
             ):  # cache each batch: an interrupted run resumes
                 batch = missing[start : start + BATCH_PROGRAMS]
-                ran = run_jobs(  # D4: any infra failure aborts (limit 0): never a score, never cached
-                    executor,
-                    [(chunks[k][1], chunks[k][2]) for k in batch],
-                    0.0,
-                    "prepare: reference programs",
-                    names=[problems[chunks[k][0]].id for k in batch],
-                    limit_key="prepare's limit",
-                )
+                jobs = [(chunks[k][1], chunks[k][2]) for k in batch]
+                names = [problems[chunks[k][0]].id for k in batch]
+                ran = run_reference_jobs(executor, jobs, names)
                 for k, out in zip(batch, ran, strict=True):
                     write_bytes_atomic(chunks[k][3], _to_json(out, chunks[k][3].stem))
                     results[k] = out
@@ -231,6 +235,29 @@ def _run_references(
     for k, (i, _, _, _) in enumerate(chunks):
         per_problem[i] += results[k]
     return per_problem
+
+
+def run_reference_jobs(
+    executor: Any, jobs: list[tuple[str, list[str]]], names: list[str]
+) -> list[list[CallOutcome]]:
+    """Run reference chunks, then each :func:`~codea1_core.data.prepared.rerun_alone` call in a program of
+    its own (its outcome replaces the chunk's): which inputs survive never depends on the chunking.
+    D4: any infrastructure failure aborts (limit 0), never a score, never cached."""
+    ran = run_jobs(
+        executor, jobs, 0.0, "prepare: reference programs", names=names, limit_key="prepare's limit"
+    )
+    again = [
+        (j, i) for j, (job, out) in enumerate(zip(jobs, ran, strict=True)) for i in rerun_alone(job[1], out)
+    ]
+    if again:
+        alone = run_jobs(
+            executor, [(jobs[j][0], [jobs[j][1][i]]) for j, i in again], 0.0, "prepare: reference calls alone",
+            names=[names[j] for j, _ in again], limit_key="prepare's limit",
+        )  # fmt: skip
+        ran = [list(out) for out in ran]
+        for (j, i), out in zip(again, alone, strict=True):
+            ran[j][i] = out[0]
+    return ran
 
 
 # --------------------------------------------------------------------------------------------------

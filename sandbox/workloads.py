@@ -17,10 +17,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from codea1_core.data.evalplus_rules import judged_call
 from codea1_core.values import to_literal
-
-MBPP_OUTPUT_NOT_NONE = ("check_str", "text_match_three", "text_starta_endb")
-"""MBPP+ tasks returning ``re.Match`` objects; EvalPlus checks only ``output is not None`` (as we do)."""
 
 FILES = {
     "humanevalplus": "humanevalplus/HumanEvalPlus-v0.1.10.jsonl.gz",
@@ -87,9 +85,12 @@ def _workload(row: dict, benchmark: str, inputs: tuple[str, ...]) -> Workload:
             raise TypeError(f"{field} of {row['task_id']} is {type(args_list).__name__}, expected a list")
         if benchmark == "mbppplus":
             args_list = _mbpp_deserialize(row["task_id"], args_list)
-        template = "({}) is not None" if row["entry_point"] in MBPP_OUTPUT_NOT_NONE else "{}"
-        calls += [
-            template.format(f"{row['entry_point']}({', '.join(to_literal(a) for a in args)})")
+        calls += [  # MBPP_OUTPUT_NOT_NONE tasks: EvalPlus' ``out is not None`` rule, as the loader applies it
+            judged_call(
+                benchmark,
+                row["entry_point"],
+                f"{row['entry_point']}({', '.join(to_literal(a) for a in args)})",
+            )
             for args in args_list
         ]
     return Workload(row["task_id"], program, calls)

@@ -71,11 +71,13 @@ def score_codes(
 
     ``subsets`` (name -> problem indices) are aggregated again from the same verdicts as ``<bench>_<name>``.
     """
-    jobs = build_code_jobs(problems, codes)
+    evalplus = cfg.eval.evalplus_protocol
+    jobs = build_code_jobs(problems, codes, evalplus)
     names = [problems[p].id for p in jobs.job_problem]
     results = run_jobs(executor, jobs.jobs, cfg.sandbox.max_infra_failure_frac, f"code/{bench}", names)
-    verdicts = verdicts_for(problems, jobs, results, cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol)
-    metrics = code_metrics(bench, problems, verdicts, cfg.eval.k_list, subsets)
+    tols = cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol
+    verdicts = verdicts_for(problems, jobs, results, *tols, evalplus)
+    metrics = code_metrics(bench, problems, verdicts, cfg.eval.k_list, subsets, evalplus)
     metrics[f"code/{bench}/programs_run"] = float(len(jobs.jobs))
     return metrics
 

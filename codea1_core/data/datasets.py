@@ -17,6 +17,8 @@ folder, or a hub id) and the built-in lab problems; :func:`load_source` picks on
 * EvalPlus: ``base_input`` -> ``tests``, ``plus_input`` -> ``plus_tests``; call =
   ``entry_point(*map(repr, args))`` (``values.to_literal`` when ``repr`` does not round-trip); MBPP+
   inputs get EvalPlus' tuple/set/complex restoration (``codea1_core.data.mbpp_inputs``); ``atol`` is kept.
+  The three MBPP+ tasks whose reference returns an ``re.Match`` get EvalPlus' ``out is not None`` rule
+  through their calls (``codea1_core.data.evalplus_rules.judged_call``).
 * MBPP: ids 511-600 = ``val``, 601-974 = ``train`` (11-510 = ``test``, 1-10 = ``prompt``); each
   ``test_list`` assert is parsed with ``ast``; ``challenge_test_list`` is ignored.
 * KodCode: rows with ``gpt_difficulty == difficulty``; asserts in ``test_*`` functions of the pytest
@@ -44,6 +46,7 @@ from typing import Any
 
 from codea1_core.config import Config, LabConfig
 from codea1_core.data.dataset_types import PENDING, DatasetError, SourceUnavailable
+from codea1_core.data.evalplus_rules import judged_call
 from codea1_core.data.mbpp_inputs import mbpp_deserialize_inputs
 from codea1_core.data.source_text import (
     call_source,
@@ -241,8 +244,10 @@ def load_evalplus(path: str | Path, source: str) -> list[Problem]:
                 reference_solution=reference,
                 imports=imports,
                 atol=atol,
-                tests=tuple(TestCase(call_source(ep, list(a)), PENDING) for a in base),
-                plus_tests=tuple(TestCase(call_source(ep, list(a)), PENDING) for a in plus),
+                tests=tuple(TestCase(judged_call(source, ep, call_source(ep, list(a))), PENDING) for a in base),
+                plus_tests=tuple(
+                    TestCase(judged_call(source, ep, call_source(ep, list(a))), PENDING) for a in plus
+                ),
             )
         )
     return problems

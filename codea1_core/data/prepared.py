@@ -6,6 +6,11 @@ What it does:
   flow evaluates every golden call and every dataset claim beside the reference in the sandbox;
   :func:`resolve` fills the expected values from those outcomes and drops (with a reason) the tests the
   reference cannot run or whose dataset claim disagrees with it.
+* :func:`chunk_exprs` / :func:`rerun_alone`: how the reference's expressions are cut into sandbox
+  programs, and which results are re-run in a program of their own (a time-out, memory error or
+  over-budget result can come from the calls before it in the same program: rerun alone, whether an
+  input survives depends only on the input, never on the chunking). The prepare flow and the slow
+  canonical-solutions test use both.
 * :func:`save_prepared` / :func:`load_prepared`: one parquet file of problems per split; expected values
   are ``values.encode`` bytes (never pickle); writes are atomic (``codea1_core.atomic``).
 
@@ -24,11 +29,31 @@ from typing import Any
 
 from codea1_core.atomic import atomic_path
 from codea1_core.data.dataset_types import DatasetError, is_pending
+from codea1_core.data.evalplus_rules import EVALPLUS_SOURCES
 from codea1_core.types import Problem, TestCase
 
 # --------------------------------------------------------------------------------------------------
 # Reference verification (pure: the prepare flow runs the jobs in the sandbox)
 # --------------------------------------------------------------------------------------------------
+
+CHUNK_CALLS = 100
+"""Expressions per sandbox program (a reference runs in several programs when it has many tests)."""
+RERUN_ALONE = ("timeout", "memory", "unsupported_output")
+"""Statuses that may come from the program's earlier calls (time, memory, the per-program result
+budget): such a call of a multi-call chunk is run again in a program of its own."""
+
+
+def chunk_exprs(exprs: list[str], size: int = CHUNK_CALLS) -> list[list[str]]:
+    """``exprs`` cut into consecutive programs of at most ``size`` expressions."""
+    return [exprs[i : i + size] for i in range(0, len(exprs), size)]
+
+
+def rerun_alone(exprs: list[str], outcomes: list[Any]) -> list[int]:
+    """Indices of ``outcomes`` (of one multi-call program) to run again alone (:data:`RERUN_ALONE`)."""
+    if len(exprs) < 2:
+        return []
+    return [i for i, o in enumerate(outcomes) if o.status in RERUN_ALONE]
+
 
 
 def _claims(problem: Problem) -> list[str]:
@@ -55,6 +80,8 @@ def resolve(
     be evaluated (``claim_error``) or disagrees with the reference (``claim_mismatch``), or when a
     given expected value differs from the reference's (``expected_mismatch``). Floats compare with
     ``values_equal`` and ``max(abs_tol, problem.atol)``. The caller handles ``infra_error`` first (D4).
+    EvalPlus problems also get ``metadata["ref_time_s"]``: the reference's seconds per kept test (base
+    then plus), from which the EvalPlus protocol derives each input's time limit.
     """
     from codea1_core.values import values_equal
 
@@ -66,6 +93,7 @@ def resolve(
     atol = max(abs_tol, problem.atol)
     claim_outcomes = iter(outcomes[len(tests) :])
     kept: list[TestCase | None] = []
+    times: list[float] = []
     excluded: list[dict[str, str]] = []
 
     def drop(test: TestCase, reason: str, detail: str = "") -> None:
@@ -87,12 +115,16 @@ def resolve(
             drop(test, "expected_mismatch", f"reference {out.value!r} != given {test.expected!r}")
         else:
             kept.append(TestCase(test.call, out.value))
+            times.append(round(float(out.duration_s), 4))
     n = len(problem.tests)
+    metadata = {**problem.metadata, "reference_passes": True, "excluded_tests": len(excluded)}
+    if problem.source in EVALPLUS_SOURCES:
+        metadata["ref_time_s"] = times
     filled = dataclasses.replace(
         problem,
         tests=tuple(t for t in kept[:n] if t is not None),
         plus_tests=tuple(t for t in kept[n:] if t is not None),
-        metadata={**problem.metadata, "reference_passes": True, "excluded_tests": len(excluded)},
+        metadata=metadata,
     )
     return filled, excluded
 

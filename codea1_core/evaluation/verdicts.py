@@ -16,7 +16,16 @@ What it does not: generate text, run code (the caller passes executor outcomes i
 import prefect/mlflow/sandbox. Infrastructure failures (``infra_error``) are never scored: affected
 samples and mutants are dropped from the denominators and counted (docs/method.md D4).
 
-A sample runs as :func:`codea1_core.method.outcomes.candidate_program`, the program training runs it as.
+Two rule sets (``eval.evalplus_protocol``, reported as ``code/<bench>/evalplus_protocol``):
+  * **EvalPlus protocol** (default on HumanEval+ / MBPP+): the sample runs as written (no imports added),
+    each input is compared as evalplus compares it (:func:`codea1_core.data.evalplus_rules.outputs_match`:
+    equality, its special oracles, its float rule) and fails past ``max(1 s, 4 x the reference's time)``
+    (the reference's time per input is ``metadata["ref_time_s"]``, recorded by prepare).
+  * **training rules** (every other benchmark, e.g. the lab; or ``eval.evalplus_protocol: false``): the
+    sample runs as :func:`codea1_core.method.outcomes.candidate_program`, the program training runs it
+    as (the problem's imports first), compared with ``values.values_equal`` (``sandbox.float_*_tol``).
+A problem without any test (every golden test dropped by prepare) is never scored: its samples are
+excluded and counted (``code/<bench>/excluded_problems``), never a vacuous pass.
 
 How to run: imported by ``tasks/evaluate.py`` and the other ``codea1_core.evaluation`` plans; unit tests in
 ``tests/core/evaluation/test_evaluation.py``.
@@ -30,6 +39,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from codea1_core.data.evalplus_rules import (
+    EVALPLUS_SOURCES,
+    MIN_TIME_LIMIT_S,
+    OUTPUT_NOT_NONE,
+    judged_call,
+    outputs_match,
+    run_cap_s,
+    time_limit_s,
+)
 from codea1_core.evaluation.metrics import pass_at_k
 from codea1_core.method.outcomes import candidate_program
 from codea1_core.types import CallOutcome, Problem
@@ -52,6 +70,8 @@ class SampleVerdict:
     infra: bool = False
     sparse: bool | None = None
     """Passes the problem's sparse golden tests (``metadata["sparse_calls"]``, lab only); None = none named."""
+    excluded: bool = False
+    """The problem has no test left: never scored (excluded from every rate, counted)."""
 
 
 @dataclass
@@ -66,16 +86,27 @@ class CodeJobs:
 def benchmark_calls(problem: Problem) -> list[str]:
     """Every call of a problem: base inputs first, then EvalPlus plus inputs.
 
-    For EvalPlus' "output is not None" MBPP tasks (which return ``re.Match`` objects, not plain data)
-    the call is wrapped so the sandbox returns ``out is not None`` (a bool result stays as it is).
+    The loader already wrapped the calls of EvalPlus' "output is not None" MBPP tasks (which return
+    ``re.Match`` objects, not plain data) in ``judged_call``; wrapping is idempotent, so prepared files
+    from before that change are judged the same way.
     """
     calls = [t.call for t in problem.tests] + [t.call for t in problem.plus_tests]
-    if problem.source == "mbppplus" and problem.entry_point in _MBPP_NOT_NONE:
-        return [f"(lambda r: r if isinstance(r, bool) else r is not None)({c})" for c in calls]
-    return calls
+    return [judged_call(problem.source, problem.entry_point, c) for c in calls]
 
 
-def build_code_jobs(problems: Sequence[Problem], codes: Sequence[Sequence[str]]) -> CodeJobs:
+def uses_evalplus(problem: Problem, evalplus_protocol: bool) -> bool:
+    """Whether ``problem`` is judged by the EvalPlus protocol (see the module docstring)."""
+    return evalplus_protocol and problem.source in EVALPLUS_SOURCES
+
+
+def sample_program(problem: Problem, code: str, evalplus_protocol: bool = False) -> str:
+    """The program a sample runs as: as written under the EvalPlus protocol, else training's program."""
+    return code if uses_evalplus(problem, evalplus_protocol) else candidate_program(problem, code)
+
+
+def build_code_jobs(
+    problems: Sequence[Problem], codes: Sequence[Sequence[str]], evalplus_protocol: bool = False
+) -> CodeJobs:
     """One job per distinct (problem, program); ``codes[p][s]`` is sample s of problem p."""
     if len(problems) != len(codes):
         raise ValueError(f"{len(problems)} problems but {len(codes)} sample lists")
@@ -85,7 +116,7 @@ def build_code_jobs(problems: Sequence[Problem], codes: Sequence[Sequence[str]])
         calls = benchmark_calls(problem)
         row = []
         for code in samples:
-            program = candidate_program(problem, code)
+            program = sample_program(problem, code, evalplus_protocol)
             if program not in seen:
                 seen[program] = len(out.jobs)
                 out.jobs.append((program, calls))
@@ -123,7 +154,7 @@ def _digit_distance(num1: int, num2: int) -> int:
 
 _MBPP_SET_EQ = {"similar_elements", "find_char_long", "common_in_nested_lists", "extract_singly"}
 _MBPP_SET_EQ |= {"larg_nnum", "intersection_array", "find_dissimilar", "Diff"}
-_MBPP_NOT_NONE = {"check_str", "text_match_three", "text_starta_endb"}
+_MBPP_NOT_NONE = set(OUTPUT_NOT_NONE)
 
 
 def _special_oracle(problem: Problem, call: str, out: Any, expected: Any, atol: float) -> bool | None:
@@ -168,19 +199,90 @@ def call_matches(
     return values_equal(outcome.value, expected, rel_tol, atol)
 
 
+def _evalplus_exact(problem: Problem, call: str, out: Any, expected: Any, atol: float) -> bool | None:
+    """evalplus' ``exact_match`` of a task with a special oracle (evalplus/eval/__init__.py); None = none."""
+    ep = problem.entry_point
+    if problem.source == "humanevalplus" and ep == "find_zero":
+        args = _call_args(call)  # its float rule does not apply: the oracle is the whole check
+        return args is not None and abs(_poly(*args, out)) <= atol
+    if problem.source != "mbppplus":
+        return None
+    if ep == "are_equivalent":
+        return True
+    if ep in _MBPP_SET_EQ:
+        return set(out) == set(expected)
+    if ep in _MBPP_NOT_NONE:  # ``out`` is already ``r is not None`` or the sample's bool (judged_call)
+        return out == expected
+    exact = out == expected
+    if ep == "sum_div":
+        return exact or out == 0
+    if ep in ("surface_Area", "digit_distance_nums"):
+        args = _call_args(call)
+        if args is None:
+            return None
+        if ep == "surface_Area":
+            return exact or abs(out - _surface_area(*args)) <= atol
+        return exact or out == _digit_distance(*args)
+    return None
+
+
+def evalplus_flags(problem: Problem, outcomes: Sequence[CallOutcome]) -> list[bool]:
+    """Per input, the EvalPlus verdict (``codea1_core.data.evalplus_rules``), base run then plus run.
+
+    An input fails when the call did not return, took longer than ``max(1 s, 4 x the reference's time)``
+    (``metadata["ref_time_s"]``; 1 s where none was recorded), came after its run (base, plus) used up
+    ``run_cap_s`` of the run's limits, or its output does not match.
+    """
+    cases = list(problem.tests) + list(problem.plus_tests)
+    times = list((problem.metadata or {}).get("ref_time_s") or [])
+    limits = [time_limit_s(times[i]) if i < len(times) else MIN_TIME_LIMIT_S for i in range(len(cases))]
+    n_base = len(problem.tests)
+    flags: list[bool] = []
+    atol, spent, cap = problem.atol, 0.0, run_cap_s(limits[:n_base])
+    for i, (case, o) in enumerate(zip(cases, outcomes, strict=True)):
+        if i == n_base:  # the plus inputs are a separate evalplus run: atol and the run's clock start afresh
+            atol, spent, cap = problem.atol, 0.0, run_cap_s(limits[n_base:])
+        spent += o.duration_s
+        if not o.ok or o.duration_s > limits[i] or spent > cap:
+            flags.append(False)
+            continue
+        try:
+            exact = _evalplus_exact(problem, case.call, o.value, case.expected, atol)
+            if exact is not None and problem.entry_point == "find_zero":
+                flags.append(bool(exact))
+                continue
+            ok, atol = outputs_match(o.value, case.expected, atol, exact)
+        except Exception:  # a wrong-typed output of untrusted code: that input fails, as in evalplus
+            ok = False
+        flags.append(ok)
+    return flags
+
+
 def judge_sample(
-    problem: Problem, outcomes: Sequence[CallOutcome], rel_tol: float, abs_tol: float
+    problem: Problem,
+    outcomes: Sequence[CallOutcome],
+    rel_tol: float,
+    abs_tol: float,
+    evalplus_protocol: bool = False,
 ) -> SampleVerdict:
-    """Base and plus verdict of one sample from its outcomes (in :func:`benchmark_calls` order)."""
+    """Base and plus verdict of one sample from its outcomes (in :func:`benchmark_calls` order).
+
+    A problem without tests gives an ``excluded`` verdict (never a vacuous pass).
+    """
     cases = list(problem.tests) + list(problem.plus_tests)
     if len(outcomes) != len(cases):
         raise ValueError(f"{problem.id}: {len(outcomes)} outcomes for {len(cases)} calls")
+    if not problem.tests:
+        return SampleVerdict(base=False, plus=False, excluded=True)
     if any(o.status == INFRA for o in outcomes):
         return SampleVerdict(base=False, plus=False, infra=True)
-    ok = [
-        call_matches(problem, c.call, o, c.expected, rel_tol, abs_tol)
-        for c, o in zip(cases, outcomes, strict=True)
-    ]
+    if uses_evalplus(problem, evalplus_protocol):
+        ok = evalplus_flags(problem, outcomes)
+    else:
+        ok = [
+            call_matches(problem, c.call, o, c.expected, rel_tol, abs_tol)
+            for c, o in zip(cases, outcomes, strict=True)
+        ]
     n_base = len(problem.tests)
     base = all(ok[:n_base])
     return SampleVerdict(
@@ -203,12 +305,13 @@ def verdicts_for(
     results: Sequence[Sequence[CallOutcome]],
     rel_tol: float,
     abs_tol: float,
+    evalplus_protocol: bool = False,
 ) -> list[list[SampleVerdict]]:
     """Per problem, per sample verdicts; each distinct job is judged once."""
     if len(results) != len(jobs.jobs):
         raise ValueError(f"{len(results)} results for {len(jobs.jobs)} jobs")
     judged = [
-        judge_sample(problems[p], res, rel_tol, abs_tol)
+        judge_sample(problems[p], res, rel_tol, abs_tol, evalplus_protocol)
         for p, res in zip(jobs.job_problem, results, strict=True)
     ]
     return [[judged[j] for j in row] for row in jobs.sample_job]
@@ -242,23 +345,31 @@ def aggregate_code(
     Lab problems also give ``code/<bench>/sparse/...``: the same samples judged on the sparse golden tests
     only (what a ``lab.golden_tests: sparse`` run was rewarded on), beside ``base`` (the boundary set)
     and ``plus`` (boundary + sparse, the full set) — the EvalPlus idea of base vs plus tests.
+    Problems without tests are left out of every rate and counted as ``code/<bench>/excluded_problems``
+    (reported when there is one, and always on EvalPlus benchmarks).
     """
-    base = [[v.base for v in row if not v.infra] for row in verdicts]
-    plus = [[v.plus for v in row if not v.infra] for row in verdicts]
+    base = [[v.base for v in row if not v.infra and not v.excluded] for row in verdicts]
+    plus = [[v.plus for v in row if not v.infra and not v.excluded] for row in verdicts]
     has_plus = any(p.plus_tests for p in problems)
     out = _split_metrics(f"code/{bench}/base", base, k_list)
     if has_plus:
         out |= _split_metrics(f"code/{bench}/plus", plus, k_list)
     if any(v.sparse is not None for row in verdicts for v in row):
-        sparse = [[bool(v.sparse) for v in row if not v.infra and v.sparse is not None] for row in verdicts]
+        sparse = [
+            [bool(v.sparse) for v in row if not v.infra and not v.excluded and v.sparse is not None]
+            for row in verdicts
+        ]
         out |= _split_metrics(f"code/{bench}/sparse", sparse, k_list)
     headline = "plus" if has_plus else "base"
     for key, value in list(out.items()):
         if key.startswith(f"code/{bench}/{headline}/"):
             out[key.replace(f"/{headline}/", "/", 1)] = value
     out[f"code/{bench}/n_problems"] = float(sum(1 for r in base if r))
-    out[f"code/{bench}/n_samples"] = float(sum(len(r) for r in verdicts))
+    out[f"code/{bench}/n_samples"] = float(sum(not v.excluded for r in verdicts for v in r))
     out[f"code/{bench}/infra_errors"] = float(sum(v.infra for r in verdicts for v in r))
+    excluded = sum(any(v.excluded for v in row) for row in verdicts)
+    if excluded or any(p.source in EVALPLUS_SOURCES for p in problems):
+        out[f"code/{bench}/excluded_problems"] = float(excluded)
     return out
 
 
@@ -268,10 +379,16 @@ def code_metrics(
     verdicts: Sequence[Sequence[SampleVerdict]],
     k_list: Sequence[int],
     subsets: dict[str, list[int]] | None = None,
+    evalplus_protocol: bool = False,
 ) -> dict[str, float]:
     """:func:`aggregate_code` of a benchmark, and again of each subset (name -> problem indices) as
-    ``<bench>_<name>`` from the same verdicts (no extra generation or execution)."""
+    ``<bench>_<name>`` from the same verdicts (no extra generation or execution).
+
+    A benchmark with EvalPlus problems also says which rules judged them: ``code/<bench>/evalplus_protocol``
+    is 1.0 (EvalPlus' rules) or 0.0 (training rules, ``eval.evalplus_protocol: false``)."""
     metrics = aggregate_code(bench, problems, verdicts, k_list)
+    if any(p.source in EVALPLUS_SOURCES for p in problems):
+        metrics[f"code/{bench}/evalplus_protocol"] = float(bool(evalplus_protocol))
     for name, idx in (subsets or {}).items():
         sub = [problems[i] for i in idx]
         metrics |= aggregate_code(f"{bench}_{name}", sub, [verdicts[i] for i in idx], k_list)

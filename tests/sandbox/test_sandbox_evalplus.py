@@ -3,7 +3,9 @@
 Both runs must agree call by call (status and value, NaN-aware), no call may be ``unsupported_output``
 or ``infra_error`` (the codec must carry every output: fix the codec rather than drop a task), and every
 output must round-trip through the codec and through ``to_literal``. Genuine exceptions/time-outs of a
-canonical solution are reported (printed), not hidden. About 165k calls per run: minutes on 2 cores.
+canonical solution are reported (printed), not hidden. The calls run chunked exactly as the prepare
+stage runs them (``chunk_exprs``, then ``run_reference_jobs``' rerun-alone rule). About 165k calls per
+run: minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import math
 
 import pytest
 
+from codea1_core.data.prepared import chunk_exprs
 from codea1_core.values import decode, encode, to_literal
+from flows.prepare import run_reference_jobs
 from sandbox import ExecLimits, ProcessExecutor
 from sandbox.workloads import FILES, evalplus_workloads
 
@@ -55,11 +59,18 @@ def test_canonical_solutions_run_identically_twice(shared_data_dir):
     for bench in ("humanevalplus", "mbppplus"):
         workloads += evalplus_workloads(shared_data_dir, bench, ("base_input", "plus_input"))
     assert len(workloads) == 542
-    jobs = [(w.program, w.calls) for w in workloads]
+    jobs = [(w.program, part) for w in workloads for part in chunk_exprs(w.calls)]
+    owner = [k for k, w in enumerate(workloads) for _ in chunk_exprs(w.calls)]
+    names = [workloads[k].task_id for k in owner]
     limits = ExecLimits(call_timeout_s=30.0, program_timeout_s=600.0, memory_mb=2048)
+    runs = []
     with ProcessExecutor(workers=2, limits=limits) as ex:
-        first = ex.run_many(jobs)
-        second = ex.run_many(jobs)
+        for _ in range(2):
+            per_task = [[] for _ in workloads]
+            for k, out in zip(owner, run_reference_jobs(ex, jobs, names), strict=True):
+                per_task[k] += out
+            runs.append(per_task)
+    first, second = runs
     counts = collections.Counter()
     disagreements, genuine = [], []
     for w, run1, run2 in zip(workloads, first, second, strict=True):
