@@ -382,6 +382,73 @@ def alias_info(cfg: Config, name: str, alias: str) -> dict[str, Any] | None:
     return {"version": str(mv.version), "tags": dict(mv.tags or {}), "run_id": mv.run_id}
 
 
+REGISTRY_CACHE = Path("data/cache/models")
+"""Where registry models are downloaded for ``solve`` / ``attack`` (``<name>-v<version>/``; git-ignored)."""
+
+
+def _store_exists(cfg: Config) -> bool:
+    """False for a local sqlite store that has no file yet (asking it would create an empty one)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or cfg.tracking.tracking_uri
+    return not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).is_file()
+
+
+def registry_model_dir(cfg: Config, uri: str, cache: Path = REGISTRY_CACHE) -> str:
+    """A local Hugging Face model folder for ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``.
+
+    The version's ``model/`` folder (weights and tokenizer, see :func:`save_transformers_model`) is downloaded
+    once into ``cache/NAME-vVERSION``; a URI the registry does not know is a ValueError naming it.
+    """
+    import mlflow.artifacts
+    from mlflow.exceptions import MlflowException
+
+    spec = uri.removeprefix("models:/")
+    name, sep, alias = spec.partition("@")
+    if not sep:
+        name, _, version_id = spec.partition("/")
+    client = _client(cfg)
+    where = tracking_uri(cfg)
+    try:
+        mv = (
+            client.get_model_version_by_alias(name, alias)
+            if sep
+            else client.get_model_version(name, version_id)
+        )
+    except MlflowException as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"{uri}: not in the MLflow registry at {where} ({first})") from None
+    folder = cache / f"{name}-v{mv.version}"
+    if not (folder / "model" / "config.json").is_file():
+        tmp = cache / f".{name}-v{mv.version}.partial"
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        mlflow.artifacts.download_artifacts(
+            artifact_uri=f"{mv.source.rstrip('/')}/model", dst_path=str(tmp), tracking_uri=where
+        )
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+    return str(folder / "model")
+
+
+def cli_model(cfg: Config, role: str, override: str | None) -> tuple[str | None, str]:
+    """The model ``solve`` / ``attack`` use for ``role`` and a note saying which.
+
+    ``--<role>-model`` (a folder, a hub id or a ``models:/`` URI), else ``eval.<role>_model``, else the
+    registry's ``champion`` of ``codea1-<role>`` when the store has one, else None (the evaluate stage's
+    choice: the workspace's trained export, then the configured start model).
+    """
+    chosen = override or (cfg.eval.code_model if role == "code" else cfg.eval.test_model) or None
+    if chosen is None and cfg.tracking.backend == "mlflow" and _store_exists(cfg):
+        info = alias_info(cfg, MODEL_NAMES[role], "champion")
+        if info is not None:
+            chosen = f"models:/{MODEL_NAMES[role]}@champion"
+    if chosen is None or not chosen.startswith("models:/"):
+        return chosen, f"{role} model: {chosen or 'the workspace model'}"
+    path = registry_model_dir(cfg, chosen)
+    return path, f"{role} model: {chosen} ({path})"
+
+
 def set_alias(cfg: Config, name: str, version: str, alias: str, tags: dict[str, str] | None = None) -> None:
     """Point ``alias`` at ``version`` and tag the version (e.g. with its evaluation number)."""
     client = _client(cfg)
