@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import http.client
-import os
 import shutil
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from codea1_core.files import replace_dir, write_text_atomic
 from flows.common import UserError, run_user_errors
 
 DEFAULT_DIR = Path("data/benchmarks")
@@ -146,8 +146,8 @@ def fetch(name: str, data_dir: Path, mirror: str | None = None, attempts: int | 
             f"{name}: {url}: sha256 {digest[:12]}... differs from the pinned {release.sha256[:12]}... "
             "(corrupted download or a changed upstream file); nothing written"
         )
-    os.replace(part, final)
-    return final
+    final.unlink(missing_ok=True)  # a corrupt earlier copy (its sum was checked above)
+    return replace_dir(part, final)
 
 
 def write_sums(data_dir: Path) -> None:
@@ -160,9 +160,7 @@ def write_sums(data_dir: Path) -> None:
         "sha256:",
     ]
     lines += [f"- {r.file} {r.sha256}" for r in RELEASES.values()]
-    tmp = data_dir / ".README.md.tmp"
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    os.replace(tmp, data_dir / "README.md")
+    write_text_atomic(data_dir / "README.md", "\n".join(lines) + "\n")
 
 
 def _dvc_add(data_dir: Path) -> str:

@@ -534,20 +534,17 @@ def registry_model_dir(cfg: Config, uri: str, cache: Path = REGISTRY_CACHE) -> s
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(f"{uri}: not in the MLflow registry at {where} ({first})") from None
     folder = cache / f"{name}-v{mv.version}"
-    if not (folder / "model" / "config.json").is_file():
-        tmp = cache / f".{name}-v{mv.version}.partial"
-        import shutil
+    found = sorted(folder.rglob("MLmodel")) if folder.is_dir() else []
+    if not found:
+        from codea1_core.files import atomic_dir
 
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
         location = client.get_model_version_download_uri(name, str(mv.version))
-        local = mlflow.artifacts.download_artifacts(
-            artifact_uri=location, dst_path=str(tmp), tracking_uri=where
-        )
-        shutil.rmtree(folder, ignore_errors=True)
-        Path(local).rename(folder)  # the MLmodel folder: ``tmp`` itself or the folder it was put in
-        shutil.rmtree(tmp, ignore_errors=True)
-    return str(folder / "model")
+        with atomic_dir(folder) as tmp:
+            mlflow.artifacts.download_artifacts(artifact_uri=location, dst_path=str(tmp), tracking_uri=where)
+        found = sorted(folder.rglob("MLmodel"))
+    if not found:
+        raise ValueError(f"{uri}: version {mv.version} has no MLmodel file (not a model codea1 registered)")
+    return str(found[0].parent / "model")
 
 
 def cli_model(cfg: Config, role: str, override: str | None) -> tuple[str | None, str]:
