@@ -36,7 +36,8 @@ class DataConfig:
     """Which problems to train, validate and evaluate on, and how to sample them."""
 
     data_dir: str = ""
-    """Folder with the offline EvalPlus/MBPP files. Empty: ``$CODEA1_DATA_DIR``, else ``../shared/data`` if present."""
+    """Folder with the offline EvalPlus/MBPP files. Empty: ``$CODEA1_DATA_DIR``, else ``data/benchmarks``
+    (``codea1 data fetch``) if present, else ``../shared/data`` if present."""
     train_sources: list[str] = field(default_factory=lambda: ["lab"])
     """Training sources: any of ``lab``, ``mbpp``, ``kodcode``, ``humaneval``."""
     val_sources: list[str] = field(default_factory=lambda: ["lab"])
@@ -795,11 +796,16 @@ def load_config(path: str | Path = "params.yaml", overrides: list[str] | None = 
 
 
 def resolve_data_dir(cfg: Config) -> Path | None:
-    """The offline data folder: ``data.data_dir``, ``$CODEA1_DATA_DIR``, or ``../shared/data``; None if absent."""
+    """The offline data folder: ``data.data_dir``, ``$CODEA1_DATA_DIR``, ``data/benchmarks`` (what
+    ``codea1 data fetch`` writes, relative to the project like every path here) or ``../shared/data``;
+    None if none is there."""
     import os
 
     for candidate in (cfg.data.data_dir, os.environ.get("CODEA1_DATA_DIR", "")):
         if candidate:
             return Path(candidate).expanduser()
+    fetched = Path("data/benchmarks")
+    if fetched.is_dir():
+        return fetched
     default = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
     return default if default.is_dir() else None

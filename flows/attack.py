@@ -27,6 +27,7 @@ from codea1_core.config import Config
 from codea1_core.evaluation.attack import AttackReport
 from codea1_core.types import Problem
 from flows.common import UserError, load_stage_config, run_user_errors
+from flows.solve import MODEL_HELP, registry_aware
 
 
 def load_target(target: str, spec: str | None = None) -> Problem:
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", default=None, help="what the function should do (default: its docstring)")
     parser.add_argument("--suites", type=int, default=1, help="test suites to sample (default 1)")
     parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--test-model", default=None)
+    parser.add_argument("--test-model", default=None, help=MODEL_HELP.format(role="test"))
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
     args = parser.parse_args(argv)
 
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
         problem = load_target(args.target, args.spec)
         cfg = load_stage_config(args.params, list(args.overrides))
-        policy = evaluated_policy(cfg, "test", args.test_model)
+        policy = evaluated_policy(cfg, "test", registry_aware(cfg, "test", args.test_model))
         with make_executor(cfg.sandbox) as executor:
             report = attack(problem, policy, cfg, executor, args.suites)
         note = toy_model_note(cfg, problem.entry_point, args.test_model)

@@ -1,13 +1,24 @@
-"""The ``codea1`` command line: one subcommand per pipeline stage, plus solve / attack / serve / deploy / ui.
+"""The ``codea1`` command line: one subcommand per pipeline stage, plus solve / attack / plan / serve / deploy /
+ui / data.
 
-Every stage subcommand takes ``--params FILE`` and ``key=value`` overrides, exactly like the DVC stages
-(``python -m flows.<stage>``) which it calls; user mistakes end in one line on stderr and exit code 2.
+Every subcommand owns an argparse parser in its flow module, and every argument (``--help`` included) goes to
+it, so ``codea1 <command> --help`` lists the real options, in one style, with ``usage: codea1 <command>``. The
+stage subcommands take ``--params FILE`` and ``key=value`` overrides exactly like the DVC stages
+(``python -m flows.<stage>``), which they call; user mistakes end in one line on stderr and exit code 2.
+
+Where it runs: in the project (the folder with ``params.yaml`` and ``dvc.yaml``), since the paths in
+``params.yaml`` (``data/prepared``, ``outputs/...``, ``mlflow/``) are relative to it. Run from elsewhere, a
+command moves to the project first (:func:`project_dir`): the one holding an absolute ``--params`` file, else
+the one above the current folder, else this source checkout; file arguments (``--problem``, ``attack``'s
+target) are made absolute before the move, and the move is said in one line on stderr.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Annotated
+import os
+import sys
+from pathlib import Path
 
 import typer
 
@@ -19,124 +30,156 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-PARAMS_HELP = "params file (default: params.yaml)"
-OVERRIDES_HELP = "key=value overrides validated like params.yaml, e.g. reward.alpha=0.25"
-ParamsOpt = Annotated[str, typer.Option(help=PARAMS_HELP)]
-OverridesArg = Annotated[list[str] | None, typer.Argument(help=OVERRIDES_HELP, show_default=False)]
-PASSTHROUGH = {
-    "allow_extra_args": True,
-    "ignore_unknown_options": True,
-}
-"""solve / attack / serve own their argparse options: every argument, ``--help`` included, goes to them, so
-``codea1 solve --help`` lists the real options (``--problem``, ``--suites``, ``--cron``, ...)."""
+PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+"""Every argument, ``--help`` included, goes to the subcommand's own argparse parser."""
+SOURCE_DIR = Path(__file__).resolve().parent.parent
+"""This source checkout (an editable install's project)."""
+STAGES = ("prepare", "warmstart", "train", "evaluate", "register")
+FILE_OPTIONS = ("--problem",)
+"""Options whose value is a user's file: made absolute before moving to the project."""
 
 
-def _run_stage(name: str, params: str, overrides: list[str] | None) -> None:
-    from flows.common import load_stage_config, run_user_errors, stage_main
-
-    # Validate params first: a malformed params.yaml is reported the same way for every subcommand.
-    if run_user_errors(lambda: load_stage_config(params, list(overrides or []))) != 0:
-        raise typer.Exit(2)
-    run = importlib.import_module(f"flows.{name}").run
-    argv = ["--params", params, *(overrides or [])]
-    raise typer.Exit(stage_main(run, f"codea1 {name}", argv))
+def _is_project(folder: Path) -> bool:
+    return (folder / "dvc.yaml").is_file() and (folder / "params.yaml").is_file()
 
 
-def _run_main(name: str, argv: list[str]) -> None:
-    raise typer.Exit(importlib.import_module(f"flows.{name}").main(argv))
+def _option_value(args: list[str], name: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(f"{name}="):
+            return arg.split("=", 1)[1]
+    return None
 
 
-@app.command()
-def prepare(
-    params: ParamsOpt = "params.yaml",
-    overrides: OverridesArg = None,
-) -> None:
+def project_dir(args: list[str], cwd: Path | None = None) -> Path | None:
+    """The project a command runs in: the folder holding ``--params`` (or its nearest ancestor that is a
+    project), else the current folder or an ancestor that is one, else this source checkout; None when
+    the current folder will do (or nothing better is known)."""
+    cwd = (cwd or Path.cwd()).resolve()
+    params = _option_value(args, "--params")
+    if params is not None:
+        start = (cwd / params).resolve().parent
+        found = next((f for f in (start, *start.parents) if _is_project(f)), None)
+        return None if found in (None, cwd) else found
+    if (cwd / "params.yaml").is_file():
+        return None
+    found = next((f for f in cwd.parents if _is_project(f)), None)
+    if found is None and _is_project(SOURCE_DIR):
+        found = SOURCE_DIR
+    return found
+
+
+def _absolute_files(args: list[str], cwd: Path, target_positional: bool) -> list[str]:
+    """``args`` with ``--params``, :data:`FILE_OPTIONS` values and (attack) ``FILE.py::function`` absolute."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        for name in ("--params", *FILE_OPTIONS):
+            if arg == name and i + 1 < len(out):
+                out[i + 1] = str((cwd / out[i + 1]).resolve())
+            elif arg.startswith(f"{name}="):
+                out[i] = f"{name}={(cwd / arg.split('=', 1)[1]).resolve()}"
+        if (
+            target_positional
+            and "::" in arg
+            and not arg.startswith("-")
+            and (i == 0 or out[i - 1] != "--spec")
+        ):
+            file, func = arg.rsplit("::", 1)
+            out[i] = f"{(cwd / file).resolve()}::{func}"
+    return out
+
+
+def _delegate(name: str, args: list[str]) -> None:
+    """Move to the project (see the module docstring), then call ``flows.<name>.main(args)`` (``tools.ui`` for
+    ``ui``: a tool built on the pipeline, not part of it)."""
+    cwd = Path.cwd().resolve()
+    if "-h" not in args and "--help" not in args:
+        root = project_dir(args, cwd)
+        if root is not None:
+            args = _absolute_files(args, cwd, target_positional=name == "attack")
+            print(f"codea1: running in the project {root} (its paths in params.yaml are relative to it)",
+                  file=sys.stderr)  # fmt: skip
+            os.chdir(root)
+    module = importlib.import_module("tools.ui" if name == "ui" else f"flows.{name}")
+    if name in STAGES:
+        from flows.common import stage_main
+
+        description = (module.__doc__ or name).strip().splitlines()[0]
+        raise typer.Exit(stage_main(module.run, description, args, prog=f"codea1 {name}"))
+    raise typer.Exit(module.main(args))
+
+
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
+def prepare(ctx: typer.Context) -> None:
     """Load problem sources, fill expected values in the sandbox, gate them, write data/prepared/."""
-    _run_stage("prepare", params, overrides)
+    _delegate("prepare", list(ctx.args))
 
 
-@app.command()
-def warmstart(
-    params: ParamsOpt = "params.yaml",
-    overrides: OverridesArg = None,
-) -> None:
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
+def warmstart(ctx: typer.Context) -> None:
     """Build the tiny lab model and SFT-warm-start the Code and Test LLMs (skipped for user models)."""
-    _run_stage("warmstart", params, overrides)
+    _delegate("warmstart", list(ctx.args))
 
 
-@app.command()
-def train(
-    params: ParamsOpt = "params.yaml",
-    overrides: OverridesArg = None,
-) -> None:
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
+def train(ctx: typer.Context) -> None:
     """Run the co-evolution training flow (modes: codea1, golden, selfplay); resumes automatically."""
-    _run_stage("train", params, overrides)
+    _delegate("train", list(ctx.args))
 
 
-@app.command()
-def evaluate(
-    params: ParamsOpt = "params.yaml",
-    overrides: OverridesArg = None,
-) -> None:
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
+def evaluate(ctx: typer.Context) -> None:
     """Evaluate the Code LLM (avg@n, pass@k, base/plus) and the Test LLM (pass@5, mut@5, Mul); write the report."""
-    _run_stage("evaluate", params, overrides)
+    _delegate("evaluate", list(ctx.args))
 
 
-@app.command()
-def register(
-    params: ParamsOpt = "params.yaml",
-    overrides: OverridesArg = None,
-) -> None:
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
+def register(ctx: typer.Context) -> None:
     """Register the trained checkpoints in MLflow; promote to 'champion' only if the evaluation beats it."""
-    _run_stage("register", params, overrides)
+    _delegate("register", list(ctx.args))
 
 
 @app.command(context_settings=PASSTHROUGH, add_help_option=False)
 def solve(ctx: typer.Context) -> None:
-    """Test-time collaboration: candidates from the Code LLM, tests from the Test LLM, the best-tested code wins.
-
-    Usage: codea1 solve --problem FILE [--params FILE] [key=value ...]
-    """
-    _run_main("solve", list(ctx.args))
+    """Test-time collaboration: candidates from the Code LLM, tests from the Test LLM, the best-tested code wins."""
+    _delegate("solve", list(ctx.args))
 
 
 @app.command(context_settings=PASSTHROUGH, add_help_option=False)
 def attack(ctx: typer.Context) -> None:
     """Adversarial tests for your function: codea1 attack FILE.py::function [--spec TEXT]."""
-    _run_main("attack", list(ctx.args))
+    _delegate("attack", list(ctx.args))
 
 
 @app.command(context_settings=PASSTHROUGH, add_help_option=False)
 def plan(ctx: typer.Context) -> None:
-    """Estimate the peak GPU memory of a training config and say whether it fits 80 GB and 141 GB GPUs.
-
-    Usage: codea1 plan --params FILE [--gpu-gb N] [key=value ...]
-    """
-    _run_main("plan", list(ctx.args))
+    """Estimate the peak GPU memory of a training config and say whether it fits 80 GB and 141 GB GPUs."""
+    _delegate("plan", list(ctx.args))
 
 
 @app.command(context_settings=PASSTHROUGH, add_help_option=False)
 def serve(ctx: typer.Context) -> None:
     """Register Prefect deployments (train, evaluate) so runs can be started and scheduled from the UI."""
-    _run_main("serve", list(ctx.args))
+    _delegate("serve", list(ctx.args))
 
 
-@app.command(context_settings=PASSTHROUGH)
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
 def deploy(ctx: typer.Context) -> None:
     """Create train/evaluate/pipeline deployments on a Prefect work pool (default: process pool)."""
-    _run_main("deploy", list(ctx.args))
+    _delegate("deploy", list(ctx.args))
 
 
-@app.command()
-def ui(
-    prefect_port: int = typer.Option(4200, help="Prefect UI port"),
-    mlflow_port: int = typer.Option(5000, help="MLflow UI port"),
-    params: str = typer.Option("params.yaml", help=PARAMS_HELP),
-) -> None:
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
+def ui(ctx: typer.Context) -> None:
     """Start the Prefect and MLflow UIs on 127.0.0.1 and print their URLs (Ctrl-C stops both)."""
-    from tools.ui import start_uis
+    _delegate("ui", list(ctx.args))
 
-    raise typer.Exit(start_uis(params, prefect_port, mlflow_port))
+
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
+def data(ctx: typer.Context) -> None:
+    """Download the pinned HumanEval+ / MBPP+ / MBPP releases into the project's data folder: codea1 data fetch."""
+    _delegate("data", list(ctx.args))
 
 
 def main() -> None:  # pragma: no cover - console-script shim

@@ -47,8 +47,10 @@ class UserError(Exception):
     """A mistake the user can fix (bad input, missing file): printed as one line, exit 2."""
 
 
-def parse_stage_args(argv: list[str] | None, description: str) -> tuple[str, list[str]]:
-    parser = argparse.ArgumentParser(description=description)
+def parse_stage_args(
+    argv: list[str] | None, description: str, prog: str | None = None
+) -> tuple[str, list[str]]:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. reward.alpha=0.25")
     args = parser.parse_args(argv)
@@ -77,7 +79,12 @@ def run_user_errors(fn: Callable[[], Any]) -> int:
     return 0
 
 
-def stage_main(run: Callable[[str, list[str]], Any], description: str, argv: list[str] | None = None) -> int:
+def stage_main(
+    run: Callable[[str, list[str]], Any],
+    description: str,
+    argv: list[str] | None = None,
+    prog: str | None = None,
+) -> int:
     """``python -m flows.<stage>``: parse args, validate the params, call ``run(params, overrides)``; exit code.
 
     The config is validated here first, so a bad file or override is one line before any Prefect run starts;
@@ -88,7 +95,7 @@ def stage_main(run: Callable[[str, list[str]], Any], description: str, argv: lis
     # basicConfig a no-op: our own INFO lines (warm-start epochs, checkpoint notes) need their loggers' level set.
     for name in PROJECT_LOGGERS:
         logging.getLogger(name).setLevel(logging.INFO)
-    params, overrides = parse_stage_args(argv, description)
+    params, overrides = parse_stage_args(argv, description, prog)
 
     def go() -> None:
         load_stage_config(params, overrides)

@@ -194,7 +194,7 @@ def deploy_all(
 def main(argv: list[str] | None = None) -> int:
     """Parse args, then create the pool (if needed) and the deployments."""
     parser = argparse.ArgumentParser(
-        description="Register train/evaluate/pipeline deployments on a work pool"
+        prog="codea1 deploy", description="Register train/evaluate/pipeline deployments on a work pool"
     )
     parser.add_argument("--params", default="params.yaml", help="params file passed to every run")
     parser.add_argument("--pool", default=DEFAULT_POOL, help=f"work pool (default {DEFAULT_POOL})")

@@ -144,6 +144,25 @@ def _track(cfg: Config, metrics: dict[str, float], report: Path, trained_export:
     log_evaluation(cfg, metrics, report, training_run_id(cfg) if trained_export else None)
 
 
+def report_context(cfg: Config) -> dict[str, str]:
+    """The report's "Run" table: Prefect flow run, git commit, the MLflow training run and its UI link."""
+    from prefect.runtime import flow_run
+
+    from tasks.tracking import run_link, run_tags, training_run_id
+
+    context = {}
+    if flow_run.get_id():
+        context["Prefect flow run"] = f"{flow_run.get_name()} ({flow_run.get_id()})"
+    context["git commit"] = run_tags().get("git.commit", "unknown")
+    run_id = training_run_id(cfg) if cfg.tracking.backend == "mlflow" else None
+    if run_id:
+        context["MLflow training run"] = run_id
+        link = run_link(cfg, run_id)
+        if link:
+            context["MLflow run (after `codea1 ui`)"] = link
+    return context
+
+
 def _learning_artifact(metrics: dict[str, float], promote: str) -> None:
     """The learning table as a markdown artifact of this flow run (Prefect UI: the run's Artifacts tab)."""
     from prefect.artifacts import create_markdown_artifact
@@ -329,7 +348,11 @@ def _evaluate(
     notes = [f"code model: {code_label}", f"test model: {test_label}"]
     if base_paths:
         notes.append(f"baseline ({BASELINE_PREFIX}/...): {', '.join(base_paths.values())}")
-    write_text_atomic(report, render_report(metrics, history=load_history(cfg), notes=notes))
+    page = render_report(
+        metrics, history=load_history(cfg), notes=notes, promote=cfg.eval.promote_metric,
+        context=report_context(cfg), params=cfg.flat(),
+    )  # fmt: skip
+    write_text_atomic(report, page)
     if cfg.tracking.backend != "null":
         final = Path(cfg.orchestration.checkpoint_dir) / "final"
         _track(cfg, metrics, report, not injected and Path(code_label).parent == final)

@@ -119,8 +119,10 @@ def check_training_fits(cfg: Config) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``codea1 plan``: exit 0 when the config fits every GPU asked about, 1 when not, 2 on user errors."""
-    parser = argparse.ArgumentParser(description="Estimate the peak GPU memory of a training config.")
-    parser.add_argument("--params", default="params.yaml")
+    parser = argparse.ArgumentParser(
+        prog="codea1 plan", description="Estimate the peak GPU memory of a training config."
+    )
+    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     parser.add_argument("--gpu-gb", type=float, action="append", default=None,
                         help="GPU memory in GB (repeatable; default: 80 and 141)")  # fmt: skip
     parser.add_argument("--gpus", type=int, default=1,

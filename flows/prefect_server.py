@@ -2,9 +2,15 @@
 
 Without ``PREFECT_API_URL``, every ``python -m flows.<stage>`` process starts Prefect's ephemeral API
 itself (7-20 s on 2 cores, longer the first time: the database is created and migrated). ``make run`` runs
-five stages, so :func:`shared_api` starts one ``prefect server start`` (no UI, no background services — what
-the ephemeral mode runs) on a free loopback port, exports its URL to the child processes, and stops it when
-the block ends, also on Ctrl-C or SIGTERM. The server writes to the same database as the ephemeral API
+five stages, so :func:`shared_api` starts one ``prefect server start`` (no UI) on a free loopback port, exports
+its URL to the child processes, and stops it when the block ends, also on Ctrl-C or SIGTERM.
+
+Services (:data:`SERVICES_ENV`): Prefect 3 clients report task runs as *events*; the server's task-run recorder
+turns them into the task runs the UI and API show, and the event persister stores the events (the run's event
+feed). Both run here; the services this pipeline does not use (scheduler, late runs, triggers and automations,
+foreman, repossessor, cancellation cleanup, pause expirations, database vacuum, telemetry) stay off, so the
+start-up cost stays that of ``--no-services`` — which, though, records no task run at all (every stage's flow
+run said "did not generate any task or subflow runs"). The server writes to the same database as the ephemeral API
 (``$PREFECT_HOME``), so every run still shows in the Prefect UI afterwards (``make ui``).
 
 What it does not: replace a server the user runs — with ``PREFECT_API_URL`` already set it uses that one and
@@ -29,6 +35,23 @@ from pathlib import Path
 STARTUP_TIMEOUT_S = 180.0
 """A first start creates and migrates the database: far slower than later ones on a small machine."""
 STOP_TIMEOUT_S = 10.0
+
+
+SERVICES_ENV = {
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED": "true",
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "true",
+    "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "false",
+    "PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED": "false",
+    "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
+    "PREFECT_SERVER_SERVICES_FOREMAN_ENABLED": "false",
+    "PREFECT_SERVER_SERVICES_REPOSSESSOR_ENABLED": "false",
+    "PREFECT_SERVER_SERVICES_CANCELLATION_CLEANUP_ENABLED": "false",
+    "PREFECT_SERVER_SERVICES_PAUSE_EXPIRATIONS_ENABLED": "false",
+    "PREFECT_SERVER_SERVICES_DB_VACUUM_ENABLED": "false",
+    "PREFECT_SERVER_SERVICES_CLEANUP_RECONCILER_ENABLED": "false",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+}
+"""The server's environment additions: record task runs and events, nothing else in the background."""
 
 
 class ServerStartError(RuntimeError):
@@ -98,9 +121,10 @@ def shared_api(timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[str]:
     api_url = f"http://127.0.0.1:{port}/api"
     log = Path(tempfile.mkstemp(prefix="codea1-prefect-server-", suffix=".log")[1])
     cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--no-ui", "--no-services", "--analytics-off"]
+    cmd += ["--no-ui", "--analytics-off"]
+    env = {**os.environ, **SERVICES_ENV}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
     try:
         deadline = time.monotonic() + timeout_s

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,25 @@ def format_result(result: SolveResult) -> str:
     return "\n".join(lines)
 
 
+MODEL_HELP = (
+    "a model folder, hub id or registry URI (models:/codea1-{role}@champion, models:/codea1-{role}/2); "
+    "default: eval.{role}_model, else the registry's champion, else the workspace's trained model"
+)
+
+
+def registry_aware(cfg: Config, role: str, override: str | None) -> str | None:
+    """``--<role>-model`` with ``models:/`` URIs and the champion default resolved (:func:`tasks.tracking.cli_model`);
+    the choice is said on stderr, so stdout stays the result."""
+    from tasks.tracking import cli_model
+
+    try:
+        path, note = cli_model(cfg, role, override)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    print(note, file=sys.stderr)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     """``codea1 solve --problem FILE``; exit 2 with one line on user errors."""
     from codea1_core.method.parsing import silence_parse_warnings
@@ -157,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--entry-point", default=None, help="function name (default: from the file)")
     parser.add_argument("--n", type=int, default=None, help="candidates (default: eval.solve_candidates)")
     parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--code-model", default=None)
-    parser.add_argument("--test-model", default=None)
+    parser.add_argument("--code-model", default=None, help=MODEL_HELP.format(role="code"))
+    parser.add_argument("--test-model", default=None, help=MODEL_HELP.format(role="test"))
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
     args = parser.parse_args(argv)
 
@@ -168,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
 
         problem = load_problem_file(args.problem, args.entry_point)
         cfg = load_stage_config(args.params, list(args.overrides))
-        code = evaluated_policy(cfg, "code", args.code_model)
-        test = evaluated_policy(cfg, "test", args.test_model)
+        code = evaluated_policy(cfg, "code", registry_aware(cfg, "code", args.code_model))
+        test = evaluated_policy(cfg, "test", registry_aware(cfg, "test", args.test_model))
         with make_executor(cfg.sandbox) as executor:
             print(format_result(solve(problem, code, test, cfg, executor, args.n)))
 

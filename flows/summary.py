@@ -55,9 +55,9 @@ def headline(metrics: dict[str, Any], promote: str) -> dict[str, dict[str, float
     """``{row: {warmstart, trained, delta}}`` for the promote metric and the first test source's pass@k / mut@k.
 
     Short names keep ``dvc metrics show`` about 150 columns wide: rows ``code`` (the Code LLM on
-    ``eval.promote_metric``, pass@1), ``test`` (the Test LLM's validity pass@k) and ``mut`` (its mutant kill rate
-    mut@k), columns ``warm`` (the warm start), ``trained`` and ``delta``. Without a warm-start baseline the rows
-    hold only ``trained``.
+    ``eval.promote_metric``, pass@1), ``test`` (the Test LLM's validity pass@k), ``mut`` (its mutant kill rate
+    mut@k, the README's) and ``mut_all`` (mut@k_all: over all suites), columns ``warm`` (the warm start),
+    ``trained`` and ``delta``. Without a warm-start baseline the rows hold only ``trained``.
     """
     rows: dict[str, dict[str, float]] = {}
     test_keys = [k for k in _headline_keys(metrics, promote) if k.startswith("test/")]
@@ -65,11 +65,7 @@ def headline(metrics: dict[str, Any], promote: str) -> dict[str, dict[str, float
         test_keys = sorted(k for k in metrics if _is_test_rate(k))
     first_source = test_keys[0].split("/")[1] if test_keys else None
     chosen = [("code", promote)]
-    chosen += [
-        ("mut" if k.rsplit("/", 1)[-1].startswith("mut@") else "test", k)
-        for k in test_keys
-        if k.split("/")[1] == first_source
-    ]
+    chosen += [(_row_label(k), k) for k in test_keys if k.split("/")[1] == first_source]
     for label, key in chosen:
         row = {
             name: float(metrics[full])
@@ -79,6 +75,14 @@ def headline(metrics: dict[str, Any], promote: str) -> dict[str, dict[str, float
         if row:
             rows[label] = row
     return rows
+
+
+def _row_label(key: str) -> str:
+    """``test`` for validity ``pass@k``, ``mut`` for ``mut@k``, ``mut_all`` for ``mut@k_all`` (each its own row)."""
+    last = key.rsplit("/", 1)[-1]
+    if last.startswith("mut@"):
+        return "mut_all" if last.endswith("_all") else "mut"
+    return "test"
 
 
 def _is_test_rate(key: str) -> bool:

@@ -15,11 +15,13 @@ artifacts under ``cfg.tracking.artifact_location``. Browse with ``mlflow ui --ba
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -105,13 +107,22 @@ def _client(cfg: Config):
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+"""MLflow 3's UI opens an experiment of this kind on its runs (untagged ones open on an empty GenAI overview)."""
+
+
 def _experiment_id(client: Any, cfg: Config) -> str:
     exp = client.get_experiment_by_name(cfg.tracking.experiment)
     if exp is not None:
+        if "mlflow.experimentKind" not in (exp.tags or {}):
+            for key, value in EXPERIMENT_KIND.items():
+                client.set_experiment_tag(exp.experiment_id, key, value)
         return exp.experiment_id
     location = Path(cfg.tracking.artifact_location).resolve()
     location.mkdir(parents=True, exist_ok=True)
-    return client.create_experiment(cfg.tracking.experiment, artifact_location=location.as_uri())
+    return client.create_experiment(
+        cfg.tracking.experiment, artifact_location=location.as_uri(), tags=EXPERIMENT_KIND
+    )
 
 
 def run_tags(repo_dir: str | Path = ".") -> dict[str, str]:
@@ -166,6 +177,7 @@ class MlflowTracker:
             for i in range(0, len(params), 100):  # MLflow caps a batch at 100 params
                 self.client.log_batch(self.run_id, params=params[i : i + 100])
             self.client.log_batch(self.run_id, tags=tags)
+        self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
         self._steps = {int(m.step) for m in self.client.get_metric_history(self.run_id, STEP_KEY)}
 
     def _run_exists(self, run_id: str) -> bool:
@@ -218,17 +230,27 @@ class MlflowTracker:
             self.client.log_artifact(self.run_id, str(path), artifact_dir)
 
     def register(self, role: str, model_dir: str | Path, step: int) -> str | None:
-        """Log an exported HF model dir as an MLflow ``transformers`` model and register it as a version of
-        ``codea1-<role>`` (so ``mlflow.transformers.load_model("models:/codea1-code@champion")`` loads it)."""
+        """Log an exported HF model dir as an MLflow 3 *logged model* (the Models tab; ``transformers`` flavour
+        plus the chat ``python_function`` of :func:`add_chat_flavour`), linked to this run, and register it as
+        a version of ``codea1-<role>`` (``mlflow.transformers.load_model("models:/codea1-code@champion")``
+        loads it, ``mlflow models serve -m models:/codea1-code@champion`` serves it)."""
         import tempfile
 
-        artifact_dir = f"models/{role}"
+        from mlflow.entities import LoggedModelStatus
+
+        name = MODEL_NAMES[role]
+        if self.cfg.tracking.register and (done := _registered(self.client, name, self.run_id, step)):
+            return done  # a retried finish() (killed after registering): one version per completed run
         with tempfile.TemporaryDirectory(prefix="codea1-mlmodel-") as tmp:
             save_transformers_model(model_dir, Path(tmp) / "mlmodel", role, step)
-            self.client.log_artifacts(self.run_id, str(Path(tmp) / "mlmodel"), artifact_dir)
+            logged = self.client.create_logged_model(
+                self.experiment_id, name=name, source_run_id=self.run_id, tags={"iteration": str(step)}
+            )
+            self.client.log_model_artifacts(logged.model_id, str(Path(tmp) / "mlmodel"))
+            self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
         if not self.cfg.tracking.register:
             return None
-        return register_version(self.client, MODEL_NAMES[role], self.run_id, artifact_dir, step)
+        return register_version(self.client, name, self.run_id, logged.model_id, step, tracking_uri(self.cfg))
 
     def end(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)
@@ -281,12 +303,86 @@ def save_transformers_model(model_dir: str | Path, out: Path, role: str, step: i
             hf_logging.enable_progress_bar()
     for item in (out / "components" / "tokenizer").iterdir():
         shutil.copy2(item, out / "model" / item.name)
+    add_chat_flavour(out, role)
     return out
 
 
-def register_version(client: Any, name: str, run_id: str, artifact_dir: str, step: int) -> str:
-    """Create ``name`` if needed and add a version whose source is the run's artifact dir (a ``runs:/`` URI:
-    portable, where an absolute ``file://`` path would break when the store moves)."""
+CHAT_LOADER = "codea1_chat_serving"
+"""The pyfunc loader module's name inside a logged model (``code/``): :mod:`codea1_core.models.chat_serving`."""
+
+
+def chat_config(role: str) -> dict[str, Any]:
+    """The role's prompt format for serving, from the training prompts (§4): system line and user template."""
+    from types import SimpleNamespace
+
+    from codea1_core.method import prompts
+
+    if role == "code":
+        template = f"{prompts.CODE_INSTRUCTION}\n\nQuestion:\n{{content}}"
+        return {"role": role, "system": prompts.CODE_SYSTEM, "user_template": template, "chat": True}
+    stub = SimpleNamespace(entry_point="{entry_point}", description="{content}")
+    messages = prompts.test_messages_blackbox(stub)  # type: ignore[arg-type]
+    return {
+        "role": role,
+        "system": prompts.TEST_SYSTEM,
+        "user_template": messages[1]["content"],
+        "chat": True,
+    }
+
+
+def add_chat_flavour(out: Path, role: str) -> None:
+    """Make a saved transformers-flavour model servable as a chat model (``mlflow models serve``).
+
+    The ``transformers`` flavour stays (``mlflow.transformers.load_model`` still loads the pipeline); the
+    ``python_function`` flavour is replaced by :mod:`codea1_core.models.chat_serving` (copied into ``code/``),
+    with a signature (``messages`` in; ``text`` and ``code`` out), a params schema (``max_new_tokens``,
+    ``temperature``) and the role's prompt format as its ``model_config``.
+    """
+    import shutil
+
+    from mlflow.models import Model, ModelSignature
+    from mlflow.types.schema import Array, ColSpec, DataType, Object, ParamSchema, ParamSpec, Property, Schema
+
+    from codea1_core.models import chat_serving
+
+    (out / "code").mkdir(exist_ok=True)
+    shutil.copy2(chat_serving.__file__, out / "code" / f"{CHAT_LOADER}.py")
+    model = Model.load(str(out / "MLmodel"))
+    pyfunc = dict(model.flavors.get("python_function", {}))
+    pyfunc.update(loader_module=CHAT_LOADER, code="code", data="model", model_config=chat_config(role))
+    model.flavors["python_function"] = pyfunc
+    message = Object([Property("role", DataType.string), Property("content", DataType.string)])
+    model.signature = ModelSignature(
+        inputs=Schema([ColSpec(Array(message), name="messages")]),
+        outputs=Schema([ColSpec(DataType.string, name="text"), ColSpec(DataType.string, name="code")]),
+        params=ParamSchema(
+            [
+                ParamSpec("max_new_tokens", DataType.long, chat_serving.DEFAULT_PARAMS["max_new_tokens"]),
+                ParamSpec("temperature", DataType.double, chat_serving.DEFAULT_PARAMS["temperature"]),
+            ]
+        ),
+    )
+    model.save(str(out / "MLmodel"))
+
+
+def _registered(client: Any, name: str, run_id: str, step: int) -> str | None:
+    """The version of ``name`` already registered from ``run_id`` at iteration ``step``, if any."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        existing = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+    except MlflowException:
+        return None
+    for version in existing:
+        if (version.tags or {}).get("iteration") == str(step):
+            return str(version.version)
+    return None
+
+
+def register_version(client: Any, name: str, run_id: str, model_id: str, step: int, uri: str) -> str:
+    """Create ``name`` if needed and add a version of the logged model ``model_id`` (source ``models:/<id>``:
+    the version is linked to its logged model and run, and portable, where an absolute ``file://`` path would
+    break when the store moves)."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -294,13 +390,34 @@ def register_version(client: Any, name: str, run_id: str, artifact_dir: str, ste
     except MlflowException as exc:
         if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
             raise
-    existing = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
-    for version in existing:  # a retried finish() (killed after registering): one version per completed run
-        if (version.tags or {}).get("iteration") == str(step):
-            return str(version.version)
-    source = f"runs:/{run_id}/{artifact_dir}"
-    version = client.create_model_version(name, source, run_id=run_id, tags={"iteration": str(step)})
+    if done := _registered(client, name, run_id, step):
+        return done
+    with _global_tracking_uri(uri):
+        version = client.create_model_version(
+            name, f"models:/{model_id}", run_id=run_id, tags={"iteration": str(step)}, model_id=model_id
+        )
     return str(version.version)
+
+
+@contextlib.contextmanager
+def _global_tracking_uri(uri: str) -> Iterator[None]:
+    """MLflow's sqlite registry looks a ``models:/<id>`` source up through the process-global tracking URI, not
+    the client's (a TODO in its store): set it for the block, then restore it and ``MLFLOW_TRACKING_URI``
+    (which ``mlflow.set_tracking_uri`` also exports) exactly as they were."""
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    import mlflow
+
+    saved_global, saved_env = tracking_utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        tracking_utils._tracking_uri = saved_global
+        if saved_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = saved_env
 
 
 class TrackingUnavailable(RuntimeError):
@@ -411,6 +528,72 @@ def alias_info(cfg: Config, name: str, alias: str) -> dict[str, Any] | None:
     return {"version": str(mv.version), "tags": dict(mv.tags or {}), "run_id": mv.run_id}
 
 
+REGISTRY_CACHE = Path("data/cache/models")
+"""Where registry models are downloaded for ``solve`` / ``attack`` (``<name>-v<version>/``; git-ignored)."""
+
+
+def _store_exists(cfg: Config) -> bool:
+    """False for a local sqlite store that has no file yet (asking it would create an empty one)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or cfg.tracking.tracking_uri
+    return not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).is_file()
+
+
+def registry_model_dir(cfg: Config, uri: str, cache: Path = REGISTRY_CACHE) -> str:
+    """A local Hugging Face model folder for ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``.
+
+    The version's ``model/`` folder (weights and tokenizer, see :func:`save_transformers_model`) is downloaded
+    once into ``cache/NAME-vVERSION``; a URI the registry does not know is a ValueError naming it.
+    """
+    import mlflow.artifacts
+    from mlflow.exceptions import MlflowException
+
+    spec = uri.removeprefix("models:/")
+    name, sep, alias = spec.partition("@")
+    if not sep:
+        name, _, version_id = spec.partition("/")
+    client = _client(cfg)
+    where = tracking_uri(cfg)
+    try:
+        mv = (
+            client.get_model_version_by_alias(name, alias)
+            if sep
+            else client.get_model_version(name, version_id)
+        )
+    except MlflowException as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"{uri}: not in the MLflow registry at {where} ({first})") from None
+    folder = cache / f"{name}-v{mv.version}"
+    found = sorted(folder.rglob("MLmodel")) if folder.is_dir() else []
+    if not found:
+        from codea1_core.atomic import atomic_dir
+
+        location = client.get_model_version_download_uri(name, str(mv.version))
+        with atomic_dir(folder) as tmp:
+            mlflow.artifacts.download_artifacts(artifact_uri=location, dst_path=str(tmp), tracking_uri=where)
+        found = sorted(folder.rglob("MLmodel"))
+    if not found:
+        raise ValueError(f"{uri}: version {mv.version} has no MLmodel file (not a model codea1 registered)")
+    return str(found[0].parent / "model")
+
+
+def cli_model(cfg: Config, role: str, override: str | None) -> tuple[str | None, str]:
+    """The model ``solve`` / ``attack`` use for ``role`` and a note saying which.
+
+    ``--<role>-model`` (a folder, a hub id or a ``models:/`` URI), else ``eval.<role>_model``, else the
+    registry's ``champion`` of ``codea1-<role>`` when the store has one, else None (the evaluate stage's
+    choice: the workspace's trained export, then the configured start model).
+    """
+    chosen = override or (cfg.eval.code_model if role == "code" else cfg.eval.test_model) or None
+    if chosen is None and cfg.tracking.backend == "mlflow" and _store_exists(cfg):
+        info = alias_info(cfg, MODEL_NAMES[role], "champion")
+        if info is not None:
+            chosen = f"models:/{MODEL_NAMES[role]}@champion"
+    if chosen is None or not chosen.startswith("models:/"):
+        return chosen, f"{role} model: {chosen or 'the workspace model'}"
+    path = registry_model_dir(cfg, chosen)
+    return path, f"{role} model: {chosen} ({path})"
+
+
 def set_alias(cfg: Config, name: str, version: str, alias: str, tags: dict[str, str] | None = None) -> None:
     """Point ``alias`` at ``version`` and tag the version (e.g. with its evaluation number)."""
     client = _client(cfg)
@@ -443,6 +626,27 @@ def training_run_id(cfg: Config) -> str | None:
         return None
 
 
+MLFLOW_UI = "http://127.0.0.1:5000"
+"""Where ``codea1 ui`` / ``make ui`` serve the MLflow UI (the report's links point there)."""
+KEY_NOTE = (
+    "MLflow metric names cannot contain '@': pass@k, mut@k and avg@n are logged as pass_at_k, mut_at_k and "
+    "avg_at_n (outputs/eval/metrics.json keeps the original keys)."
+)
+
+
+def run_link(cfg: Config, run_id: str) -> str | None:
+    """The MLflow UI address of ``run_id`` (None when the store does not know it)."""
+    from mlflow.exceptions import MlflowException
+
+    if not _store_exists(cfg):
+        return None
+    try:
+        experiment_id = _client(cfg).get_run(run_id).info.experiment_id
+    except MlflowException:
+        return None
+    return f"{MLFLOW_UI}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
 def log_evaluation(cfg: Config, metrics: dict[str, float], report: Path, train_run_id: str | None) -> str:
     """Evaluation numbers where training runs can be compared on them: on the training run itself (as
     ``eval/<key>``) and in an ``evaluate`` run nested under it (``mlflow.parentRunId``, with the report).
@@ -451,7 +655,7 @@ def log_evaluation(cfg: Config, metrics: dict[str, float], report: Path, train_r
     from mlflow.entities import Metric
 
     client = _client(cfg)
-    tags = {"codea1.mode": cfg.mode}
+    tags = {"codea1.mode": cfg.mode, "mlflow.note.content": KEY_NOTE}  # the run's description in the UI
     name = "evaluate"
     if train_run_id is not None:
         parent = client.get_run(train_run_id)

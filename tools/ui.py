@@ -10,9 +10,11 @@ would leave the UI unable to reach its API). Runs started elsewhere appear in th
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -80,6 +82,23 @@ def _raise_stop(signum: int, frame: Any) -> None:
     raise Stop(signal.Signals(signum).name)
 
 
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something already listens on ``host:port`` (checked before starting, for a one-line error)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def absolute_sqlite(uri: str) -> str:
+    """``sqlite:///mlflow/mlflow.db`` -> ``sqlite:////abs/.../mlflow/mlflow.db``: valid from any folder."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri.removeprefix("sqlite:///")).resolve())
+    return uri
+
+
 def start_uis(params: str, prefect_port: int, mlflow_port: int) -> int:
     """Start both servers, print their URLs, wait until a signal or a server exits, stop both."""
     try:
@@ -87,8 +106,16 @@ def start_uis(params: str, prefect_port: int, mlflow_port: int) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or (
-        cfg.tracking.tracking_uri if cfg else "sqlite:///mlflow/mlflow.db"
+    for port, flag in ((prefect_port, "--prefect-port"), (mlflow_port, "--mlflow-port")):
+        if port_in_use(port):
+            print(
+                f"error: port {port} on 127.0.0.1 is in use (another `codea1 ui`?): stop it or pass {flag} N",
+                file=sys.stderr,
+            )
+            return 2
+    tracking_uri = absolute_sqlite(
+        os.environ.get("MLFLOW_TRACKING_URI")
+        or (cfg.tracking.tracking_uri if cfg else "sqlite:///mlflow/mlflow.db")
     )
     artifacts = cfg.tracking.artifact_location if cfg else "mlflow/artifacts"
     Path("mlflow").mkdir(exist_ok=True)
@@ -103,6 +130,7 @@ def start_uis(params: str, prefect_port: int, mlflow_port: int) -> int:
         api = prefect_env(prefect_port)["PREFECT_API_URL"]
         print(f"Prefect UI: http://127.0.0.1:{prefect_port}   (export PREFECT_API_URL={api})")
         print(f"MLflow UI:  http://127.0.0.1:{mlflow_port}    (store: {tracking_uri})")
+        print(f"MLflow CLI (mlflow models serve, mlflow runs ...): export MLFLOW_TRACKING_URI={tracking_uri}")
         print("Ctrl-C (or SIGTERM) stops both.", flush=True)
         while all(p.poll() is None for p in procs):
             time.sleep(0.5)
@@ -114,3 +142,21 @@ def start_uis(params: str, prefect_port: int, mlflow_port: int) -> int:
         stop(procs)
     failed = [p.args[0] for p in procs if p.returncode not in (0, -signal.SIGINT, 130, None)]
     return 0 if stopped or not failed else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``codea1 ui [--prefect-port N] [--mlflow-port N] [--params FILE]``."""
+    parser = argparse.ArgumentParser(
+        prog="codea1 ui", description="Start the Prefect and MLflow UIs on 127.0.0.1 (Ctrl-C stops both)."
+    )
+    parser.add_argument(
+        "--prefect-port", type=int, default=4200, help="Prefect UI and API port (default 4200)"
+    )
+    parser.add_argument("--mlflow-port", type=int, default=5000, help="MLflow UI port (default 5000)")
+    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    args = parser.parse_args(argv)
+    return start_uis(args.params, args.prefect_port, args.mlflow_port)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

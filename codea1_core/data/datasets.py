@@ -146,7 +146,7 @@ def check_sum(path: Path, data_dir: Path) -> None:
 
 def _find(data_dir: Path | None, folder: str, pattern: str) -> Path:
     if data_dir is None:
-        raise SourceUnavailable("no data folder (set data.data_dir or CODEA1_DATA_DIR)")
+        raise SourceUnavailable("no data folder (run `codea1 data fetch`, or set data.data_dir or CODEA1_DATA_DIR)")
     found = sorted((data_dir / folder).glob(pattern))
     if not found:
         raise SourceUnavailable(f"no {folder}/{pattern} under {data_dir}")

@@ -117,6 +117,68 @@ def training_chart(history: Sequence[Mapping[str, Any]]) -> bytes | None:
     return _png(fig)
 
 
+def learning_rows(metrics: Mapping[str, Any], promote: str = "") -> list[tuple[str, Any, float, Any]]:
+    """``(key, warm start, trained, delta)`` for the learning table: the promote metric, every Code LLM pass@1
+    (``code/<bench>/<split>/pass@1``) and Test LLM validity / mutant rate (``test/<src>/pass@k``, ``mut@k``);
+    warm start and delta are None without a warm-start baseline (``warmstart/`` and ``delta/`` keys)."""
+
+    def wanted(key: str) -> bool:
+        parts = key.split("/")
+        code = parts[0] == "code" and len(parts) == 4 and parts[3] == "pass@1"
+        test = parts[0] == "test" and len(parts) == 3 and parts[2].startswith(("pass@", "mut@"))
+        return key == promote or ((code or test) and not key.endswith("_ult"))
+
+    keys = [k for k in metrics if wanted(k) and _num(metrics[k])]
+    keys.sort(key=lambda k: (k != promote, not k.startswith("code/"), k))
+    return [(k, metrics.get(f"warmstart/{k}"), float(metrics[k]), metrics.get(f"delta/{k}")) for k in keys]
+
+
+def learning_table(rows: Sequence[tuple[str, Any, float, Any]], promote: str = "") -> str:
+    """The learning table as HTML: warm start -> trained -> delta per rate, the promote metric marked."""
+    body = "".join(
+        f"<tr><td>{html.escape(k)}{' (promote metric)' if k == promote else ''}</td><td>{_fmt(w)}</td>"
+        f"<td>{_fmt(t)}</td><td>{'–' if not _num(d) else f'{d:+.2f}'}</td></tr>"
+        for k, w, t, d in rows
+    )
+    head = "<tr><th>metric (%)</th><th>warm start</th><th>trained</th><th>delta</th></tr>"
+    return f"<table>{head}{body}</table>"
+
+
+def learning_chart(rows: Sequence[tuple[str, Any, float, Any]]) -> bytes | None:
+    """One panel per role (Code LLM pass@1, Test LLM pass@k / mut@k): warm start and trained bars."""
+    roles = [(r, [row for row in rows if row[0].startswith(f"{r}/")]) for r in ("code", "test")]
+    roles = [(r, rs) for r, rs in roles if rs]
+    if not roles:
+        return None
+    fig, axes = plt.subplots(1, len(roles), figsize=(6.0 * len(roles), 3.4), squeeze=False)
+    for ax, (role, rs) in zip(axes[0], roles, strict=True):
+        labels = ["/".join(k.split("/")[1:]) for k, _, _, _ in rs]
+        xs = list(range(len(rs)))
+        warm = [float(w) if _num(w) else 0.0 for _, w, _, _ in rs]
+        if any(_num(w) for _, w, _, _ in rs):
+            ax.bar_label(
+                ax.bar([x - 0.2 for x in xs], warm, width=0.4, label="warm start"), fmt="%.1f", fontsize=7
+            )
+        trained = ax.bar([x + 0.2 for x in xs], [t for _, _, t, _ in rs], width=0.4, label="trained")
+        ax.bar_label(trained, fmt="%.1f", fontsize=7)
+        ax.set_xticks(xs, labels, rotation=30, ha="right", fontsize=7)
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("%")
+        ax.set_title("Code LLM" if role == "code" else "Test LLM")
+        ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def context_table(context: Mapping[str, str]) -> str:
+    """Run id, commit, links: values starting with ``http`` become links."""
+    cells = []
+    for key, value in context.items():
+        text = html.escape(str(value))
+        shown = f'<a href="{text}">{text}</a>' if str(value).startswith("http") else text
+        cells.append(f"<tr><th>{html.escape(key)}</th><td>{shown}</td></tr>")
+    return f"<table>{''.join(cells)}</table>"
+
+
 def _fmt(value: Any) -> str:
     if _num(value):
         return f"{value:.2f}"
@@ -161,10 +223,24 @@ def render_report(
     runs: Mapping[str, Mapping[str, Any]] | None = None,
     title: str = "codea1 evaluation",
     notes: Sequence[str] = (),
+    promote: str = "",
+    context: Mapping[str, str] | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> str:
-    """The complete HTML document (plots embedded, no external resources)."""
+    """The complete HTML document (plots embedded, no external resources): the learning table and its chart
+    (both roles) first, then the run's context (run id, commit, MLflow links), pass rates, training curves,
+    the comparison, the params and every metric."""
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"]
     parts.append(f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>")
+    rows = learning_rows(metrics, promote)
+    if any(_num(warm) for _, warm, _, _ in rows):  # without a warm-start baseline the pass rates below say it
+        parts.append("<h2>Learning: warm start → trained</h2>" + learning_table(rows, promote))
+        parts.append("<p>Percent; same evaluation protocol and seeds for both columns.</p>")
+        learned = learning_chart(rows)
+        if learned:
+            parts.append(_img(learned, "learning, both roles"))
+    if context:
+        parts.append("<h2>Run</h2>" + context_table(context))
     parts.extend(f"<p>{html.escape(n)}</p>" for n in notes)
     chart = pass_rate_chart(metrics)
     parts.append("<h2>Pass rates</h2>" + (_img(chart, "pass rates") if chart else "<p>No code metrics.</p>"))
@@ -173,6 +249,10 @@ def render_report(
     parts.append(_img(train, "training curves") if train else "<p>No training metrics history found.</p>")
     if runs and len(runs) > 1:
         parts.append("<h2>Run comparison</h2>" + comparison_table(runs))
+    if params:
+        parts.append("<details><summary><h2 style='display:inline'>Params</h2></summary>")
+        parts.append(metrics_table({k: str(v) for k, v in params.items()}))
+        parts.append("</details>")
     parts.append("<h2>All metrics</h2>" + metrics_table(metrics))
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -93,8 +93,11 @@ def test_register_and_aliases(cfg: Config, tiny_model_dir: Path) -> None:
     tracking.set_alias(cfg, "codea1-code", "2", "champion", {"eval.metric": "0.4"})
     info = tracking.alias_info(cfg, "codea1-code", "champion")
     assert info["version"] == "2" and info["tags"]["eval.metric"] == "0.4"
-    src = tr.client.get_model_version("codea1-code", "2").source
-    assert src == f"runs:/{tr.run_id}/models/code"  # portable, not an absolute local path
+    mv = tr.client.get_model_version("codea1-code", "2")
+    logged = tr.client.get_logged_model(mv.source.removeprefix("models:/"))  # MLflow 3's Models tab
+    assert logged.source_run_id == tr.run_id and logged.name == "codea1-code" and logged.status == "READY"
+    assert mv.source == f"models:/{logged.model_id}" and mv.run_id == tr.run_id  # portable, not a local path
+    assert os.environ.get("MLFLOW_TRACKING_URI") is None  # registering leaves the process's settings alone
 
 
 def test_champion_loads_as_transformers_model_and_with_from_pretrained(

@@ -1,0 +1,143 @@
+"""Registered models are servable chat models: ``mlflow models serve -m models:/codea1-code@champion``.
+
+Regression: the registered versions' pyfunc was the transformers text-generation pipeline: served, it answered
+usefully only to a hand-rendered chat-template string, ignored ``max_new_tokens`` (no params schema) and had
+no signature. Now the ``python_function`` flavour takes chat messages, puts them in the role's own prompt
+format and honours ``max_new_tokens`` / ``temperature``; the ``transformers`` flavour still loads
+(``tests/test_tracking.py``). The serving test starts the real ``mlflow models serve`` on loopback.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from codea1_core.config import Config
+from codea1_core.method.prompts import CODE_INSTRUCTION, CODE_SYSTEM, TEST_SYSTEM
+from codea1_core.models.chat_serving import first_code_block, role_messages
+from tasks import tracking
+from tasks.tracking import MlflowTracker, chat_config
+
+REPO = Path(__file__).resolve().parents[3]
+STUB = 'def add(a, b):\n    """Return a + b."""'
+
+
+def test_code_role_messages_are_the_training_prompt() -> None:
+    msgs = role_messages([{"role": "user", "content": STUB}], chat_config("code"))
+    assert msgs == [
+        {"role": "system", "content": CODE_SYSTEM},
+        {"role": "user", "content": f"{CODE_INSTRUCTION}\n\nQuestion:\n{STUB}"},
+    ]
+
+
+def test_test_role_messages_name_the_function_and_keep_a_callers_system_line() -> None:
+    msgs = role_messages([{"role": "user", "content": STUB}], chat_config("test"))
+    assert msgs[0] == {"role": "system", "content": TEST_SYSTEM}
+    assert "tests for the function `add`" in msgs[1]["content"] and STUB in msgs[1]["content"]
+    own = role_messages(
+        [{"role": "system", "content": "mine"}, {"role": "user", "content": "x"}], chat_config("code")
+    )
+    assert own[0] == {"role": "system", "content": "mine"} and len(own) == 2
+
+
+def test_first_code_block() -> None:
+    assert first_code_block("Here:\n```python\ndef f():\n    return 1\n```\nDone") == "def f():\n    return 1"
+    assert first_code_block("no fence") == "no fence"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=120) as response:
+        return json.load(response)
+
+
+def _serve(cfg: Config, cwd: Path, model_dir: Path, max_new_tokens: int = 6) -> list[dict]:
+    """Register ``model_dir`` as the code champion, serve it with ``mlflow models serve``, ask for a chat."""
+    tracker = MlflowTracker(cfg)
+    version = tracker.register("code", model_dir, 1)
+    tracker.end()
+    tracking.set_alias(cfg, "codea1-code", version, "champion")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_REGISTRY_URI"}  # the one export a user makes:
+    env |= {"MLFLOW_TRACKING_URI": cfg.tracking.tracking_uri, "PYTHONPATH": str(REPO)}
+    mlflow_bin = Path(sys.executable).parent / "mlflow"
+    cmd = [str(mlflow_bin), "models", "serve", "-m", "models:/codea1-code@champion", "--env-manager", "local",
+           "-h", "127.0.0.1", "-p", str(port), "-w", "1"]  # fmt: skip
+    cwd.mkdir(exist_ok=True)
+    log = cwd / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(1)
+        body = {
+            "inputs": {"messages": [{"role": "user", "content": STUB}]},
+            "params": {"max_new_tokens": max_new_tokens},
+        }
+        return _post(f"http://127.0.0.1:{port}/invocations", body)["predictions"]
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
+
+
+def test_the_champion_is_served_as_a_chat_model(
+    mlflow_cfg: Config, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    predictions = _serve(mlflow_cfg, tmp_path / "elsewhere", tiny_model_dir)
+    assert isinstance(predictions, list) and len(predictions) == 1, predictions
+    answer = predictions[0]
+    assert set(answer) == {"text", "code"}
+    tokens = AutoTokenizer.from_pretrained(tiny_model_dir)(answer["text"], add_special_tokens=False)[
+        "input_ids"
+    ]
+    assert len(tokens) <= 6, answer  # the params schema's max_new_tokens reached the model (random weights)
+    assert not (tmp_path / "elsewhere" / "mlflow.db").exists(), "no stray store where it was served from"
+
+
+TRAINED = REPO / "outputs" / "train" / "final" / "code"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (TRAINED / "config.json").is_file(), reason="no trained Code LLM: run `make run` first"
+)
+def test_the_trained_champion_answers_a_chat_with_a_parsable_function(
+    mlflow_cfg: Config, tmp_path: Path
+) -> None:
+    answer = _serve(mlflow_cfg, tmp_path / "elsewhere", TRAINED, max_new_tokens=256)[0]
+    tree = ast.parse(answer["code"])
+    assert any(isinstance(node, ast.FunctionDef) for node in tree.body), answer
+
+
+def test_the_experiment_opens_on_its_runs(mlflow_cfg: Config) -> None:
+    """MLflow 3's UI opened the experiment on an empty GenAI overview: its kind tag makes it open on runs."""
+    tracker = MlflowTracker(mlflow_cfg)
+    experiment = tracker.client.get_experiment(tracker.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
