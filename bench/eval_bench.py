@@ -20,7 +20,7 @@ some of whose inputs our prepare step dropped are listed. Exit 1 on an unexplain
 
 How to run: ``python bench/eval_bench.py [--mutants] [--workers 2] [--data DIR] [--max-tasks N]``
 (data: ``$CODEA1_DATA_DIR`` or ``../shared/data``). ``--mutants`` on both benchmarks takes tens of
-minutes on 2 cores; ``tests/test_eval_bench.py`` (slow) runs it.
+minutes on 2 cores; ``tests/bench/test_eval_bench.py`` (slow) runs it.
 """
 
 from __future__ import annotations

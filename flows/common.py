@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from codea1_core.config import Config, ConfigError, load_config
 from codea1_core.atomic import write_json_atomic
+from codea1_core.config import Config, ConfigError, load_config
 from flows.environment import pin_numerics
 
 RUNS_DIR = Path("runs")

@@ -39,7 +39,6 @@ from prefect import flow
 from codea1_core.atomic import write_text_atomic
 from codea1_core.config import Config
 from codea1_core.evaluation.report import render_report
-from codea1_core.atomic import write_text_atomic
 from flows.common import (
     UserError,
     flow_config,

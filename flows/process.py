@@ -119,7 +119,7 @@ def timed_steps(call: Callable[..., Any], times: dict[str, float], stop: threadi
 
 
 def fault_point(name: str) -> None:
-    """Test hook: SIGKILL this process at ``name`` when ``$CODEA1_KILL_AT`` says so (tests/test_wedge.py)."""
+    """Test hook: SIGKILL this process at ``name`` when ``$CODEA1_KILL_AT`` says so (tests/flows/test_wedge.py)."""
     if os.environ.get("CODEA1_KILL_AT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -28,8 +28,8 @@ from typing import Any
 
 from prefect import flow
 
-from codea1_core.config import Config, load_config
 from codea1_core.atomic import write_bytes_atomic, write_json_atomic
+from codea1_core.config import Config, load_config
 from codea1_core.method import batches
 from codea1_core.models.loading import build_policy
 from flows import distributed as dist_train
@@ -91,7 +91,9 @@ def train(cfg: Config) -> dict[str, Any]:
     """The training loop of §3 (runs inside :func:`train_flow`); ``{"stopped": True, ...}`` after SIGTERM."""
     from sandbox import make_executor
 
-    main = dist_train.is_main()  # several ranks: rank 0 owns lock, tracking, checkpoints (flows/distributed.py)
+    main = (
+        dist_train.is_main()
+    )  # several ranks: rank 0 owns lock, tracking, checkpoints (flows/distributed.py)
     lock = ckpt.WorkspaceLock(cfg.orchestration.checkpoint_dir) if main else contextlib.nullcontext()
     with lock, process.stop_on_sigterm() as stop:
         run = setup(cfg, make_tracker if main else dist_train.null_tracker)
@@ -133,7 +135,9 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
         policies = {"code": build_policy(cfg.model.code_path, cfg, "code", total)}
         if cfg.mode == "codea1":  # selfplay: one model plays both roles; golden: no Test LLM
             policies["test"] = build_policy(cfg.model.test_path, cfg, "test", total)
-        dist_train.wrap_policies(policies, cfg)  # several ranks: DDP / FSDP2, before the checkpoint is restored
+        dist_train.wrap_policies(
+            policies, cfg
+        )  # several ranks: DDP / FSDP2, before the checkpoint is restored
         book = starting_book(cfg, state["book"])
         if state["path"] is not None:
             for role, pol in policies.items():

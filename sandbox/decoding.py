@@ -1,7 +1,7 @@
 """Decode untrusted result bytes in the trusted parent with work and memory linear in the input.
 
 What it does: :func:`decode_result` reads the tagged encoding of ``codea1_core.values`` (same format,
-same values as ``values.decode``, which ``tests/test_sandbox.py`` checks) with two guards the plain
+same values as ``values.decode``, which ``tests/sandbox/test_sandbox.py`` checks) with two guards the plain
 decoder does not need for trusted bytes:
   * hash flooding: before a set, frozenset or dict is built, the hashes of its keys are counted (in a
     dict keyed by the hash values themselves, which never collide there); more than
@@ -48,7 +48,7 @@ _L = struct.Struct(">I")
 _CONTAINER_TAGS = frozenset(b"ltSZd")
 # A floor of each container's size charged before it is built (empty list, tuple, set, frozenset, dict;
 # per item), then ``sys.getsizeof`` of what was built: CPython's real size, hash tables and
-# over-allocation included (``tests/test_sandbox_deny.py`` checks the charges against tracemalloc).
+# over-allocation included (``tests/sandbox/test_sandbox_deny.py`` checks the charges against tracemalloc).
 _BASE_BYTES = {0x6C: 56, 0x74: 40, 0x53: 216, 0x5A: 216, 0x64: 64}
 _ITEM_BYTES = {0x6C: 8, 0x74: 8, 0x53: 16, 0x5A: 16, 0x64: 16}
 _EMPTY = {0x6C: list, 0x74: tuple, 0x53: set, 0x5A: frozenset, 0x64: dict}

@@ -116,10 +116,10 @@ because a forked child pays a copy-on-write page fault for every page it writes 
 pages each fork write-protects, one for every page its loop writes): so the child's set-up and the
 zygote's loop are closures with their names bound once, libraries are bound at start-up
 (``LD_BIND_NOW``), and the worker takes small frames arriving together in one wake-up
-(``_supervise``). ``tests/test_sandbox_cost.py`` counts the faults; ``bench/sandbox_bench.py`` the CPU.
+(``_supervise``). ``tests/sandbox/test_sandbox_cost.py`` counts the faults; ``bench/sandbox_bench.py`` the CPU.
 
-Run its tests: ``pytest tests/test_sandbox.py tests/test_sandbox_hostile.py tests/test_sandbox_cost.py
-tests/test_sandbox_deny.py tests/test_sandbox_allowlist.py``; the benchmark: ``python bench/sandbox_bench.py``
+Run its tests: ``pytest tests/sandbox/test_sandbox.py tests/sandbox/test_sandbox_hostile.py tests/sandbox/test_sandbox_cost.py
+tests/sandbox/test_sandbox_deny.py tests/sandbox/test_sandbox_allowlist.py``; the benchmark: ``python bench/sandbox_bench.py``
 (``--deny-compare``: CPU per program with the deny-by-default layers and without).
 """
 
@@ -282,7 +282,7 @@ class ProcessExecutor:
         hide_paths: directories hidden from children (default: project, data folder, $HOME).
         deny: the deny-by-default layers (seccomp allow-list, Landlock, fresh keyrings): ``on``;
             ``off`` (the benchmark's baseline); ``kill`` (a denied syscall kills the child: how the
-            allow-list is measured, ``tests/test_sandbox_allowlist.py``).
+            allow-list is measured, ``tests/sandbox/test_sandbox_allowlist.py``).
     """
 
     def __init__(

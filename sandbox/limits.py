@@ -87,7 +87,7 @@ class ExecLimits:
     """CPU seconds the trusted parent may spend decoding one program's results; calls past it are
     ``unsupported_output`` (``sandbox/decoding.py``). Not lower: HumanEval/130's plus inputs
     (``tri(1000002)``..., a million numbers each) took over 10 s in one program on a loaded machine
-    (``pytest -m slow tests/test_sandbox_allowlist.py``)."""
+    (``pytest -m slow tests/sandbox/test_sandbox_allowlist.py``)."""
 
     def __post_init__(self) -> None:
         for name in (

@@ -27,7 +27,7 @@ path with the same Python (one container image for the cluster, the usual Ray pr
 
 Config (``codea1_core.config.SandboxConfig``): ``backend: ray``, ``ray_address`` (empty = start a local
 Ray runtime; ``auto`` or ``ray://host:10001`` = an existing cluster), ``ray_actors_per_node``,
-``ray_workers_per_actor``. Install: ``pip install -e '.[ray]'``. Tests: ``pytest tests/test_ray_executor.py``
+``ray_workers_per_actor``. Install: ``pip install -e '.[ray]'``. Tests: ``pytest tests/sandbox/test_ray_executor.py``
 (a real two-node ``ray.cluster_utils.Cluster`` on this machine); benchmark: ``python bench/sandbox_bench.py
 --ray``.
 """

@@ -20,7 +20,7 @@ says why (``network_isolation="require"`` then refuses to start).
 
 The allow-list was measured: the lab programs, the HumanEval+/MBPP+ canonical solutions and the
 hostile corpus run under a filter whose default action kills the process, and no correct program is
-killed (``tests/test_sandbox_allowlist.py``). Anchors: Docker's default profile (minus everything a
+killed (``tests/sandbox/test_sandbox_allowlist.py``). Anchors: Docker's default profile (minus everything a
 container's root may need), nsjail's and gVisor's host lists. Denied, among everything not listed:
 keyrings (``add_key``, ``keyctl``, ``request_key``), ``ptrace``, ``process_vm_readv/writev``,
 ``pidfd_getfd``, ``kcmp``, the mount family (``mount``, ``umount2``, ``fsopen``, ``fsmount``,

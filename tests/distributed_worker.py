@@ -1,4 +1,4 @@
-"""One rank of the data-parallel update checks (``tests/test_distributed.py``), started by ``torchrun``.
+"""One rank of the data-parallel update checks (``tests/flows/test_distributed.py``), started by ``torchrun``.
 
 ``torchrun --nproc-per-node 2 tests/distributed_worker.py MODEL_DIR OUT_DIR``: for every (finetune, strategy)
 of ``CASES`` and both roles, build the policy as one process would (same seed), wrap it

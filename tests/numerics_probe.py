@@ -1,4 +1,4 @@
-"""A short lab run in its own process, for ``tests/test_cpu_numerics.py``: prints the numbers it produced as JSON.
+"""A short lab run in its own process, for ``tests/flows/test_cpu_numerics.py``: prints the numbers it produced as JSON.
 
 ``python tests/numerics_probe.py WORKDIR PREPARED_DIR [key=value ...]`` runs, in ``WORKDIR``, the warm start
 (a tiny lab model, one SFT epoch), 2 training steps and the evaluation — the real stage flows, as ``dvc repro``
@@ -70,7 +70,9 @@ def main(argv: list[str]) -> int:
         out["weights"] = _digest(Path("outputs"))
         out["numerics"] = json.loads(Path("outputs/numerics/train.json").read_text())
 
-    def prepare_once() -> None:  # the same bytes every time (tests/test_prepare_bytes.py): shared by the runs
+    def prepare_once() -> (
+        None
+    ):  # the same bytes every time (tests/flows/test_prepare_bytes.py): shared by the runs
         if not (Path(prepared) / "train.parquet").is_file():
             prepare_flow(params=str(params), overrides=overrides)
         go()

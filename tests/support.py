@@ -353,3 +353,44 @@ def stop_process(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+
+# A DVC repo with the real train stage on a tiny config (the wedge and pipeline-signal tests)
+WEDGE_OUTS = [
+    {"outputs/train/checkpoints": {"persist": True}},
+    {"outputs/train/outcomes": {"persist": True}},
+    {"outputs/train/mistake_book.json": {"persist": True}},
+    "outputs/train/final",
+]
+
+
+def make_repo(repo: Path, model: Path, repo_root: Path) -> dict[str, str]:
+    """A DVC repo with the train stage of ``dvc.yaml`` (same outs, metrics, plots) on a tiny config."""
+    repo.mkdir()
+    import yaml
+
+    cfg = tiny_config(repo, model, **{"orchestration.checkpoint_dir": "outputs/train"})
+    (repo / "params.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+    stage = {
+        "cmd": f"{sys.executable} -m flows.train --params params.yaml",
+        "params": ["reward", "orchestration", "rollout"],
+        "outs": WEDGE_OUTS,
+        "metrics": [{"outputs/train/metrics.json": {"cache": False}}],
+        "plots": [
+            {"outputs/train/history.csv": {"cache": False, "x": "iteration"}},
+            {"outputs/train/plots/training.png": {"cache": False}},
+        ],  # fmt: skip
+    }
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"train": stage}}, sort_keys=False))
+    from prefect.settings import PREFECT_API_URL
+
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(repo_root),
+        PREFECT_API_URL=str(PREFECT_API_URL.value()),
+    )
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env.pop("MLFLOW_TRACKING_URI", None)
+    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=repo, env=env, check=True)
+    return env

@@ -7,13 +7,13 @@ sit in several files and says the same in each):
 * ``learning``: the default ``make run``'s warm start → trained table, from ``outputs/eval/metrics.json``
   (versioned by git beside ``dvc.lock``, written by the evaluate stage) and the seed in ``params.yaml``;
 * ``seeds``: the default run across seeds (the ``codea1`` arm of ``make lab-compare``, which is ``params.yaml``
-  as shipped: ``tests/test_lab_compare.py`` keeps them equal), from
+  as shipped: ``tests/tools/test_lab_compare.py`` keeps them equal), from
   ``docs/lab_compare/runs/<experiment>/metrics.json``;
 * ``lab-compare``: the comparison's tables (``docs/lab_compare/table.md``) with its commit, experiment count and
   wall time (``docs/lab_compare/table.json``).
 
 It either rewrites the blocks (atomically, file by file) or, with ``--check``, exits 1 when any file's block
-differs from what the outputs say. ``tests/test_readme_numbers.py`` runs the check, so a commit that changes the
+differs from what the outputs say. ``tests/tools/test_readme_numbers.py`` runs the check, so a commit that changes the
 outputs without the documents (or the reverse) fails the suite: the documents' numbers are the ones their commit
 regenerates.
 

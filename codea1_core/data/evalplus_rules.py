@@ -11,7 +11,7 @@ What it does (pure functions the data layer and the evaluator share):
   ``(lambda r: r if isinstance(r, bool) else r is not None)(f(...))``: the reference then yields plain
   bools (no input dropped as "not plain data"), and every consumer — prepare, evaluation, golden rewards,
   the Mistake Book — sees the same call. No other EvalPlus task returns non-plain data (the slow test
-  ``tests/test_sandbox_evalplus.py`` checks every canonical output is encodable).
+  ``tests/sandbox/test_sandbox_evalplus.py`` checks every canonical output is encodable).
 * **Comparison** (:func:`outputs_match`): ``out == exp``, EvalPlus' special oracles, then its float rule:
   when ``atol`` is 0 and the expected value is a float or a non-empty list/tuple of floats, ``atol``
   becomes 1e-6 **for the rest of that base/plus run** (evalplus mutates its local ``atol``; we carry it as
@@ -29,7 +29,7 @@ What it does not: run code, or reproduce evalplus' defects (HumanEval/32's ``fin
 records a pass; its memory limit counts the checker's inherited copy of the expected outputs): those
 are listed with their evidence in ``bench/eval_bench.py``.
 
-How to run: ``pytest tests/test_evalplus_protocol.py``.
+How to run: ``pytest tests/core/evaluation/test_evalplus_protocol.py``.
 """
 
 from __future__ import annotations

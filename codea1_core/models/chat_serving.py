@@ -52,6 +52,7 @@ def role_messages(messages: list[dict[str, str]], config: dict[str, Any]) -> lis
 
 
 def render(tokenizer: Any, messages: list[dict[str, str]], use_chat_template: bool) -> str:
+    """The prompt text for ``messages``: the tokenizer's chat template when it has one, else plain turns."""
     if use_chat_template and getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     parts = [f"{m['role'].capitalize()}:\n{m['content']}" for m in messages]
@@ -77,6 +78,7 @@ class ChatModel:
         return [list(row["messages"]) for row in model_input]
 
     def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> list[dict[str, str]]:
+        """Answer each chat request (``max_new_tokens``/``temperature`` from ``params``): its text and code."""
         import torch
 
         p = {**DEFAULT_PARAMS, **{k: v for k, v in (params or {}).items() if v is not None}}

@@ -22,7 +22,7 @@ What it does not: launch processes (``flows/distributed.py`` re-executes under `
 checkpoint (rank 0 does, in ``flows/train.py``), or run vLLM (one engine per rank, ``docs/distributed.md``).
 No prefect/mlflow here (core purity).
 
-Run: ``pytest tests/test_distributed.py``.
+Run: ``pytest tests/flows/test_distributed.py``.
 """
 
 from __future__ import annotations
@@ -174,6 +174,7 @@ class LogprobModule(torch.nn.Module):
         self._fn = fn
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped log-prob forward over the model (what DDP / FSDP2 hooks around)."""
         return self._fn(self.model, *args, **kwargs)
 
 

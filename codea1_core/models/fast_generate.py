@@ -7,7 +7,7 @@ stopping, finished rows padded), in one of two modes (``rollout.share_prompt``):
 * shared-prompt (the default, :func:`_sample_shared`): each prompt is prefilled once and its ``n`` samples
   attend over one copy of its keys/values (:class:`_SharedPromptCache`), tokens are drawn by inverse CDF
   from uniforms drawn up front, and prompts whose samples all stopped leave the batch. Same distribution
-  as ``generate``, other random numbers, logits equal to float rounding (``tests/test_shared_decode.py``).
+  as ``generate``, other random numbers, logits equal to float rounding (``tests/core/models/test_shared_decode.py``).
   Every row's numbers are independent of the other rows in its batch (ghost rows up to a multiple of
   :data:`~codea1_core.models.decode_step.BATCH_INVARIANT_ROWS`, and MKL's ``COMPATIBLE`` branch, which
   ``model.cpu_numerics: reproducible`` pins), so the prompts of a small model are decoded by one process per
@@ -29,7 +29,7 @@ stopping, finished rows padded), in one of two modes (``rollout.share_prompt``):
 
 The decode step is :class:`codea1_core.models.decode_step.DecodeStep`: HF's Qwen2 ops in HF's order on the
 model's tensors (its rotary and attention functions called directly), without the forward's per-token
-plumbing. ``tests/test_fast_generate.py`` compares its logits bitwise with HF's forward, and tokens and
+plumbing. ``tests/core/models/test_fast_generate.py`` compares its logits bitwise with HF's forward, and tokens and
 log-probs for exact equality with ``generate``.
 
 What it does not: run on GPUs (not checked there: HF ``generate`` or vLLM), beam search, assisted
@@ -37,7 +37,7 @@ decoding, repetition penalties or any other logits processor, sliding-window or 
 model families it was not checked on. :func:`unsupported_reason`
 says when a model is outside that set; :class:`~codea1_core.models.policy.Policy` then calls ``generate``.
 
-Run: ``pytest tests/test_fast_generate.py tests/test_shared_decode.py``; throughput: ``python bench/rollout_bench.py``.
+Run: ``pytest tests/core/models/test_fast_generate.py tests/core/models/test_shared_decode.py``; throughput: ``python bench/rollout_bench.py``.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ class _SharedPromptCache:
     times (at the lab's test rollout they are most of the decode step's memory traffic). The scores of both
     parts go through one float32 softmax, as in HF's eager attention; the sums run in another order than one
     SDPA call per row does, so the logits agree with ``generate``'s to float rounding, not bitwise
-    (``tests/test_shared_decode.py``: every log-prob within 1e-5 of HF's forward).
+    (``tests/core/models/test_shared_decode.py``: every log-prob within 1e-5 of HF's forward).
     """
 
     def __init__(self, prompts: PromptState, n: int, max_new: int) -> None:
@@ -424,7 +424,7 @@ process at 2 threads, its test rollout (128 x 128) 1.2-1.3x faster. A rollout be
 SPLIT_ENV = "CODEA1_DECODE_PROCESSES"
 """Environment variable: the most processes one shared decode may use (``1``: one; default: one per core this
 process may run on, see :func:`_split_processes`). The tokens and log-probs are the same for every count
-(``tests/test_shared_decode.py``)."""
+(``tests/core/models/test_shared_decode.py``)."""
 
 SPLIT_GRACE_S = 30.0
 """How long the caller waits for a worker's part beyond the time its own part took; then the worker is killed
@@ -459,7 +459,7 @@ class _Decode:
     def run(self, prompts: torch.Tensor) -> int:
         """Decode the rows of ``prompts`` (ascending indices); returns the steps they ran (their longest row).
 
-        Each row's numbers do not depend on which other rows share its batch (``tests/test_shared_decode.py``
+        Each row's numbers do not depend on which other rows share its batch (``tests/core/models/test_shared_decode.py``
         checks split against whole bitwise), so any partition of the prompts gives the same result.
         """
         n, device = self.n, self.logits.device
@@ -563,7 +563,7 @@ def _sample_shared(
       ``u[row, t]``, all drawn up front from the default generator (``rows x max_new_tokens`` of them, so it
       ends in the same place whatever stops early). ``generate`` draws a ``[rows, vocab]`` exponential block
       per step (6 ms on one core at the lab's test rollout, more than the forward); the same seed therefore
-      gives other tokens than ``generate``'s, from the same distribution (``tests/test_shared_decode.py``);
+      gives other tokens than ``generate``'s, from the same distribution (``tests/core/models/test_shared_decode.py``);
     * work skipped: once all ``n`` rows of a prompt have stopped, its rows leave the batch (their tokens are
       pad from then on, as ``generate`` writes them; their log-probs 0, unused by ``Policy``);
     * small models (:data:`SMALL_MODEL_HIDDEN`) decode on one intra-op thread per process, in as many processes

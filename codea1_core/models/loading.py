@@ -7,7 +7,7 @@ What it does not: choose which model folder a stage uses (the flows do: ``flows/
 evaluated models), or restore a checkpoint into an existing policy (that is ``Policy.load``,
 :func:`codea1_core.models.policy_io.restore_policy`; ``Policy.save`` / ``Policy.export`` write them).
 
-Run: ``pytest tests/test_vllm_engine.py tests/test_eval_backend.py``.
+Run: ``pytest tests/core/models/test_vllm_engine.py tests/flows/test_eval_backend.py``.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ what one GPU holds at the peak of a training step (docs/method.md §3 step 15, t
 :func:`verdict` says whether a plan fits a GPU and, when not, names the ONE key to change (with a value
 that fits where there is one). What it does not: measure anything, or model attention's sequence-squared
 memory (the update uses SDPA / flash attention, linear in the sequence length); it is an estimate for the
-early, clear stop, checked against measured peaks in ``tests/test_memory_plan.py`` and the GPU bench.
+early, clear stop, checked against measured peaks in ``tests/core/models/test_memory_plan.py`` and the GPU bench.
 
 Pure: arithmetic on dicts and the config; no torch. Run: ``codea1 plan --params FILE [--gpu-gb N]``.
 """
@@ -133,7 +133,7 @@ def n_policies(cfg: Config) -> int:
 def activation_bytes_per_token_layer(shape: ModelShape, compute_bytes: int) -> float:
     """Bytes one token's pass through one decoder layer saves for backward (Qwen2/Llama layer, SDPA).
 
-    Counted with ``torch.autograd.graph.saved_tensors_hooks`` on a Qwen2 layer (``tests/test_memory_plan.py``
+    Counted with ``torch.autograd.graph.saved_tensors_hooks`` on a Qwen2 layer (``tests/core/models/test_memory_plan.py``
     checks it on other shapes): about 7 hidden-sized tensors (norm outputs, q, rotary q, attention output,
     o_proj input, residuals), 3 key/value-sized ones (k, rotary k, v) and 4 intermediate-sized ones (gate,
     up, silu(gate), their product). In a half dtype each RMSNorm also keeps a float32 copy of its input.

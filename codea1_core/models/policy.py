@@ -13,7 +13,7 @@ What it does not: compute rewards or advantages (``grpo.py``/``rewards.py``), no
 Log-probs returned by :meth:`Policy.generate` are under the policy's *raw* logits (temperature 1, no top-p/k),
 i.e. the quantity the GRPO ratio uses; the step recomputes old log-probs anyway (§3 step 13).
 
-Run: ``pytest tests/test_policy.py``.
+Run: ``pytest tests/core/models/test_policy.py``.
 """
 
 from __future__ import annotations

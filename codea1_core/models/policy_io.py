@@ -5,7 +5,7 @@ the optimizer, scheduler, RNG and step state in ``state.pt``; every directory is
 and swapped in whole (:func:`codea1_core.atomic.atomic_dir`), so a crash never leaves a half-written checkpoint.
 What it does not: decide when or where to checkpoint (the pipeline's checkpoint task does).
 
-Run: ``pytest tests/test_policy.py -k save``.
+Run: ``pytest tests/core/models/test_policy.py -k save``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ temperature 0), vLLM through :meth:`codea1_core.models.vllm_engine.VllmRollout.g
 What it does not: choose seeds (training derives them with ``batches.iteration_seed``, evaluation from
 ``cfg.seed``; both are the caller's), or sample anything.
 
-Run: ``pytest tests/test_sampling.py``.
+Run: ``pytest tests/core/models/test_sampling.py``.
 """
 
 from __future__ import annotations

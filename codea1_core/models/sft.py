@@ -11,7 +11,7 @@ ETA) on the ``codea1.sft`` logger, and a progress bar over the steps when stderr
 
 What it does not: LoRA, packing, evaluation. The lab warm start (``lab.py``) and users call it directly.
 
-Run: ``pytest tests/test_sft.py``.
+Run: ``pytest tests/core/models/test_sft.py``.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ What it does not: full fine-tuning (weights would have to be pushed into the eng
 ``rollout.backend=hf`` with ``model.finetune=full``), nor any training. ``vllm`` is imported only here, only
 when an engine is built (``pip install -e .[gpu]``).
 
-Run: ``pytest tests/test_vllm_engine.py`` (a fake engine checks the contract; no GPU needed).
+Run: ``pytest tests/core/models/test_vllm_engine.py`` (a fake engine checks the contract; no GPU needed).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The reproducible numerics mode (``model.cpu_numerics``): which CPU kernels round the numbers, pinned and checked.
 
 Guards the bug where a fresh clone's ``make run`` on another x86-64 machine (another vendor, AVX-512) gave other
-numbers from the warm start on, and ``tests/test_shared_decode.py``'s bitwise split test failed there: MKL and
+numbers from the warm start on, and ``tests/core/models/test_shared_decode.py``'s bitwise split test failed there: MKL and
 ATen picked that CPU's kernels, which round otherwise. The short-run test forces the kernel levels other CPUs
 would pick and asserts the same numbers; it also shows that the levels do change the numbers outside the mode.
 """
@@ -177,9 +177,7 @@ def _short_runs(tmp_path: Path) -> None:
     assert "weights" in _differences(reference, native), "the kernel levels did not change a number"
 
 
-SPLIT_TEST = (
-    "tests/test_shared_decode.py::test_two_or_three_decode_processes_give_the_one_process_result_bitwise"
-)
+SPLIT_TEST = "tests/core/models/test_shared_decode.py::test_two_or_three_decode_processes_give_the_one_process_result_bitwise"
 LEVELS = [
     {"ATEN_CPU_CAPABILITY": "avx2"},
     {"ATEN_CPU_CAPABILITY": "default"},

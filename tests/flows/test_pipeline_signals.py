@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import build_tiny
-from test_wedge import make_repo
+from support import build_tiny, make_repo
 
 
 @pytest.fixture(scope="module")

@@ -69,7 +69,9 @@ def test_a_changed_config_says_what_changed_and_keeps_the_old_checkpoints(tmp_pa
     out = _workspace(tmp_path, cfg, iterations=2)
     changed = cfg.replace(**{"reward.alpha": 0.25})
     with caplog.at_level(logging.WARNING, logger="codea1.checkpoint"):
-        state = ckpt.resume_or_start(out, "auto", batches.config_fingerprint(changed.flat()), 10, changed.flat())
+        state = ckpt.resume_or_start(
+            out, "auto", batches.config_fingerprint(changed.flat()), 10, changed.flat()
+        )
     assert state["iteration"] == 0 and state["path"] is None
     kept = out / "checkpoints.previous"
     assert (kept / "it_000002" / "code" / "weights.bin").is_file()

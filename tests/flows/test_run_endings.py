@@ -3,7 +3,7 @@
 Before: a failure in train's setup (the Test LLM's model does not load, after the MLflow run was reopened) left the
 MLflow run RUNNING for good, and a SIGTERM-stopped train was recorded by Prefect as COMPLETED (its flow
 returned normally). Now the MLflow run ends FAILED, and the stopped flow run ends CANCELLED (the SIGTERM case
-is asserted in tests/test_fail_fast.py, where the stopped run already is).
+is asserted in tests/flows/test_fail_fast.py, where the stopped run already is).
 """
 
 from __future__ import annotations

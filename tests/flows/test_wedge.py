@@ -12,60 +12,21 @@ params typo fails a start; after each, the next ``dvc repro`` must complete with
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
-from support import build_tiny, tiny_config
+from support import build_tiny, make_repo
 
 from codea1_core.evaluation.comparison import parse_history
 
 KILL_POINTS = ["finish:history", "finish:export_code", "finish:register_code", "finish:export_test",
                "finish:register_test", "finish:done"]  # fmt: skip
-OUTS = [
-    {"outputs/train/checkpoints": {"persist": True}},
-    {"outputs/train/outcomes": {"persist": True}},
-    {"outputs/train/mistake_book.json": {"persist": True}},
-    "outputs/train/final",
-]
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny(tmp_path_factory.mktemp("tiny") / "model")
-
-
-def make_repo(repo: Path, model: Path, repo_root: Path) -> dict[str, str]:
-    """A DVC repo with the train stage of ``dvc.yaml`` (same outs, metrics, plots) on a tiny config."""
-    repo.mkdir()
-    cfg = tiny_config(repo, model, **{"orchestration.checkpoint_dir": "outputs/train"})
-    (repo / "params.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
-    stage = {
-        "cmd": f"{sys.executable} -m flows.train --params params.yaml",
-        "params": ["reward", "orchestration", "rollout"],
-        "outs": OUTS,
-        "metrics": [{"outputs/train/metrics.json": {"cache": False}}],
-        "plots": [
-            {"outputs/train/history.csv": {"cache": False, "x": "iteration"}},
-            {"outputs/train/plots/training.png": {"cache": False}},
-        ],  # fmt: skip
-    }
-    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"train": stage}}, sort_keys=False))
-    from prefect.settings import PREFECT_API_URL
-
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=str(repo_root),
-        PREFECT_API_URL=str(PREFECT_API_URL.value()),
-    )
-    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-    env.pop("MLFLOW_TRACKING_URI", None)
-    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=repo, env=env, check=True)
-    return env
 
 
 def repro(repo: Path, env: dict[str, str], **extra: str) -> subprocess.CompletedProcess:

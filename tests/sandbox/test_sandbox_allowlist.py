@@ -28,9 +28,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 LIMITS = ExecLimits(call_timeout_s=5.0, program_timeout_s=60.0, isolate_calls=True)
-DATA = Path(
-    os.environ.get("CODEA1_DATA_DIR") or Path(__file__).resolve().parents[3] / "shared" / "data"
-)
+DATA = Path(os.environ.get("CODEA1_DATA_DIR") or Path(__file__).resolve().parents[3] / "shared" / "data")
 
 
 def _lab_jobs() -> list[tuple[str, list[str]]]:

@@ -422,7 +422,7 @@ def test_a_tampering_call_fails_alone_when_calls_are_isolated(ex):
     """With calls isolated (the pipeline's default) a call bringing code of its own (``os._exit``, forged
     frames on every descriptor, closing the result channel) runs in its own process: it fails itself
     and never reaches the result channel, and the program's other calls keep their honest values
-    (without isolation every later call of the program is tainted, ``tests/test_sandbox_hostile.py``).
+    (without isolation every later call of the program is tainted, ``tests/sandbox/test_sandbox_hostile.py``).
     A call of the program's own function on constants runs in the program's process, as before."""
     forge = (
         "import os, struct\n"

@@ -1,7 +1,7 @@
 """One home for the test-validity rules: the parser and the generated-test gate apply the same
 function, ``codea1_core.method.validity``, and agree on every answer.
 
-How to run: ``pytest tests/test_validity.py`` (a few seconds: one GX gate run).
+How to run: ``pytest tests/core/method/test_validity.py`` (a few seconds: one GX gate run).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Regression: the registered versions' pyfunc was the transformers text-generation
 usefully only to a hand-rendered chat-template string, ignored ``max_new_tokens`` (no params schema) and had
 no signature. Now the ``python_function`` flavour takes chat messages, puts them in the role's own prompt
 format and honours ``max_new_tokens`` / ``temperature``; the ``transformers`` flavour still loads
-(``tests/test_tracking.py``). The serving test starts the real ``mlflow models serve`` on loopback.
+(``tests/tasks/test_tracking.py``). The serving test starts the real ``mlflow models serve`` on loopback.
 """
 
 from __future__ import annotations

@@ -238,7 +238,7 @@ def test_two_or_three_decode_processes_give_the_one_process_result_bitwise(name,
 
     Each row's arithmetic must not depend on which rows share its batch; every process also drops finished
     prompts on its own schedule (the spy sees the caller's drops), so this covers the compaction too. Run it
-    under every kernel level (``tests/test_cpu_numerics.py`` does): outside MKL's COMPATIBLE branch, where a
+    under every kernel level (``tests/flows/test_cpu_numerics.py`` does): outside MKL's COMPATIBLE branch, where a
     batched GEMM rounds with its batch count (an AMD EPYC, ``gqa``), no part may go to a worker.
     """
     from transformers import TemperatureLogitsWarper, TopPLogitsWarper
