@@ -38,6 +38,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_stopping_the_pipeline_during_train_stops_the_stage(
     prefect_harness, tiny_model, tmp_path, repo_root, how

@@ -11,6 +11,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from codea1_core.config import Config
 from flows.prepare import prepare
 
@@ -21,6 +23,7 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.e2e
 def test_prepare_twice_writes_the_same_bytes_and_keeps_run_numbers_apart(tmp_path, prefect_harness):
     cfg = Config.from_dict({
         "data": {"prepared_dir": str(tmp_path / "data" / "prepared"), "data_dir": str(tmp_path / "no-data"),

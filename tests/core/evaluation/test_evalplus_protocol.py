@@ -65,6 +65,7 @@ def _judge(problem: Problem, samples: list[str], evalplus: bool = True) -> list[
 # --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_match_returning_task_keeps_every_input_and_fails_a_none_sample(tmp_path, prefect_harness):
     """Bug: prepare dropped the 2 matching base inputs (``re.Match`` is not plain data); what was left
     expected ``None``, so ``return None`` passed base and plus."""
