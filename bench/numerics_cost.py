@@ -39,7 +39,8 @@ def work() -> dict:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from codea1_core.models import cpu_numerics, fast_generate
+    from codea1_core.models import cpu_numerics
+    from codea1_core.models.cpu_decode import engine
 
     cfg = load_config(str(ROOT / "params.yaml"), [])
     lab = cfg.lab
@@ -63,7 +64,7 @@ def work() -> dict:
     torch.manual_seed(3)
     start = time.process_time()
     with torch.no_grad():
-        out = fast_generate.sample(model, prompts, torch.ones_like(prompts), n=4, max_new_tokens=64, eos_ids=[1],
+        out = engine.sample(model, prompts, torch.ones_like(prompts), n=4, max_new_tokens=64, eos_ids=[1],
                                    pad_id=0, do_sample=True, share_prompt=True)  # fmt: skip
     decode_s = time.process_time() - start
     weights = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()

@@ -8,7 +8,7 @@ and samples, through the real :class:`codea1_core.models.policy.Policy`, the two
 * test rollout: B x M white-box test prompts x ``rollout.n_tests`` samples, ``max_new_tokens_test``.
 
 Each shape runs on four paths with the same seeds, in A/B/C/D/D/C/B/A order: ``generate`` (HF, what
-``Policy.fast_generate = False`` calls), ``exact`` (:mod:`codea1_core.models.fast_generate` with
+``Policy.fast_generate = False`` calls), ``exact`` (:mod:`codea1_core.models.cpu_decode.engine` with
 ``rollout.share_prompt: false``: it must sample exactly ``generate``'s completions), ``shared-1p`` (the
 default ``rollout.share_prompt: true`` kept in one process: one prefill and one key/value copy per prompt,
 the same distribution from its own random numbers) and ``shared`` (the default as training runs it: half
@@ -89,12 +89,12 @@ where a core is free)."""
 
 def _cpu_s() -> float:
     """CPU seconds of this process, its reaped children and its live decode workers (read from /proc)."""
-    from codea1_core.models import decode_pool
+    from codea1_core.models.cpu_decode import workers
 
     t = os.times()
     total = t.user + t.system + t.children_user + t.children_system
     ticks = os.sysconf("SC_CLK_TCK")
-    for pid in decode_pool.worker_pids():
+    for pid in workers.worker_pids():
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
@@ -107,7 +107,7 @@ def _run(
     policy: Policy, prompts: list, n: int, sp: SamplingParams, path: str
 ) -> tuple[float, float, int, list]:
     """One rollout on one path: (wall s, CPU s, new tokens, completions)."""
-    from codea1_core.models.fast_generate import SPLIT_ENV
+    from codea1_core.models.cpu_decode import SPLIT_ENV
 
     policy.fast_generate, policy.share_prompt = path != "generate", path.startswith("shared")
     before = os.environ.get(SPLIT_ENV)
@@ -131,7 +131,7 @@ def compare(name: str, policy: Policy, prompts: list, n: int, sp: SamplingParams
     shared machine they move far less with other jobs' load than wall time does. ``exact`` must sample
     exactly ``generate``'s completions, and ``shared`` exactly ``shared-1p``'s (the checks line); the shared
     decode samples the same distribution as ``generate`` with its own random numbers
-    (``tests/core/models/test_shared_decode.py``), so only its mean completion length is printed beside ``generate``'s
+    (``tests/core/models/cpu_decode/test_shared_decode.py``), so only its mean completion length is printed beside ``generate``'s
     (equal up to sampling noise; with random-init models every row runs to the limit).
     """
     policy.generate(prompts[:1], 1, SamplingParams(max_new_tokens=2))  # warm-up
@@ -166,12 +166,12 @@ def exact_floor(policy: Policy, prompts: list, n: int, steps: int, hf_cpu_s: flo
     """CPU seconds of the work any exact path must repeat: the prefill and the SDPA kernel of every decode step.
 
     Both are the model's own kernels on the same inputs (bit-identical tokens need the same attention call per
-    row and head, and prefilling each prompt once is not bit-identical: tests/core/models/test_fast_generate.py); their
+    row and head, and prefilling each prompt once is not bit-identical: tests/core/models/cpu_decode/test_engine.py); their
     sum bounds the ratio an exact rollout can reach against ``generate`` at this shape.
     """
-    from codea1_core.models import fast_generate
+    from codea1_core.models.cpu_decode import engine
 
-    base = fast_generate._base_model(policy.model)
+    base = engine._base_model(policy.model)
     attn = base.model.layers[0].self_attn
     texts = [policy.render(p) for p in prompts]
     enc = policy.tokenizer(texts, add_special_tokens=False, padding=True, return_tensors="pt")
@@ -179,10 +179,10 @@ def exact_floor(policy: Policy, prompts: list, n: int, steps: int, hf_cpu_s: flo
     rows, prompt_len = ids.shape
     with torch.no_grad():
         c0 = time.process_time()
-        _, cache, _ = fast_generate._prefill(base, ids, mask)
+        _, cache, _ = engine._prefill(base, ids, mask)
         prefill = time.process_time() - c0
-        view = fast_generate._ViewCache(cache, prompt_len + steps)
-        decode_mask = fast_generate._decode_mask(mask, prompt_len + steps)
+        view = engine._ViewCache(cache, prompt_len + steps)
+        decode_mask = engine._decode_mask(mask, prompt_len + steps)
         query = torch.randn(rows, base.config.num_attention_heads, 1, attn.head_dim)
         c0 = time.process_time()
         for t in range(steps - 1):

@@ -134,7 +134,7 @@ class RolloutConfig:
     batch_size: int = 64
     """Prompts per ``generate`` call (HF backend)."""
     share_prompt: bool = True
-    """CPU fast decode (``codea1_core.models.fast_generate``): prefill each prompt once, let its samples attend over
+    """CPU fast decode (``codea1_core.models.cpu_decode.engine``): prefill each prompt once, let its samples attend over
     one copy of its keys/values, draw by inverse CDF from uniforms drawn up front, drop finished prompts. The
     same distribution as HF ``generate`` from other random numbers (a seed gives other tokens than with
     false); logits equal to float rounding. false: bit for bit ``generate``'s tokens (slower)."""

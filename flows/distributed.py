@@ -30,6 +30,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch.distributed as dist
@@ -195,6 +196,24 @@ def collective_failed(exc: BaseException) -> bool:
     if isinstance(exc, dist.DistError):
         return True
     return isinstance(exc, RuntimeError) and any(t in str(exc).lower() for t in _PEER_GONE)
+
+
+def run_ranks(cfg: Config, argv: list[str], main: Callable[[], Any], other: Callable[[], Any]) -> Any:
+    """A stage's process under :func:`launch` (``nproc_per_node > 1``: re-executed under torchrun, its exit code
+    raised): ``main()`` on rank 0, ``other()`` on the other ranks; a failed collective is one
+    :class:`~flows.common.UserError` line (:func:`rank_line`)."""
+    from flows.common import UserError
+
+    code = launch(cfg, argv)
+    if code is not None:
+        raise SystemExit(code)
+    join(cfg)  # under torchrun: the process group, with the collective timeout
+    try:
+        return main() if is_main() else other()  # rank > 0: the same loop, no Prefect run or tracking
+    except RuntimeError as exc:  # a rank died or hung past distributed.timeout_s: one line
+        if not collective_failed(exc):
+            raise
+        raise UserError(rank_line(exc)) from None
 
 
 def rank_line(exc: BaseException) -> str:

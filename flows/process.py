@@ -7,6 +7,7 @@ What it does: what ``flows/train.py`` needs from the process it runs in but is n
     failures a user can act on (lock held, no intact checkpoint, MLflow store unusable, disk full or
     read-only) turned into one :class:`~flows.common.UserError` line naming the path;
   * :func:`quiet_user_error_tracebacks`, :func:`quiet_console`: what stays off the console;
+  * :class:`TrainRun`: what one training run holds between iterations;
   * :func:`as_task` / :func:`as_function`: run a step as a Prefect task run, or as a plain function (bench);
   * :func:`progress_line`: the one console line per iteration;
   * :func:`fault_point`: the test hook that SIGKILLs the process at a named point;
@@ -26,6 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +217,37 @@ def quiet_console() -> None:
 
     hf_logging.disable_progress_bar()
     disable_progress_bars()
+
+
+# --------------------------------------------------------------------------------------------------
+# The run's state between iterations (flows/train.py's setup builds it)
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class TrainRun:
+    """What one training run holds between iterations (built by :func:`setup`)."""
+
+    cfg: Config
+    train_set: list[Any]
+    val_set: list[Any]
+    total: int
+    start: int
+    fingerprint: str
+    policies: dict[str, Any]
+    book: Any
+    tracker: Any
+    history: list[dict[str, Any]]
+    out_dir: Path
+    executor: Any = None
+    stop: threading.Event | None = None  # set by SIGTERM: :func:`iteration` stops before its next task
+    summary: dict[str, Any] | None = None  # what train() returns: finish()'s row or {"stopped": True, ...}
+
+    @property
+    def code_pol(self) -> Any:
+        return self.policies["code"]
+
+    @property
+    def test_pol(self) -> Any:
+        return self.policies.get("test", self.policies["code"])
 
 
 # --------------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ policies, validate every ``eval.every`` steps, checkpoint atomically, log to MLf
 ``golden`` (golden tests, §7.4), ``selfplay`` (one model plays both roles, §18.2). ``resume: auto`` continues
 from the last complete iteration with the same MLflow run; no step is logged twice.
 What it does not: prepare data, warm-start, evaluate on the benchmarks (other stages); the process side (the
-lock, SIGTERM, checks before the start, one-line errors) is ``flows/process.py``.
+lock, SIGTERM, checks before the start, one-line errors, the run's state) is ``flows/process.py``, the
+ranks ``flows/distributed.py``.
 
 Outputs (``orchestration.checkpoint_dir``, default ``outputs/train``): ``checkpoints/`` (it_N + LATEST),
 ``mistake_book.json``, ``outcomes/it_N.parquet``, ``history.csv`` and ``metrics.json`` (derived from the
@@ -20,9 +21,7 @@ Run: ``python -m flows.train [--params params.yaml] [key=value ...]`` or ``codea
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +33,8 @@ from codea1_core.method import batches
 from codea1_core.models.loading import build_policy
 from flows import distributed as dist_train
 from flows import process
-from flows.common import UserError, flow_config, flow_run_name, record_numerics, run_label, stage_main
-from flows.process import as_function, as_task, load_problems, log, training_steps  # noqa: F401 (bench)
+from flows.common import flow_config, flow_run_name, record_numerics, run_label, stage_main
+from flows.process import TrainRun, as_function, as_task, load_problems, log, training_steps  # noqa: F401 (bench)
 from tasks import checkpoint as ckpt
 from tasks.execute import execute, execute_golden
 from tasks.mistake_book import merge_mistake_book, retrieve_replay
@@ -46,36 +45,8 @@ from tasks.update import update_code, update_test
 
 
 # --------------------------------------------------------------------------------------------------
-# The run's state, its Prefect flow, and the loop
+# The Prefect flow and the loop (the run's state: flows.process.TrainRun)
 # --------------------------------------------------------------------------------------------------
-@dataclass
-class TrainRun:
-    """What one training run holds between iterations (built by :func:`setup`)."""
-
-    cfg: Config
-    train_set: list[Any]
-    val_set: list[Any]
-    total: int
-    start: int
-    fingerprint: str
-    policies: dict[str, Any]
-    book: Any
-    tracker: Any
-    history: list[dict[str, Any]]
-    out_dir: Path
-    executor: Any = None
-    stop: threading.Event | None = None  # set by SIGTERM: :func:`iteration` stops before its next task
-    summary: dict[str, Any] | None = None  # what train() returns: finish()'s row or {"stopped": True, ...}
-
-    @property
-    def code_pol(self) -> Any:
-        return self.policies["code"]
-
-    @property
-    def test_pol(self) -> Any:
-        return self.policies.get("test", self.policies["code"])
-
-
 @flow(name="train", flow_run_name=flow_run_name, log_prints=True)
 def train_flow(
     params: str = "params.yaml", overrides: list[str] | None = None, run_dir: str = ""
@@ -91,9 +62,8 @@ def train(cfg: Config) -> dict[str, Any]:
     """The training loop of §3 (runs inside :func:`train_flow`); ``{"stopped": True, ...}`` after SIGTERM."""
     from sandbox import make_executor
 
-    main = (
-        dist_train.is_main()
-    )  # several ranks: rank 0 owns lock, tracking, checkpoints (flows/distributed.py)
+    # several ranks: rank 0 owns lock, tracking, checkpoints (flows/distributed.py)
+    main = dist_train.is_main()
     lock = ckpt.WorkspaceLock(cfg.orchestration.checkpoint_dir) if main else contextlib.nullcontext()
     with lock, process.stop_on_sigterm() as stop:
         run = setup(cfg, make_tracker if main else dist_train.null_tracker)
@@ -135,9 +105,8 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
         policies = {"code": build_policy(cfg.model.code_path, cfg, "code", total)}
         if cfg.mode == "codea1":  # selfplay: one model plays both roles; golden: no Test LLM
             policies["test"] = build_policy(cfg.model.test_path, cfg, "test", total)
-        dist_train.wrap_policies(
-            policies, cfg
-        )  # several ranks: DDP / FSDP2, before the checkpoint is restored
+        # several ranks: DDP / FSDP2, before the checkpoint is restored
+        dist_train.wrap_policies(policies, cfg)
         book = starting_book(cfg, state["book"])
         if state["path"] is not None:
             for role, pol in policies.items():
@@ -160,9 +129,8 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
     golden, selfplay = cfg.mode == "golden", cfg.mode == "selfplay"
 
     t_iter = time.perf_counter()
-    idx = batches.batch_indices(
-        len(run.train_set), cfg.data.train_batch_size, cfg.data.seed, it - 1
-    )  # step 1
+    # step 1
+    idx = batches.batch_indices(len(run.train_set), cfg.data.train_batch_size, cfg.data.seed, it - 1)
     idx = dist_train.shard_problems(idx)  # several ranks: this rank's shard (all of them on one)
     main = dist_train.is_main()
     problems = [run.train_set[i] for i in idx]
@@ -215,9 +183,8 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
     samples = batches.sample_rows(problems, code_out, test_out, scores, cfg.tracking.log_samples)
     files = {"outcomes": str(parquet), "mistake_book": str(run.out_dir / "mistake_book.json")}
     call(log_iteration, run.tracker, it, row, samples, files)
-    print(
-        process.progress_line(it, run.total, row, run.history)
-    )  # log_prints: the console and Prefect's logs
+    # log_prints: the console and Prefect's logs
+    print(process.progress_line(it, run.total, row, run.history))
     return row
 
 
@@ -265,18 +232,11 @@ def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict
     (``flows.process.run_guarded``), with the same ``params`` and ``overrides``."""
     overrides = list(overrides or [])
     cfg = load_config(params, overrides)
-    code = dist_train.launch(cfg, ["--params", params, *overrides])  # nproc_per_node > 1: under torchrun
-    if code is not None:
-        raise SystemExit(code)
-    dist_train.join(cfg)  # under torchrun: the process group, with the collective timeout
-    try:
-        if not dist_train.is_main():  # rank > 0: the same loop, no Prefect run or tracking (rank 0 owns them)
-            return train(flow_config(params, overrides))
-        return process.run_guarded(cfg, lambda: train_flow(params=params, overrides=overrides))
-    except RuntimeError as exc:  # a rank died or hung past distributed.timeout_s: one line
-        if not dist_train.collective_failed(exc):
-            raise
-        raise UserError(dist_train.rank_line(exc)) from None
+    return dist_train.run_ranks(  # nproc_per_node > 1: under torchrun; rank > 0: the loop, no Prefect or tracking
+        cfg, ["--params", params, *overrides],
+        main=lambda: process.run_guarded(cfg, lambda: train_flow(params=params, overrides=overrides)),
+        other=lambda: train(flow_config(params, overrides)),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -231,7 +231,7 @@ def install_fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
 
 
 # ------------------------------------------------------------------------------------------------
-# Decode comparisons: the tiny model, two threads, fast path vs HF generate (was in test_fast_generate.py)
+# Decode comparisons: the tiny model, two threads, fast path vs HF generate (was in cpu_decode/test_engine.py)
 # ------------------------------------------------------------------------------------------------
 
 
@@ -263,10 +263,10 @@ def two_threads():
 
 def both_paths(pol: Policy, prompts: list, n: int, sp: SamplingParams, monkeypatch) -> tuple[list, list]:
     """Completions of the fast path and of HF ``generate``, each asserted to have really run."""
-    from codea1_core.models import fast_generate
+    from codea1_core.models.cpu_decode import engine
 
     calls = {"fast": 0, "hf": 0}
-    real_sample, real_generate = fast_generate.sample, pol.model.generate
+    real_sample, real_generate = engine.sample, pol.model.generate
 
     def counting_sample(*args, **kwargs):
         calls["fast"] += 1
@@ -276,7 +276,7 @@ def both_paths(pol: Policy, prompts: list, n: int, sp: SamplingParams, monkeypat
         calls["hf"] += 1
         return real_generate(*args, **kwargs)
 
-    monkeypatch.setattr(fast_generate, "sample", counting_sample)
+    monkeypatch.setattr(engine, "sample", counting_sample)
     monkeypatch.setattr(pol.model, "generate", counting_generate)
     pol.fast_generate = True
     fast = pol.generate(prompts, n, sp)

@@ -3,7 +3,7 @@
 What it does: loads an HF causal LM + tokenizer, wraps it in a LoRA adapter (``model.finetune == "lora"``;
 the reference policy is the same model with the adapter disabled, docs/method.md D8) or keeps a frozen
 reference copy (``full``); samples completions in left-padded batches (:meth:`Policy.generate`: through
-:mod:`codea1_core.models.fast_generate` where that reproduces HF ``generate`` token for token, else ``generate``); runs one
+:mod:`codea1_core.models.cpu_decode.engine` where that reproduces HF ``generate`` token for token, else ``generate``); runs one
 GRPO training step (:meth:`Policy.step`, docs/method.md §3 steps 13-15 and §10) with its own AdamW optimizer
 and warm-up + cosine schedule; saves/loads resumable checkpoints and exports merged HF model directories.
 Two ``Policy`` objects (code and test) live in one process and never share parameters or optimizers.
@@ -197,7 +197,7 @@ class Policy:
         self.model = model
         self.eos_ids = self._eos_ids()
         self.fast_generate = True
-        """Sample through :mod:`codea1_core.models.fast_generate` where it supports the model (False: always HF)."""
+        """Sample through :mod:`codea1_core.models.cpu_decode.engine` where it supports the model (False: always HF)."""
         self.share_prompt = cfg.rollout.share_prompt
         """Fast path: one prefill and one key/value copy per prompt (``rollout.share_prompt``; False: bitwise ``generate``)."""
         self.dist_module: Any = None
@@ -321,20 +321,20 @@ class Policy:
         return warpers
 
     def _fast_unsupported(self) -> str | None:
-        """Why :mod:`codea1_core.models.fast_generate` cannot stand in for ``generate`` here (None: it can); logged once."""
-        from codea1_core.models import fast_generate
+        """Why :mod:`codea1_core.models.cpu_decode.engine` cannot stand in for ``generate`` here (None: it can); logged once."""
+        from codea1_core.models import cpu_decode
 
-        reason = fast_generate.unsupported_reason(self.model)
+        reason = cpu_decode.unsupported_reason(self.model)
         if reason is not None and not getattr(self, "_fast_reason_logged", False):
             log.info("policy %s: HF generate (fast path not applicable: %s)", self.role, reason)
             self._fast_reason_logged = True
         return reason
 
     def _sample_fast(self, enc: Any, n: int, sp: SamplingParams, warpers: list[Any]) -> tuple:
-        """New tokens and raw log-probs from :func:`codea1_core.models.fast_generate.sample` (same as ``generate``)."""
-        from codea1_core.models import fast_generate
+        """New tokens and raw log-probs from :func:`codea1_core.models.cpu_decode.generate` (same as ``generate``)."""
+        from codea1_core.models import cpu_decode
 
-        out = fast_generate.sample(
+        out = cpu_decode.generate(
             self.model,
             enc["input_ids"].to(self.device),
             enc["attention_mask"].to(self.device),

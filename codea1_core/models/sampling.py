@@ -2,7 +2,7 @@
 
 What it does: :func:`sampling_params` turns the config into the settings of a training rollout
 (``rollout.*``, docs/method.md §3 step 2) or of an evaluation, ``solve`` or ``attack`` generation (``eval.*``,
-§13). Every backend reads the same object: HF ``generate`` and :mod:`codea1_core.models.fast_generate`
+§13). Every backend reads the same object: HF ``generate`` and :mod:`codea1_core.models.cpu_decode.engine`
 through :meth:`codea1_core.models.policy.Policy.generate` (temperature / top-k / top-p warpers, greedy at
 temperature 0), vLLM through :meth:`codea1_core.models.vllm_engine.VllmRollout.generate`.
 What it does not: choose seeds (training derives them with ``batches.iteration_seed``, evaluation from

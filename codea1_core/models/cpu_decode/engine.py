@@ -7,11 +7,11 @@ stopping, finished rows padded), in one of two modes (``rollout.share_prompt``):
 * shared-prompt (the default, :func:`_sample_shared`): each prompt is prefilled once and its ``n`` samples
   attend over one copy of its keys/values (:class:`_SharedPromptCache`), tokens are drawn by inverse CDF
   from uniforms drawn up front, and prompts whose samples all stopped leave the batch. Same distribution
-  as ``generate``, other random numbers, logits equal to float rounding (``tests/core/models/test_shared_decode.py``).
+  as ``generate``, other random numbers, logits equal to float rounding (``tests/core/models/cpu_decode/test_shared_decode.py``).
   Every row's numbers are independent of the other rows in its batch (ghost rows up to a multiple of
-  :data:`~codea1_core.models.decode_step.BATCH_INVARIANT_ROWS`, and MKL's ``COMPATIBLE`` branch, which
+  :data:`~codea1_core.models.cpu_decode.forward.BATCH_INVARIANT_ROWS`, and MKL's ``COMPATIBLE`` branch, which
   ``model.cpu_numerics: reproducible`` pins), so the prompts of a small model are decoded by one process per
-  core (warm forked workers, :mod:`codea1_core.models.decode_pool`; :func:`_decode_split`) with the same
+  core (warm forked workers, :mod:`codea1_core.models.cpu_decode.workers`; :func:`_decode_split`) with the same
   tokens as in one process. In any other MKL mode (``native``) a batched GEMM may round with its batch count,
   so the decode stays in one process (:func:`~codea1_core.models.cpu_numerics.batch_invariant_gemm`);
 * exact (``share_prompt=False``, or ``n == 1``): the same tokens and raw-logit log-probs as ``generate``, bit
@@ -27,9 +27,9 @@ stopping, finished rows padded), in one of two modes (``rollout.share_prompt``):
   when a core is left over by the intra-op threads, its Exp(1) noise is drawn one step ahead by a worker
   thread from a copy of the generator (:class:`_NoiseStream`), overlapping the next forward.
 
-The decode step is :class:`codea1_core.models.decode_step.DecodeStep`: HF's Qwen2 ops in HF's order on the
+The decode step is :class:`codea1_core.models.cpu_decode.forward.DecodeStep`: HF's Qwen2 ops in HF's order on the
 model's tensors (its rotary and attention functions called directly), without the forward's per-token
-plumbing. ``tests/core/models/test_fast_generate.py`` compares its logits bitwise with HF's forward, and tokens and
+plumbing. ``tests/core/models/cpu_decode/test_engine.py`` compares its logits bitwise with HF's forward, and tokens and
 log-probs for exact equality with ``generate``.
 
 What it does not: run on GPUs (not checked there: HF ``generate`` or vLLM), beam search, assisted
@@ -37,7 +37,7 @@ decoding, repetition penalties or any other logits processor, sliding-window or 
 model families it was not checked on. :func:`unsupported_reason`
 says when a model is outside that set; :class:`~codea1_core.models.policy.Policy` then calls ``generate``.
 
-Run: ``pytest tests/core/models/test_fast_generate.py tests/core/models/test_shared_decode.py``; throughput: ``python bench/rollout_bench.py``.
+Run: ``pytest tests/core/models/cpu_decode/test_engine.py tests/core/models/cpu_decode/test_shared_decode.py``; throughput: ``python bench/rollout_bench.py``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ from typing import Any
 
 import torch
 
-from codea1_core.models import cpu_numerics, decode_pool, decode_step
+from codea1_core.models import cpu_numerics
+from codea1_core.models.cpu_decode import forward, workers
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,7 @@ class _SharedPromptCache:
     times (at the lab's test rollout they are most of the decode step's memory traffic). The scores of both
     parts go through one float32 softmax, as in HF's eager attention; the sums run in another order than one
     SDPA call per row does, so the logits agree with ``generate``'s to float rounding, not bitwise
-    (``tests/core/models/test_shared_decode.py``: every log-prob within 1e-5 of HF's forward).
+    (``tests/core/models/cpu_decode/test_shared_decode.py``: every log-prob within 1e-5 of HF's forward).
     """
 
     def __init__(self, prompts: PromptState, n: int, max_new: int) -> None:
@@ -240,7 +241,7 @@ def unsupported_reason(model: Any) -> str | None:
     extra = set(base.generation_config.to_diff_dict()) - _ALLOWED_GENERATION_KEYS
     if extra:
         return f"generation_config sets {sorted(extra)} (could add processors)"
-    return decode_step.unsupported_reason(base)
+    return forward.unsupported_reason(base)
 
 
 def _decode_mask(attention_mask: torch.Tensor, total_len: int) -> torch.Tensor | None:
@@ -381,7 +382,7 @@ def sample(
     tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device)
     unfinished = torch.ones(rows, dtype=torch.bool, device=device)
-    step = decode_step.DecodeStep(base, cache, mask)
+    step = forward.DecodeStep(base, cache, mask)
     noise = _NoiseStream(tuple(logits.shape), logits.dtype) if do_sample and _spare_core(device) else None
     steps = 0
     try:
@@ -424,7 +425,7 @@ process at 2 threads, its test rollout (128 x 128) 1.2-1.3x faster. A rollout be
 SPLIT_ENV = "CODEA1_DECODE_PROCESSES"
 """Environment variable: the most processes one shared decode may use (``1``: one; default: one per core this
 process may run on, see :func:`_split_processes`). The tokens and log-probs are the same for every count
-(``tests/core/models/test_shared_decode.py``)."""
+(``tests/core/models/cpu_decode/test_shared_decode.py``)."""
 
 SPLIT_GRACE_S = 30.0
 """How long the caller waits for a worker's part beyond the time its own part took; then the worker is killed
@@ -459,7 +460,7 @@ class _Decode:
     def run(self, prompts: torch.Tensor) -> int:
         """Decode the rows of ``prompts`` (ascending indices); returns the steps they ran (their longest row).
 
-        Each row's numbers do not depend on which other rows share its batch (``tests/core/models/test_shared_decode.py``
+        Each row's numbers do not depend on which other rows share its batch (``tests/core/models/cpu_decode/test_shared_decode.py``
         checks split against whole bitwise), so any partition of the prompts gives the same result.
         """
         n, device = self.n, self.logits.device
@@ -470,7 +471,7 @@ class _Decode:
         prompt_len = cache.prompt_len
         eos = torch.tensor(self.eos, device=device)
         unfinished = torch.ones(live.numel(), dtype=torch.bool, device=device)
-        step = decode_step.DecodeStep(self.base, cache, None, min_rows=decode_step.BATCH_INVARIANT_ROWS)
+        step = forward.DecodeStep(self.base, cache, None, min_rows=forward.BATCH_INVARIANT_ROWS)
         steps = 0
         for t in range(max_new_tokens):
             scores = logits
@@ -520,7 +521,7 @@ class _Decode:
 
 
 def _worker_job(base: Any, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> tuple[dict, int]:
-    """A decode worker's job (:mod:`codea1_core.models.decode_pool`): :meth:`_Decode.run` over all its prompts."""
+    """A decode worker's job (:mod:`codea1_core.models.cpu_decode.workers`): :meth:`_Decode.run` over all its prompts."""
     layers = range(meta["layers"])
     state = PromptState([tensors[f"keys.{i}"] for i in layers], [tensors[f"values.{i}"] for i in layers],
                         tensors.get("bias"))  # fmt: skip
@@ -563,7 +564,7 @@ def _sample_shared(
       ``u[row, t]``, all drawn up front from the default generator (``rows x max_new_tokens`` of them, so it
       ends in the same place whatever stops early). ``generate`` draws a ``[rows, vocab]`` exponential block
       per step (6 ms on one core at the lab's test rollout, more than the forward); the same seed therefore
-      gives other tokens than ``generate``'s, from the same distribution (``tests/core/models/test_shared_decode.py``);
+      gives other tokens than ``generate``'s, from the same distribution (``tests/core/models/cpu_decode/test_shared_decode.py``);
     * work skipped: once all ``n`` rows of a prompt have stopped, its rows leave the batch (their tokens are
       pad from then on, as ``generate`` writes them; their log-probs 0, unused by ``Policy``);
     * small models (:data:`SMALL_MODEL_HIDDEN`) decode on one intra-op thread per process, in as many processes
@@ -635,13 +636,13 @@ def _split_processes(base: Any, device: torch.device, prompts: int, work: int) -
 def _decode_split(decode: _Decode, processes: int) -> int:
     """Decode every prompt over ``processes`` processes, round robin: part 0 here, the others in warm workers.
 
-    The workers (:mod:`codea1_core.models.decode_pool`, one pool per model, forked once) get their part's
+    The workers (:mod:`codea1_core.models.cpu_decode.workers`, one pool per model, forked once) get their part's
     prefill state and the model's current weights through shared memory and return their rows, which are
     copied in. A worker that is busy with another thread's decode, fails, dies or hangs past
     :data:`SPLIT_GRACE_S` costs time only: its part is decoded here. Returns the steps of the longest row.
     """
     everything = torch.arange(decode.prompts.count)
-    pool = decode_pool.pool_for(decode.base, processes - 1, _worker_job) if processes > 1 else None
+    pool = workers.pool_for(decode.base, processes - 1, _worker_job) if processes > 1 else None
     if pool is None:
         return decode.run(everything)
     parts = [everything[i::processes] for i in range(processes)]

@@ -1,7 +1,7 @@
 """The exact fast decode (``rollout.share_prompt: false``) reproduces HF ``generate``: same tokens, log-probs, RNG.
 
 The default shared-prompt decode samples the same distribution with its own random numbers:
-``tests/core/models/test_shared_decode.py``.
+``tests/core/models/cpu_decode/test_shared_decode.py``.
 
 Guards against a fast rollout path that silently changes what the lab samples (the default
 ``make run`` numbers must not move when rollouts get faster). Every comparison is ``torch.equal`` /
@@ -21,7 +21,7 @@ from support import (  # the decode tests' helpers and fixtures (two intra-op th
 from transformers import AutoModelForCausalLM, LogitsProcessorList
 
 from codea1_core.config import Config
-from codea1_core.models import fast_generate
+from codea1_core.models.cpu_decode import engine
 from codea1_core.models.policy import Policy, SamplingParams, _RawLogprobRecorder
 from codea1_core.models.tiny_model import build_tiny_model
 
@@ -80,7 +80,7 @@ def test_policy_fast_path_equals_generate(tiny_dir, monkeypatch, sp, finetune):
 @pytest.mark.parametrize("noise_worker", [True, False])
 def test_unpadded_batch_equals_generate(tiny_dir, monkeypatch, noise_worker):
     """One prompt, no padding: HF passes no attention mask to SDPA at all; the fast path must do the same."""
-    monkeypatch.setattr(fast_generate, "_spare_core", lambda device: noise_worker)
+    monkeypatch.setattr(engine, "_spare_core", lambda device: noise_worker)
     pol = make_policy(tiny_dir, **{"model.finetune": "full"})
     fast, slow = both_paths(
         pol, DECODE_PROMPTS[:1], 5, SamplingParams(max_new_tokens=16, seed=7), monkeypatch
@@ -107,11 +107,11 @@ def test_early_stops_padding_and_rng_state_match_generate(tiny_dir, monkeypatch,
 
     With and without the worker thread that draws multinomial's noise ahead (it needs a spare core).
     """
-    monkeypatch.setattr(fast_generate, "_spare_core", lambda device: noise_worker)
+    monkeypatch.setattr(engine, "_spare_core", lambda device: noise_worker)
     started = []
-    real_init = fast_generate._NoiseStream.__init__
+    real_init = engine._NoiseStream.__init__
     monkeypatch.setattr(
-        fast_generate._NoiseStream, "__init__", lambda self, *a: started.append(1) or real_init(self, *a)
+        engine._NoiseStream, "__init__", lambda self, *a: started.append(1) or real_init(self, *a)
     )
     model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
     ids = torch.tensor([[0, 0, 5, 9, 11], [3, 4, 5, 6, 7]])
@@ -121,9 +121,7 @@ def test_early_stops_padding_and_rng_state_match_generate(tiny_dir, monkeypatch,
     new, lps = reference_generate(model, ids, mask, 4, eos_ids, 40)
     state_hf = torch.get_rng_state()
     torch.manual_seed(11)
-    out = fast_generate.sample(
-        model, ids, mask, n=4, max_new_tokens=40, eos_ids=eos_ids, pad_id=0, do_sample=True
-    )
+    out = engine.sample(model, ids, mask, n=4, max_new_tokens=40, eos_ids=eos_ids, pad_id=0, do_sample=True)
     assert torch.equal(out.tokens, new) and torch.equal(out.logprobs, lps)
     assert torch.equal(torch.get_rng_state(), state_hf)
     ended = [next(i for i, t in enumerate(row) if t in eos_ids) for row in new.tolist()]
@@ -157,17 +155,17 @@ def test_models_it_cannot_reproduce_fall_back_to_generate(tiny_dir, tmp_path, mo
 
     AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(tmp_path / "m")
     pol = make_policy(str(tmp_path / "m"), **{"model.finetune": "full"})
-    assert "no_repeat_ngram_size" in fast_generate.unsupported_reason(pol.model)
-    monkeypatch.setattr(fast_generate, "sample", lambda *a, **k: pytest.fail("fast path used"))
+    assert "no_repeat_ngram_size" in engine.unsupported_reason(pol.model)
+    monkeypatch.setattr(engine, "sample", lambda *a, **k: pytest.fail("fast path used"))
     out = pol.generate(DECODE_PROMPTS[:1], 2, SamplingParams(max_new_tokens=8, seed=1))
     assert [len(c.token_ids) > 0 for c in out[0]] == [True, True]
-    assert fast_generate.unsupported_reason(make_policy(tiny_dir).model) is None
+    assert engine.unsupported_reason(make_policy(tiny_dir).model) is None
 
 
 def test_models_off_the_cpu_fall_back_to_generate(tiny_dir):
     """The equality is checked on the CPU only; a model elsewhere (here: the meta device) keeps HF generate."""
     model = AutoModelForCausalLM.from_pretrained(tiny_dir).to("meta")
-    assert "device meta" in fast_generate.unsupported_reason(model)
+    assert "device meta" in engine.unsupported_reason(model)
 
 
 @pytest.mark.parametrize(("name", "lora", "padded"), [("lab", False, True), ("lab", False, False),
@@ -180,11 +178,11 @@ def test_hand_written_decode_step_equals_hf_forward(name, lora, padded):
     Guards the hand-written decode step: any op that differs from modeling_qwen2's in order,
     dtype or shape shows up as a changed float32 logit. Configs: the lab's, GQA, eager attention, LoRA.
     """
-    from codea1_core.models import decode_step
+    from codea1_core.models.cpu_decode import forward
 
     model = random_qwen2(name, lora)
-    base = fast_generate._base_model(model)
-    assert fast_generate.unsupported_reason(model) is None
+    base = engine._base_model(model)
+    assert engine.unsupported_reason(model) is None
     vocab = base.config.vocab_size
     ids = torch.randint(2, vocab, (6, 9), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
@@ -194,8 +192,8 @@ def test_hand_written_decode_step_equals_hf_forward(name, lora, padded):
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
         ref_cache = out.cache
-        cache = fast_generate._ViewCache(ref_cache, ids.shape[1] + 4)
-        step = decode_step.DecodeStep(base, cache, fast_generate._decode_mask(mask, ids.shape[1] + 4))
+        cache = engine._ViewCache(ref_cache, ids.shape[1] + 4)
+        step = forward.DecodeStep(base, cache, engine._decode_mask(mask, ids.shape[1] + 4))
         position, full_mask = positions[:, -1:], mask
         tokens = out.logits[:, -1].argmax(-1)
         for t in range(4):
@@ -216,7 +214,7 @@ def test_gqa_and_eager_sampling_equal_generate(name, monkeypatch):
 
     Guards the eager path's mask: HF's eager attention adds a 0 / dtype-min float mask, not the boolean one.
     """
-    monkeypatch.setattr(fast_generate, "_spare_core", lambda device: False)
+    monkeypatch.setattr(engine, "_spare_core", lambda device: False)
     model = random_qwen2(name)
     ids = torch.tensor([[0, 0, 5, 9, 11, 4], [3, 4, 5, 6, 7, 8], [0, 0, 0, 0, 9, 9]])
     mask = (ids != 0).long()
@@ -224,7 +222,5 @@ def test_gqa_and_eager_sampling_equal_generate(name, monkeypatch):
     torch.manual_seed(5)
     new, lps = reference_generate(model, ids, mask, 3, eos_ids, 12)
     torch.manual_seed(5)
-    out = fast_generate.sample(
-        model, ids, mask, n=3, max_new_tokens=12, eos_ids=eos_ids, pad_id=0, do_sample=True
-    )
+    out = engine.sample(model, ids, mask, n=3, max_new_tokens=12, eos_ids=eos_ids, pad_id=0, do_sample=True)
     assert torch.equal(out.tokens, new) and torch.equal(out.logprobs, lps)

@@ -13,7 +13,7 @@ same shapes and dtypes as ``transformers``' ``modeling_qwen2`` code (read from t
   ``attn_implementation``), fed the same mask HF builds for one query token;
 * SiLU MLP, residual adds, final norm and ``lm_head`` as HF writes them.
 
-``tests/core/models/test_fast_generate.py`` checks bitwise-equal logits against HF's forward on several random-init
+``tests/core/models/cpu_decode/test_engine.py`` checks bitwise-equal logits against HF's forward on several random-init
 configs (the lab's, a GQA one, eager attention, LoRA). What it does not cover: any other model family,
 sliding windows, rope scaling other than the default, hub kernels; :func:`unsupported_reason` names those.
 """
@@ -39,7 +39,7 @@ Two things make a row's numbers depend on its batch on the CPU (measured with to
 
 The shared decode runs every step on a multiple of 16 rows (:class:`DecodeStep` ``min_rows``: ghost rows), so
 splitting the prompts over processes, or prompts leaving the batch, never changes another row's tokens
-(``tests/core/models/test_shared_decode.py`` checks both on four model shapes). That holds with MKL in its ``COMPATIBLE``
+(``tests/core/models/cpu_decode/test_shared_decode.py`` checks both on four model shapes). That holds with MKL in its ``COMPATIBLE``
 branch (``model.cpu_numerics: reproducible``): in its default mode MKL's GEMM kernels depend on the CPU, and
 on an AMD EPYC (MKL 2024.2) a batched GEMM of the shared attention rounded otherwise for another batch count,
 so outside that branch the decode is not split (``codea1_core.models.cpu_numerics``)."""
@@ -108,7 +108,7 @@ class DecodeStep:
         model, config = base.model, base.config
         self.cache = cache
         self.shared_attend = getattr(cache, "attend", None)
-        """The cache's own attention (``fast_generate._SharedPromptCache``), else None: HF's attention function."""
+        """The cache's own attention (``engine._SharedPromptCache``), else None: HF's attention function."""
         self.embed = model.embed_tokens
         self.rotary = model.rotary_emb
         self.apply_rotary = mq.apply_rotary_pos_emb

@@ -29,7 +29,8 @@ from support import (  # the exact path's helpers and fixtures (two intra-op thr
 )
 
 from codea1_core.config import Config
-from codea1_core.models import cpu_numerics, fast_generate
+from codea1_core.models import cpu_numerics
+from codea1_core.models.cpu_decode import engine
 from codea1_core.models.policy import Policy, SamplingParams
 
 
@@ -56,17 +57,17 @@ def teacher_forced_logprobs(model, ids: torch.Tensor, mask: torch.Tensor, n: int
 def test_logprobs_equal_hf_forward_with_padding_and_finished_prompts(name, lora, monkeypatch):
     """The decode's logits are HF's (teacher-forced, 1e-5), while prompts finish and leave the batch."""
     kept = []
-    real_keep = fast_generate._SharedPromptCache.keep
-    monkeypatch.setattr(fast_generate._SharedPromptCache, "keep",
+    real_keep = engine._SharedPromptCache.keep
+    monkeypatch.setattr(engine._SharedPromptCache, "keep",
                         lambda self, p, r: kept.append(len(p)) or real_keep(self, p, r))  # fmt: skip
     model = random_qwen2(name, lora)
-    vocab = fast_generate._base_model(model).config.vocab_size
+    vocab = engine._base_model(model).config.vocab_size
     ids = torch.randint(3, vocab, (6, 7), generator=torch.Generator().manual_seed(2))
     ids[0, :3], ids[3, :1] = 0, 0
     mask = (ids != 0).long()
     eos_ids = list(range(3, 3 + vocab // 12))  # ~8% of the vocabulary ends a row
     torch.manual_seed(3)
-    out = fast_generate.sample(model, ids, mask, n=3, max_new_tokens=30, eos_ids=eos_ids, pad_id=0,
+    out = engine.sample(model, ids, mask, n=3, max_new_tokens=30, eos_ids=eos_ids, pad_id=0,
                                do_sample=True, share_prompt=True)  # fmt: skip
     assert kept, "no prompt left the batch: the test does not cover the compaction"
     expected = teacher_forced_logprobs(model, ids, mask, 3, out.tokens, eos_ids)
@@ -97,7 +98,7 @@ def test_first_token_frequencies_match_the_warped_softmax(tiny_dir, temperature,
         scores = warp(enc["input_ids"], scores)
     probs = torch.softmax(scores, -1)[0]
     torch.manual_seed(4)
-    out = fast_generate.sample(pol.model, enc["input_ids"], enc["attention_mask"], n=rows, max_new_tokens=1,
+    out = engine.sample(pol.model, enc["input_ids"], enc["attention_mask"], n=rows, max_new_tokens=1,
                                eos_ids=pol.eos_ids, pad_id=0, do_sample=True, warpers=pol._warpers(sp),
                                share_prompt=True)  # fmt: skip
     counts = torch.bincount(out.tokens[:, 0], minlength=probs.numel()).double()
@@ -116,7 +117,7 @@ def test_first_token_frequencies_match_the_warped_softmax(tiny_dir, temperature,
 
 def test_inverse_cdf_picks_by_cumulative_mass_and_refuses_bad_logits():
     scores = torch.log(torch.tensor([[0.1, 0.0, 0.6, 0.3]]))  # token 1 has probability 0 (-inf score)
-    pick = fast_generate._inverse_cdf
+    pick = engine._inverse_cdf
     assert [int(pick(scores, torch.tensor([u]))) for u in (0.0, 0.0999, 0.1001, 0.6999, 0.7001, 0.99999)] == [
         0, 0, 2, 2, 3, 3,
     ]  # fmt: skip
@@ -136,7 +137,7 @@ def test_same_seed_same_tokens_rng_advances_by_the_uniforms_and_threads_restored
     runs = []
     for _ in range(2):
         torch.manual_seed(8)
-        runs.append(fast_generate.sample(model, ids, mask, n=4, max_new_tokens=12, eos_ids=[1], pad_id=0,
+        runs.append(engine.sample(model, ids, mask, n=4, max_new_tokens=12, eos_ids=[1], pad_id=0,
                                          do_sample=True, share_prompt=True))  # fmt: skip
         after = torch.rand(3)
         assert torch.get_num_threads() == 2
@@ -149,13 +150,13 @@ def test_same_seed_same_tokens_rng_advances_by_the_uniforms_and_threads_restored
 def test_policy_default_uses_the_shared_decode_and_n1_stays_exact(tiny_dir, monkeypatch):  # noqa: F811
     """``rollout.share_prompt`` defaults to true; with one sample per prompt there is nothing to share: bitwise."""
     seen = []
-    real_sample = fast_generate.sample
+    real_sample = engine.sample
 
     def spy(*args, **kwargs):
         seen.append(kwargs["share_prompt"])
         return real_sample(*args, **kwargs)
 
-    monkeypatch.setattr(fast_generate, "sample", spy)
+    monkeypatch.setattr(engine, "sample", spy)
     cfg = Config().replace(**{"model.device": "cpu", "model.dtype": "float32", "model.finetune": "full"})
     assert cfg.rollout.share_prompt is True
     pol = Policy(tiny_dir, cfg, role="test", total_steps=1)
@@ -175,10 +176,10 @@ def test_policy_default_uses_the_shared_decode_and_n1_stays_exact(tiny_dir, monk
 @pytest.fixture
 def workers(monkeypatch):
     """Decode workers: the pids forked during the test and the parts answered by one (all stopped afterwards)."""
-    from codea1_core.models import decode_pool
+    from codea1_core.models.cpu_decode import workers as worker_pool
 
     seen = {"pids": [], "answers": 0}
-    real_fork, real_result = decode_pool.os.fork, decode_pool.DecodePool.result
+    real_fork, real_result = worker_pool.os.fork, worker_pool.DecodePool.result
 
     def fork() -> int:
         pid = real_fork()
@@ -191,10 +192,10 @@ def workers(monkeypatch):
         seen["answers"] += got is not None
         return got
 
-    monkeypatch.setattr(decode_pool.os, "fork", fork)
-    monkeypatch.setattr(decode_pool.DecodePool, "result", result)
+    monkeypatch.setattr(worker_pool.os, "fork", fork)
+    monkeypatch.setattr(worker_pool.DecodePool, "result", result)
     yield seen
-    decode_pool.close_all()
+    worker_pool.close_all()
     assert all(_gone(pid) for pid in seen["pids"]), "a decode worker outlived its pool"
 
 
@@ -206,20 +207,20 @@ def _gone(pid: int) -> bool:
     return False
 
 
-def _split_call(model, processes: int, warpers=(), seed: int = 6) -> fast_generate.Sampled:
+def _split_call(model, processes: int, warpers=(), seed: int = 6) -> engine.Sampled:
     """One shared decode of 7 prompts x 3 samples with padding, ~1/6 of the vocabulary ending a row."""
-    vocab = fast_generate._base_model(model).config.vocab_size
+    vocab = engine._base_model(model).config.vocab_size
     ids = torch.randint(3, vocab, (7, 9), generator=torch.Generator().manual_seed(5))
     ids[0, :3], ids[4, :1], ids[5, :2] = 0, 0, 0
     mask = (ids != 0).long()
     torch.manual_seed(seed)
     with torch.no_grad():  # as sample() calls it
-        return fast_generate._sample_shared(fast_generate._base_model(model), ids, mask, 3, 40,
+        return engine._sample_shared(engine._base_model(model), ids, mask, 3, 40,
                                             list(range(3, 3 + vocab // 6)), 0, True, list(warpers),
                                             processes=processes)  # fmt: skip
 
 
-def _same(a: fast_generate.Sampled, b: fast_generate.Sampled) -> bool:
+def _same(a: engine.Sampled, b: engine.Sampled) -> bool:
     return torch.equal(a.tokens, b.tokens) and torch.equal(a.logprobs, b.logprobs)
 
 
@@ -244,8 +245,8 @@ def test_two_or_three_decode_processes_give_the_one_process_result_bitwise(name,
     from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
     kept = []
-    real_keep = fast_generate._SharedPromptCache.keep
-    monkeypatch.setattr(fast_generate._SharedPromptCache, "keep",
+    real_keep = engine._SharedPromptCache.keep
+    monkeypatch.setattr(engine._SharedPromptCache, "keep",
                         lambda self, p, r: kept.append(len(p)) or real_keep(self, p, r))  # fmt: skip
     model = random_qwen2(name)
     warpers = [TemperatureLogitsWarper(0.8), TopPLogitsWarper(0.9)]
@@ -286,8 +287,8 @@ def test_a_decode_process_that_errs_dies_or_hangs_costs_time_not_results(workers
     """The caller decodes a failed part itself (same result) and the next call forks a fresh worker."""
     model = random_qwen2("lab")
     expected = _split_call(model, 1)
-    real_job = fast_generate._worker_job
-    monkeypatch.setattr(fast_generate, "SPLIT_GRACE_S", 0.5)
+    real_job = engine._worker_job
+    monkeypatch.setattr(engine, "SPLIT_GRACE_S", 0.5)
     for failure in ("raise", "exit", "hang"):
 
         def job(base, tensors, meta, failure=failure):
@@ -298,14 +299,14 @@ def test_a_decode_process_that_errs_dies_or_hangs_costs_time_not_results(workers
                 os._exit(3)
             raise RuntimeError("boom in the worker")
 
-        monkeypatch.setattr(fast_generate, "_worker_job", job)
+        monkeypatch.setattr(engine, "_worker_job", job)
         caplog.clear()
         start = time.monotonic()
         assert _same(_split_call(model, 2), expected)
         assert "decode worker 1" in caplog.text and "runs in the caller" in caplog.text
         assert time.monotonic() - start < 30
     assert workers["answers"] == 0 and len(workers["pids"]) == 3
-    monkeypatch.setattr(fast_generate, "_worker_job", real_job)
+    monkeypatch.setattr(engine, "_worker_job", real_job)
     assert _same(_split_call(model, 2), expected) and workers["answers"] == 1  # a fresh worker answers
 
 
@@ -315,7 +316,7 @@ def test_an_error_in_the_caller_leaves_no_answer_behind(workers, monkeypatch):
     """Ctrl-C while the caller decodes its part: the worker with a job in flight is killed, the next call is right."""
     model = random_qwen2("lab")
     expected = _split_call(model, 1)
-    real_run = fast_generate._Decode.run
+    real_run = engine._Decode.run
     parent = os.getpid()
 
     def run(self, prompts):
@@ -323,55 +324,49 @@ def test_an_error_in_the_caller_leaves_no_answer_behind(workers, monkeypatch):
             raise KeyboardInterrupt
         return real_run(self, prompts)
 
-    monkeypatch.setattr(fast_generate._Decode, "run", run)
+    monkeypatch.setattr(engine._Decode, "run", run)
     with pytest.raises(KeyboardInterrupt):
         _split_call(model, 2)
     assert len(workers["pids"]) == 1 and _gone(workers["pids"][0])
-    monkeypatch.setattr(fast_generate._Decode, "run", real_run)
+    monkeypatch.setattr(engine._Decode, "run", real_run)
     assert _same(_split_call(model, 2), expected) and workers["answers"] == 1
 
 
 def test_peft_models_stay_in_one_process(monkeypatch):
     """A worker's copy would not follow a PEFT adapter switched after the fork: no split for such models."""
-    monkeypatch.setattr(fast_generate.os, "sched_getaffinity", lambda pid: {0, 1})
-    base = fast_generate._base_model(random_qwen2("gqa", lora=True))
-    assert (
-        fast_generate._split_processes(base, torch.device("cpu"), 32, 100 * fast_generate.SPLIT_MIN_TOKENS)
-        == 1
-    )
-    plain = fast_generate._base_model(random_qwen2("gqa"))
-    assert (
-        fast_generate._split_processes(plain, torch.device("cpu"), 32, 100 * fast_generate.SPLIT_MIN_TOKENS)
-        == 2
-    )
+    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0, 1})
+    base = engine._base_model(random_qwen2("gqa", lora=True))
+    assert engine._split_processes(base, torch.device("cpu"), 32, 100 * engine.SPLIT_MIN_TOKENS) == 1
+    plain = engine._base_model(random_qwen2("gqa"))
+    assert engine._split_processes(plain, torch.device("cpu"), 32, 100 * engine.SPLIT_MIN_TOKENS) == 2
 
 
 def test_one_decode_process_per_core_where_the_decode_runs_on_one_thread(monkeypatch, caplog):
     lab = random_qwen2("lab")
-    base = fast_generate._base_model(lab)
-    cpu, unit = torch.device("cpu"), fast_generate.SPLIT_MIN_TOKENS
-    split = fast_generate._split_processes
-    monkeypatch.delenv(fast_generate.SPLIT_ENV, raising=False)
-    monkeypatch.setattr(fast_generate.os, "sched_getaffinity", lambda pid: {0, 1})
+    base = engine._base_model(lab)
+    cpu, unit = torch.device("cpu"), engine.SPLIT_MIN_TOKENS
+    split = engine._split_processes
+    monkeypatch.delenv(engine.SPLIT_ENV, raising=False)
+    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0, 1})
     assert split(base, cpu, 32, 2 * unit) == 2
     assert split(base, cpu, 32, 2 * unit - 1) == 1  # too little work for a second process
     assert split(base, cpu, 1, 2 * unit) == 1  # one prompt: nothing to split
     assert split(base, torch.device("meta"), 32, 2 * unit) == 1
-    monkeypatch.setattr(base.config, "hidden_size", fast_generate.SMALL_MODEL_HIDDEN * 2)
+    monkeypatch.setattr(base.config, "hidden_size", engine.SMALL_MODEL_HIDDEN * 2)
     assert split(base, cpu, 32, 2 * unit) == 1  # wide models decode on all threads in one process
-    monkeypatch.setattr(base.config, "hidden_size", fast_generate.SMALL_MODEL_HIDDEN)
-    monkeypatch.setattr(fast_generate.os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(base.config, "hidden_size", engine.SMALL_MODEL_HIDDEN)
+    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: set(range(8)))
     assert split(base, cpu, 32, 100 * unit) == 8
     assert split(base, cpu, 5, 100 * unit) == 5  # at most one process per prompt
     assert split(base, cpu, 32, 3 * unit) == 3
-    monkeypatch.setenv(fast_generate.SPLIT_ENV, "3")
+    monkeypatch.setenv(engine.SPLIT_ENV, "3")
     assert split(base, cpu, 32, 100 * unit) == 3
-    monkeypatch.setenv(fast_generate.SPLIT_ENV, "1")
+    monkeypatch.setenv(engine.SPLIT_ENV, "1")
     assert split(base, cpu, 32, 100 * unit) == 1
-    monkeypatch.setenv(fast_generate.SPLIT_ENV, "two")
+    monkeypatch.setenv(engine.SPLIT_ENV, "two")
     assert split(base, cpu, 32, 100 * unit) == 8 and "CODEA1_DECODE_PROCESSES='two'" in caplog.text
-    monkeypatch.delenv(fast_generate.SPLIT_ENV)
-    monkeypatch.setattr(fast_generate.os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.delenv(engine.SPLIT_ENV)
+    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0})
     assert split(base, cpu, 32, 100 * unit) == 1
 
 
@@ -380,12 +375,12 @@ def test_one_decode_process_per_core_where_the_decode_runs_on_one_thread(monkeyp
 def test_policy_rollouts_do_not_depend_on_decode_processes(tiny_dir, workers, monkeypatch):  # noqa: F811
     cfg = Config().replace(**{"model.device": "cpu", "model.dtype": "float32", "model.finetune": "full"})
     pol = Policy(tiny_dir, cfg, role="test", total_steps=1)
-    monkeypatch.setattr(fast_generate.os, "sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setattr(fast_generate, "SPLIT_MIN_TOKENS", 1)
+    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(engine, "SPLIT_MIN_TOKENS", 1)
     sp = SamplingParams(max_new_tokens=24, seed=3, temperature=0.9, top_p=0.95)
     two = pol.generate(DECODE_PROMPTS, 4, sp)
     assert workers["answers"] >= 1
-    monkeypatch.setenv(fast_generate.SPLIT_ENV, "1")
+    monkeypatch.setenv(engine.SPLIT_ENV, "1")
     answers = workers["answers"]
     one = pol.generate(DECODE_PROMPTS, 4, sp)
     assert workers["answers"] == answers

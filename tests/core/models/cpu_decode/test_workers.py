@@ -1,6 +1,6 @@
-"""``codea1_core.models.decode_pool``: warm workers run a job on the model's current weights, and go away.
+"""``codea1_core.models.cpu_decode.workers``: warm workers run a job on the model's current weights, and go away.
 
-The shared decode's use of it (bitwise the one-process result, failures) is in ``tests/core/models/test_shared_decode.py``;
+The shared decode's use of it (bitwise the one-process result, failures) is in ``tests/core/models/cpu_decode/test_shared_decode.py``;
 here the pool itself, with a tiny linear model: weights followed after in-place updates, the arena grown for a
 big job, fresh workers after a config change, no worker left once the model is gone.
 """
@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import PretrainedConfig
 
-from codea1_core.models import decode_pool
+from codea1_core.models.cpu_decode import workers
 
 
 def apply(model, tensors, meta):
@@ -34,7 +34,7 @@ def _gone(pid: int) -> bool:
 @pytest.fixture
 def forks(monkeypatch):
     pids: list[int] = []
-    real_fork = decode_pool.os.fork
+    real_fork = workers.os.fork
 
     def fork() -> int:
         pid = real_fork()
@@ -42,9 +42,9 @@ def forks(monkeypatch):
             pids.append(pid)
         return pid
 
-    monkeypatch.setattr(decode_pool.os, "fork", fork)
+    monkeypatch.setattr(workers.os, "fork", fork)
     yield pids
-    decode_pool.close_all()
+    workers.close_all()
     assert all(_gone(pid) for pid in pids)
 
 
@@ -66,22 +66,22 @@ def _run(pool, model, x: torch.Tensor, factor: float = 2.0) -> torch.Tensor:
 
 def test_a_job_runs_on_the_current_weights_in_one_warm_worker(forks):
     model, x = _model(), torch.randn(3, 8)
-    pool = decode_pool.pool_for(model, 1, apply)
+    pool = workers.pool_for(model, 1, apply)
     with torch.no_grad():
         assert torch.equal(_run(pool, model, x), model(x) * 2.0)
         model.weight.add_(1.0)  # in place, as an optimizer step
         assert torch.equal(_run(pool, model, x, factor=3.0), model(x) * 3.0)
         model.bias.data = torch.zeros(5)  # a new tensor altogether
         assert torch.equal(_run(pool, model, x), model(x) * 2.0)
-    assert len(forks) == 1 and decode_pool.pool_for(model, 1, apply) is pool
-    assert decode_pool.pool_for(model, 3, apply) is pool and pool.size == 3  # grown, not forked anew
-    assert decode_pool.pool_for(model, 2, apply) is pool and pool.size == 3 and len(forks) == 1
+    assert len(forks) == 1 and workers.pool_for(model, 1, apply) is pool
+    assert workers.pool_for(model, 3, apply) is pool and pool.size == 3  # grown, not forked anew
+    assert workers.pool_for(model, 2, apply) is pool and pool.size == 3 and len(forks) == 1
 
 
 def test_a_job_bigger_than_the_arena_gets_a_bigger_one(forks, monkeypatch):
-    monkeypatch.setattr(decode_pool, "ARENA_BYTES", 4096)
+    monkeypatch.setattr(workers, "ARENA_BYTES", 4096)
     model = _model()
-    pool = decode_pool.pool_for(model, 1, apply)
+    pool = workers.pool_for(model, 1, apply)
     with torch.no_grad():
         small, big = torch.randn(2, 8), torch.randn(4000, 8)
         assert torch.equal(_run(pool, model, small), model(small) * 2.0)
@@ -91,7 +91,7 @@ def test_a_job_bigger_than_the_arena_gets_a_bigger_one(forks, monkeypatch):
 
 def test_a_config_change_forks_fresh_workers(forks):
     model, x = _model(), torch.randn(3, 8)
-    pool = decode_pool.pool_for(model, 1, apply)
+    pool = workers.pool_for(model, 1, apply)
     with torch.no_grad():
         _run(pool, model, x)
         model.config.flavour = 2  # Python state a forked copy would not see
@@ -101,7 +101,7 @@ def test_a_config_change_forks_fresh_workers(forks):
 
 def test_workers_stop_when_the_model_is_gone(forks):
     model, x = _model(), torch.randn(3, 8)
-    pool = decode_pool.pool_for(model, 1, apply)
+    pool = workers.pool_for(model, 1, apply)
     with torch.no_grad():
         _run(pool, model, x)
     del model, pool
@@ -111,7 +111,7 @@ def test_workers_stop_when_the_model_is_gone(forks):
 
 def test_a_second_thread_is_told_to_go_alone(forks):
     model = _model()
-    pool = decode_pool.pool_for(model, 1, apply)
+    pool = workers.pool_for(model, 1, apply)
     with pool.claim() as first, pool.claim() as second:
         assert first and not second
 
@@ -120,7 +120,7 @@ def test_a_worker_holds_none_of_the_callers_files(forks):
     """A pipe the caller opened before the fork sees EOF when the caller closes its end (`make run | tee`)."""
     read_end, write_end = os.pipe()
     model, x = _model(), torch.randn(3, 8)
-    pool = decode_pool.pool_for(model, 1, apply)
+    pool = workers.pool_for(model, 1, apply)
     with torch.no_grad():
         _run(pool, model, x)  # the worker is forked now, with the pipe open in the caller
     os.close(write_end)
