@@ -101,7 +101,7 @@ def _listening() -> tuple[socket.socket, int]:
 def test_ui_port_clash_is_one_line_before_anything_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from flows import ui
+    from tools import ui
 
     started: list[object] = []
     monkeypatch.setattr(ui.subprocess, "Popen", lambda *a, **k: started.append(a))
