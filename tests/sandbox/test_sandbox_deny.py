@@ -306,7 +306,9 @@ def test_decode_charges_real_cpython_sizes(name):
         tracemalloc.stop()
     assert value == SAMPLES[name]
     charged = start - budget.left
-    assert 0.95 * traced <= charged <= 1.6 * traced, f"{name}: charged {charged}, CPython holds {traced}"
+    # tracemalloc also counts allocator slack that varies with what ran before (measured 0.93-1.0 of it for floats
+    # in the full suite); the old charge was about half, so 0.9 still fails it
+    assert 0.9 * traced <= charged <= 1.6 * traced, f"{name}: charged {charged}, CPython holds {traced}"
 
 
 def test_decode_time_is_capped_per_program():

@@ -10,6 +10,7 @@ format and honours ``max_new_tokens`` / ``temperature``; the ``transformers`` fl
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import socket
@@ -78,6 +79,7 @@ def _serve(cfg: Config, cwd: Path, model_dir: Path, max_new_tokens: int = 6) -> 
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_REGISTRY_URI"}  # the one export a user makes:
     env |= {"MLFLOW_TRACKING_URI": cfg.tracking.tracking_uri, "PYTHONPATH": str(REPO)}
     mlflow_bin = Path(sys.executable).parent / "mlflow"
+    env["PATH"] = f"{mlflow_bin.parent}:{env.get('PATH', '')}"  # the venv active, as a user has it (uvicorn)
     cmd = [str(mlflow_bin), "models", "serve", "-m", "models:/codea1-code@champion", "--env-manager", "local",
            "-h", "127.0.0.1", "-p", str(port), "-w", "1"]  # fmt: skip
     cwd.mkdir(exist_ok=True)
@@ -101,7 +103,8 @@ def _serve(cfg: Config, cwd: Path, model_dir: Path, max_new_tokens: int = 6) -> 
         }
         return _post(f"http://127.0.0.1:{port}/invocations", body)["predictions"]
     finally:
-        os.killpg(proc.pid, 15)
+        with contextlib.suppress(ProcessLookupError):  # it may have exited on its own
+            os.killpg(proc.pid, 15)
         proc.wait(timeout=30)
 
 
