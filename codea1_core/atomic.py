@@ -8,7 +8,8 @@ old file or the new one, never a torn one; a writer that fails leaves no tempora
 empty file under the final name). :func:`atomic_dir` and :func:`replace_dir` do the same for folders
 (model directories, checkpoints): the folder is built under ``.<name>.tmp`` and swapped in whole. A write that
 fails because the disk is full or read-only raises an ``OSError`` naming the path (:func:`disk_error`), whatever
-the writer raised.
+the writer raised. :func:`sha256_file` is the checksum that checks what was written (checkpoint manifests,
+fetched releases).
 
 Temporary files are named ``.<name>.<pid>.<random>.tmp`` and created with ``O_EXCL`` and mode ``0o666`` minus
 the umask, so two writers of one path (threads of one process included) never share a temp file, and the
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import secrets
@@ -181,3 +183,12 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
             raise disk from exc  # one line naming the path, whatever the writer raised
         raise
     replace_dir(tmp, path)
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB chunks (checkpoint manifests, fetched releases)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -20,7 +20,6 @@ names, e.g. an internal copy; the sha256 pins still apply).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import http.client
 import shutil
 import subprocess
@@ -30,7 +29,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from codea1_core.atomic import replace_dir, write_text_atomic
+from codea1_core.atomic import replace_dir, sha256_file, write_text_atomic
 from flows.common import UserError, run_user_errors
 
 DEFAULT_DIR = Path("data/benchmarks")
@@ -75,14 +74,6 @@ class Cut(Exception):
     """The connection ended before the whole file arrived (the ``.part`` file keeps what did)."""
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _download(url: str, part: Path) -> None:
     """Append the rest of ``url`` to ``part`` (``Range`` from its size); Cut when the body ends early."""
     have = part.stat().st_size if part.exists() else 0
@@ -116,7 +107,7 @@ def fetch(name: str, data_dir: Path, mirror: str | None = None, attempts: int | 
     url = f"{mirror.rstrip('/')}/{release.file}" if mirror else release.url
     folder = data_dir / release.folder
     final = folder / release.file
-    if final.is_file() and _sha256(final) == release.sha256:
+    if final.is_file() and sha256_file(final) == release.sha256:
         return final
     folder.mkdir(parents=True, exist_ok=True)
     part = folder / f".{release.file}.part"
@@ -139,7 +130,7 @@ def fetch(name: str, data_dir: Path, mirror: str | None = None, attempts: int | 
             f"{name}: {url}: {why}, {size} of {release.size} bytes kept in {part}; "
             f"rerun `codea1 data fetch {name}` to resume"
         )
-    digest = _sha256(part)
+    digest = sha256_file(part)
     if digest != release.sha256:
         part.unlink()
         raise UserError(

@@ -18,7 +18,6 @@ Run: used by ``flows/train.py``; tested by ``tests/tasks/test_checkpoint.py``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -32,7 +31,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from codea1_core.atomic import atomic_dir, write_json_atomic, write_text_atomic
+from codea1_core.atomic import atomic_dir, sha256_file, write_json_atomic, write_text_atomic
 
 STATE_SCHEMA = "codea1.train_state/1"
 MANIFEST = "MANIFEST.json"
@@ -96,18 +95,10 @@ def _prune(root: Path, keep: int, current: str) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def write_manifest(folder: Path) -> None:
     """``MANIFEST.json``: size and sha256 of every file below ``folder`` (written atomically, last)."""
     files = {
-        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
         for p in sorted(folder.rglob("*"))
         if p.is_file() and p.name != MANIFEST
     }
@@ -136,7 +127,7 @@ def verify_checkpoint(folder: Path) -> str | None:
         if path.stat().st_size != size:
             return f"{path}: {path.stat().st_size} bytes, the manifest says {size} (truncated or overwritten)"
     for rel, meta in files.items():
-        if _sha256(folder / rel) != meta["sha256"]:
+        if sha256_file(folder / rel) != meta["sha256"]:
             return f"{folder / rel}: sha256 differs from the manifest (corrupted bytes)"
     _VERIFIED[str(folder)] = manifest.stat().st_mtime_ns
     return None

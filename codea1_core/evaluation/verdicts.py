@@ -158,32 +158,14 @@ _MBPP_NOT_NONE = set(OUTPUT_NOT_NONE)
 
 
 def _special_oracle(problem: Problem, call: str, out: Any, expected: Any, atol: float) -> bool | None:
-    """EvalPlus' special oracles (evalplus/eval/__init__.py); None = use the plain comparison."""
-    ep = problem.entry_point
+    """EvalPlus' special oracles for the plain (non-protocol) check: :func:`_evalplus_exact` with the expected
+    output of a not-None task as a bool and find_zero's default tolerance; None = use the plain comparison."""
+    if problem.source == "mbppplus" and problem.entry_point in _MBPP_NOT_NONE and not isinstance(expected, bool):
+        expected = expected is not None  # ``out`` is already ``r is not None`` (see benchmark_calls)
     try:
-        if problem.source == "humanevalplus" and ep == "find_zero":
-            args = _call_args(call)
-            return args is not None and abs(_poly(*args, out)) <= (atol or 1e-6)
-        if problem.source != "mbppplus":
-            return None
-        if ep == "are_equivalent":
-            return True
-        if ep in _MBPP_SET_EQ:
-            return set(out) == set(expected)
-        if ep in _MBPP_NOT_NONE:  # ``out`` is already ``r is not None`` (see benchmark_calls)
-            return out == (expected if isinstance(expected, bool) else expected is not None)
-        if ep == "sum_div" and out == 0:
-            return True
-        if ep in ("surface_Area", "digit_distance_nums"):
-            args = _call_args(call)
-            if args is None:
-                return None
-            if ep == "surface_Area":
-                return abs(out - _surface_area(*args)) <= atol if out != expected else True
-            return out == expected or out == _digit_distance(*args)
+        return _evalplus_exact(problem, call, out, expected, atol or 1e-6)
     except Exception:  # a wrong-typed output of untrusted code: not a match
         return False
-    return None
 
 
 def call_matches(

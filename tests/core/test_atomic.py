@@ -20,6 +20,7 @@ from codea1_core.atomic import (
     atomic_dir,
     atomic_path,
     replace_dir,
+    sha256_file,
     write_bytes_atomic,
     write_json_atomic,
     write_text_atomic,
@@ -178,3 +179,14 @@ def test_no_other_module_implements_an_atomic_write(repo_root: Path) -> None:
             if n and rel != "flows/prefect_server.py":  # its mkstemp is a log file, never renamed
                 found[rel] = n
     assert found == allowed
+
+
+def test_sha256_file_is_the_checksum_of_the_bytes_read_in_chunks(tmp_path: Path) -> None:
+    import hashlib
+
+    data = bytes(range(256)) * 9000  # > 1 MiB: more than one chunk
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    assert sha256_file(path) == hashlib.sha256(data).hexdigest()
+    (tmp_path / "empty").write_bytes(b"")
+    assert sha256_file(tmp_path / "empty") == hashlib.sha256(b"").hexdigest()
