@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from codea1_core.config import Config, ConfigError
+from codea1_core.config import Config, ConfigError, load_config
 from codea1_core.models import cpu_numerics
 from flows import environment
 from flows.environment import NUMERICS_ENV, NUMERICS_SET_VAR, REPRODUCIBLE_NUMERICS, apply, pin_numerics
@@ -27,9 +27,11 @@ NATIVE_SESSION = os.environ.get(NUMERICS_ENV, "").lower() == "native"
 
 
 @pytest.mark.skipif(NATIVE_SESSION, reason=f"{NUMERICS_ENV}=native: this session runs the CPU's own kernels")
-def test_the_default_is_the_reproducible_mode_and_torch_runs_it():
-    """conftest imports ``flows`` first: MKL and ATen run the pinned levels, and the config's default agrees."""
+def test_the_default_is_the_reproducible_mode_and_torch_runs_it(repo_root):
+    """conftest imports ``flows`` first: MKL and ATen run the pinned levels; the config's default and the shipped
+    ``params.yaml`` (the committed baseline's mode) agree."""
     assert Config().model.cpu_numerics == "reproducible"
+    assert load_config(repo_root / "params.yaml").model.cpu_numerics == "reproducible"
     assert cpu_numerics.mkl_cbwr_branch() == "COMPATIBLE"
     assert torch.backends.cpu.get_cpu_capability() == "AVX2"
     record = cpu_numerics.describe("reproducible")
