@@ -87,3 +87,94 @@ def test_stopping_the_pipeline_during_train_stops_the_stage(
             if r.created and r.created >= started and r.name.startswith("train-")
         ]
     assert [r.state_type.value for r in runs] == ["CANCELLED"], [(r.name, r.state_type) for r in runs]
+
+
+def _stage_pid(repo: Path, stage: str) -> int | None:
+    """The pid of ``python -m flows.<stage>`` running in ``repo`` (dvc starts it in the pipeline's stage group)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if f"flows.{stage}".encode() in argv and cwd == str(repo):
+            return int(proc.name)
+    return None
+
+
+STAGE_SETUP = {
+    # the warm start's SFT runs for minutes: stopped inside an epoch
+    "warmstart": {"lab.warmstart_code_epochs": 400, "lab.warmstart_code_problems_per_family": 4},
+    # the evaluation samples for minutes: stopped while it samples and runs programs
+    "evaluate": {"eval.n_samples": 64, "eval.k_list": [1], "eval.baseline": False},
+}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("stage", sorted(STAGE_SETUP))
+def test_sigterm_to_the_pipeline_during_warm_start_or_evaluate_leaves_nothing_running(
+    prefect_harness, tiny_model, tmp_path, repo_root, stage
+):
+    """The same stop at the two other long stages: no process, no temporary output, no RUNNING flow run."""
+    from prefect.client.orchestration import get_client
+
+    repo = tmp_path / "repo"
+    env = make_repo(repo, tiny_model, repo_root)
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    if stage == "warmstart":
+        params["model"]["code_path"] = "outputs/warmstart/code"
+        params["model"]["test_path"] = "outputs/warmstart/test"
+    for dotted, value in STAGE_SETUP[stage].items():
+        section, key = dotted.split(".")
+        params[section][key] = value
+    stages = {stage: {"cmd": f"{sys.executable} -m flows.{stage} --params params.yaml"}}
+    if stage == "evaluate":  # it reads the prepared lab benchmark
+        params["data"]["prepared_dir"] = "data/prepared"
+        prepare = {
+            "cmd": f"{sys.executable} -m flows.prepare --params params.yaml",
+            "outs": ["data/prepared"],
+        }
+        stages = {"prepare": prepare, "evaluate": {**stages["evaluate"], "deps": ["data/prepared"]}}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
+    started = dt.datetime.now(dt.UTC)
+    proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline"], cwd=repo, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+
+    def running() -> list:
+        with get_client(sync_client=True) as prefect:
+            return [r for r in prefect.read_flow_runs()
+                    if r.created and r.created >= started and r.name.startswith(f"{stage}-")]  # fmt: skip
+
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        if [r for r in running() if r.state_type.value == "RUNNING"]:
+            break
+        time.sleep(0.5)
+    time.sleep(8)  # well inside the stage's work (the SFT epochs, the evaluation's sampling)
+    assert proc.poll() is None, proc.communicate()[0][-3000:]
+    stage_pid = _stage_pid(repo, stage)
+    assert stage_pid is not None
+    proc.send_signal(signal.SIGTERM)
+    try:
+        log, _ = proc.communicate(timeout=200)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("the pipeline did not stop within 200 s") from None
+    orphan = _alive(stage_pid)
+    if orphan:
+        os.kill(stage_pid, signal.SIGKILL)
+    assert not orphan, f"the {stage} stage (pid {stage_pid}) outlived the pipeline:\n{log[-3000:]}"
+    assert proc.returncode == 130, log[-3000:]
+    states = [(r.name, r.state_type.value) for r in running()]
+    assert len(states) == 1 and states[0][1] in ("CANCELLED", "CRASHED"), states
+    leftovers = (
+        [p for p in (repo / "outputs").rglob("*") if p.name.endswith(".tmp")]
+        if (repo / "outputs").exists()
+        else []
+    )
+    assert not leftovers, leftovers
+    locks = [p for p in repo.rglob("*.lock") if p.name != "dvc.lock" and ".dvc" not in p.parts]
+    assert not locks, locks
