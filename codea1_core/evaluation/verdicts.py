@@ -160,7 +160,11 @@ _MBPP_NOT_NONE = set(OUTPUT_NOT_NONE)
 def _special_oracle(problem: Problem, call: str, out: Any, expected: Any, atol: float) -> bool | None:
     """EvalPlus' special oracles for the plain (non-protocol) check: :func:`_evalplus_exact` with the expected
     output of a not-None task as a bool and find_zero's default tolerance; None = use the plain comparison."""
-    if problem.source == "mbppplus" and problem.entry_point in _MBPP_NOT_NONE and not isinstance(expected, bool):
+    if (
+        problem.source == "mbppplus"
+        and problem.entry_point in _MBPP_NOT_NONE
+        and not isinstance(expected, bool)
+    ):
         expected = expected is not None  # ``out`` is already ``r is not None`` (see benchmark_calls)
     try:
         return _evalplus_exact(problem, call, out, expected, atol or 1e-6)
