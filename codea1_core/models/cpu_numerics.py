@@ -61,7 +61,7 @@ def batch_invariant_gemm() -> bool:
 
     True only in MKL's ``COMPATIBLE`` branch: measured (torch 2.13, MKL 2024.2, AMD EPYC), MKL's default mode
     rounds a small batched GEMM (``[9, 16] x [16, 9]`` per batch) differently for 8 and 14 batches, and its
-    other branches pick kernels per CPU. ``tests/core/models/test_shared_decode.py`` checks the split decode under it.
+    other branches pick kernels per CPU. ``tests/core/models/cpu_decode/test_shared_decode.py`` checks the split decode under it.
     """
     return mkl_cbwr_branch() == "COMPATIBLE"
 
