@@ -38,6 +38,25 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _stop(proc: subprocess.Popen, how: str, stage_pid: int, stage: str) -> str:
+    """Stop the pipeline as a terminal (``ctrl-c``: SIGINT to its group) or a service manager (SIGTERM) does; its
+    log. Fails if it does not exit within 200 s or the stage's process outlives it (which is then killed)."""
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: the foreground process group
+    else:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        log, _ = proc.communicate(timeout=200)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("the pipeline did not stop within 200 s") from None
+    orphan = _alive(stage_pid)
+    if orphan:  # do not leave it running on
+        os.kill(stage_pid, signal.SIGKILL)
+    assert not orphan, f"the {stage} stage (pid {stage_pid}) outlived the pipeline:\n{log[-3000:]}"
+    return log
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_stopping_the_pipeline_during_train_stops_the_stage(
@@ -62,19 +81,7 @@ def test_stopping_the_pipeline_during_train_stops_the_stage(
         time.sleep(0.1)
     assert proc.poll() is None, proc.communicate()[0][-3000:]
     stage_pid = json.loads((out / "train.lock").read_text())["pid"]
-    if how == "ctrl-c":
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: the foreground process group
-    else:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        log, _ = proc.communicate(timeout=200)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError("the pipeline did not stop within 200 s") from None
-    orphan = _alive(stage_pid)
-    if orphan:  # do not leave it training on
-        os.kill(stage_pid, signal.SIGKILL)
-    assert not orphan, f"the train stage (pid {stage_pid}) outlived the pipeline:\n{log[-3000:]}"
+    log = _stop(proc, how, stage_pid, "train")
     assert proc.returncode == 130, log[-3000:]
     assert not (out / "train.lock").exists()
     run_id = json.loads((out / "checkpoints" / "run.json").read_text())["run_id"]
@@ -157,16 +164,7 @@ def test_sigterm_to_the_pipeline_during_warm_start_or_evaluate_leaves_nothing_ru
     assert proc.poll() is None, proc.communicate()[0][-3000:]
     stage_pid = _stage_pid(repo, stage)
     assert stage_pid is not None
-    proc.send_signal(signal.SIGTERM)
-    try:
-        log, _ = proc.communicate(timeout=200)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError("the pipeline did not stop within 200 s") from None
-    orphan = _alive(stage_pid)
-    if orphan:
-        os.kill(stage_pid, signal.SIGKILL)
-    assert not orphan, f"the {stage} stage (pid {stage_pid}) outlived the pipeline:\n{log[-3000:]}"
+    log = _stop(proc, "sigterm", stage_pid, stage)
     assert proc.returncode == 130, log[-3000:]
     states = [(r.name, r.state_type.value) for r in running()]
     assert len(states) == 1 and states[0][1] in ("CANCELLED", "CRASHED"), states
