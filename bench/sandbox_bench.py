@@ -26,8 +26,9 @@ Run: ``python bench/sandbox_bench.py [--trivial 2000] [--workers 2] [--data-dir 
 
 With ``--deny-compare`` it measures instead the CPU per program with the deny-by-default layers (the
 seccomp allow-list, Landlock, a fresh keyring per program) and without (``deny="off"``), and with each
-call in its own process (``isolate_calls``, the pipeline's default), in one run of interleaved rounds,
-beside the fork floor (goal: the filter within 5 % of without).
+call in its own process (``isolate_calls``, the pipeline's default), in one run of rounds whose arms
+run in a shuffled order, as ratios within each round (median and range) beside an A/A control (the
+noise of the machine alone) and the fork floor (goal: the filter within 5 % of without).
 
 ``--ray`` (needs ``pip install -e '.[ray]'``) measures instead, on the same two workloads in one run, the
 process pool beside the Ray backend on one node (a local Ray runtime, one actor owning a pool of ``--workers``
@@ -41,6 +42,7 @@ import argparse
 import collections
 import json
 import os
+import random
 import resource
 import statistics
 import subprocess
@@ -90,6 +92,52 @@ def fork_floor_ms(forks: int = 2000) -> float:
     return float(proc.stdout.strip())
 
 
+SET_UP = """
+import os, resource, statistics, sys
+sys.path.insert(0, sys.argv[2])
+from sandbox import landlock, limits, syscall_filter
+n = int(sys.argv[1])
+load = syscall_filter.loader(syscall_filter.build_filters("eperm")[1])
+limits.prctl(limits.PR_SET_NO_NEW_PRIVS, 1)  # (this helper process only)
+ruleset = landlock.make_ruleset(list(limits.python_keep_paths()), ["/tmp"])[0]
+restrict = landlock.restrict_function()
+def child_us(kind):
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for _ in range(n):
+        pid = os.fork()
+        if pid == 0:
+            if kind != "landlock" and kind != "none":
+                load()
+            if kind != "seccomp" and kind != "none" and ruleset >= 0:
+                restrict(446, ruleset, 0)
+            os._exit(0)
+        os.waitpid(pid, 0)
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return 1e6 * (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / n
+kinds = ("none", "seccomp", "landlock", "both")
+got = {k: [] for k in kinds}
+for _ in range(5):
+    for k in kinds:
+        got[k].append(child_us(k))
+base = statistics.median(got["none"])
+print(" ".join(f"{statistics.median(got[k]) - base:.0f}" for k in kinds[1:]))
+"""
+
+
+def set_up_cost_us(forks: int = 2000) -> tuple[float, float, float]:
+    """Microseconds of CPU a forked child spends loading its seccomp filter, joining the Landlock
+    ruleset, and both, over a bare fork+exit (medians of 5 rounds, in a fresh helper process that sets
+    no-new-privs on itself): the deny layers' own per-program cost, with far less noise than whole pools."""
+    proc = subprocess.run(
+        [sys.executable, "-s", "-P", "-c", SET_UP, str(forks), str(Path(__file__).resolve().parents[1])],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    seccomp, landlock, both = (float(x) for x in proc.stdout.split())
+    return seccomp, landlock, both
+
+
 def _tree_cpu_s(pid: int) -> float:
     """CPU seconds of a process, its reaped children and (recursively) its live descendants: a worker's
     zygote is alive until the pool closes, and the children it reaped count in its own stat line."""
@@ -135,24 +183,51 @@ def cpu_per_program_ms(
 def deny_compare(rounds: int, workers: int, suites: dict[str, list[tuple[str, list[str]]]]) -> None:
     """CPU per program with the deny-by-default layers (seccomp allow-list, Landlock, fresh keyrings) and
     without, and with each call in its own process (``isolate_calls``, the pipeline's default), in ONE
-    run: interleaved rounds (off, on, on+isolated, then reversed), medians, the fork floor before/after."""
+    run, beside the fork floor.
+
+    How it estimates: each round measures every arm once, in an order shuffled per round (seeded), and
+    the ratios are taken within the round (``on / off``), so a slow spell of the shared machine moves
+    both sides of a ratio alike; the report is the median over rounds, with its range. An A/A arm
+    (``off`` measured twice in the round) shows what ratio the machine's noise alone gives: a filter
+    cost is only read as real where it stands clear of that.
+    """
     floors = [fork_floor_ms()]
-    arms = (("off", False), ("on", False), ("on", True))
-    got: dict[tuple[str, str, bool], list[float]] = collections.defaultdict(list)
+    arms = (("off", False), ("off (A/A)", False), ("on", False), ("on", True))
+    got: dict[tuple[str, int], list[float]] = collections.defaultdict(list)  # (suite, arm) -> per round
     for r in range(rounds):
-        for deny, isolate in arms if r % 2 == 0 else arms[::-1]:
+        order = list(range(len(arms)))
+        random.Random(r).shuffle(order)
+        for a in order:
+            deny, isolate = arms[a]
             for suite, jobs in suites.items():
-                got[suite, deny, isolate].append(cpu_per_program_ms(jobs, workers, deny, isolate))
+                got[suite, a].append(cpu_per_program_ms(jobs, workers, deny.split()[0], isolate))
     floors.append(fork_floor_ms())
     floor_ms = statistics.mean(floors)
     print(f"  fork+exit+wait floor (bare python3, before/after): {floors[0]:.3f} / {floors[1]:.3f} ms CPU")
+    seccomp_us, landlock_us, both_us = set_up_cost_us()
+    print(
+        f"  per-child set-up over a bare fork (direct forks, medians of 5): seccomp filter {seccomp_us:.0f} us,"
+        f" Landlock {landlock_us:.0f} us, both {both_us:.0f} us"
+    )
+
+    def ratio(suite: str, a: int, b: int) -> str:
+        per_round = [x / y for x, y in zip(got[suite, a], got[suite, b], strict=True)]
+        return f"{statistics.median(per_round):.3f} (rounds {min(per_round):.3f}-{max(per_round):.3f})"
+
     for suite, jobs in suites.items():
-        off, on, iso = (statistics.median(got[suite, d, i]) for d, i in arms)
+        off, _, on, iso = (statistics.median(got[suite, a]) for a in range(len(arms)))
         calls = sum(len(c) for _, c in jobs) / len(jobs)
-        print(f"\n{suite} ({len(jobs)} programs, {calls:.1f} calls each; medians of {rounds} rounds)")
-        print(f"  CPU ms/program  filter off {off:.3f}   filter on {on:.3f}   on + isolated calls {iso:.3f}")
-        print(f"  filter on / off: {on / off:.3f} (goal <= 1.05)   isolated calls / on: {iso / on:.3f}")
+        print(f"\n{suite} ({len(jobs)} programs, {calls:.1f} calls each; {rounds} rounds, shuffled)")
+        print(
+            f"  CPU ms/program (medians)  filter off {off:.3f}   filter on {on:.3f}   on + isolated calls {iso:.3f}"
+        )
+        print(f"  filter on / off:   {ratio(suite, 2, 0)}   goal <= 1.05")
+        print(f"  off / off (A/A):   {ratio(suite, 1, 0)}   the machine's noise")
+        print(f"  isolated calls / on: {ratio(suite, 3, 2)}")
         print(f"  vs the floor ({floor_ms:.2f} ms): off {off / floor_ms:.2f} x, on {on / floor_ms:.2f} x")
+        print(
+            f"  the layers' set-up alone: {both_us / 1000 / off:.1%} of a program's CPU with the filter off"
+        )
 
 
 def run_baseline(jobs: list[tuple[str, list[str]]], workers: int) -> tuple[float, float]:
@@ -345,7 +420,10 @@ def main() -> None:
         "--deny-compare", action="store_true", help="CPU/program with the syscall filter vs without instead"
     )
     parser.add_argument(
-        "--rounds", type=int, default=3, help="--compare-ref: interleaved rounds; --ray: alternating rounds"
+        "--rounds",
+        type=int,
+        default=3,
+        help="--compare-ref, --deny-compare: interleaved rounds; --ray: alternating rounds",
     )
     args = parser.parse_args()
     print(f"cores {os.cpu_count()}, load average {os.getloadavg()[0]:.2f} (shared machine: numbers vary)")
