@@ -9,6 +9,8 @@ What it does, top to bottom:
   3. Print the learning table (:mod:`flows.summary`).
   4. Stop the server — also after a failed stage, Ctrl-C or SIGTERM: ``dvc`` runs in its own process group,
      which gets SIGTERM first; the server stops once every process in it has exited (bounded wait).
+     Even SIGKILL of this process leaves nothing running: a small guard process (:data:`GUARD`) learns of
+     our death from the kernel (``PR_SET_PDEATHSIG``) and stops the group the same way.
 
 How to run: ``make run`` or ``python -m flows.pipeline [dvc repro arguments, e.g. train -f]``.
 """
@@ -25,10 +27,48 @@ from pathlib import Path
 
 from flows import summary
 from flows.common import child_env
-from flows.prefect_server import ServerStartError, shared_api, sigterm_as_interrupt
+from flows.prefect_server import ServerStartError, die_with_parent, shared_api, sigterm_as_interrupt
 
 CHILD_STOP_TIMEOUT_S = 120.0
 """After SIGTERM a stage finishes its current task and checkpoints; what is left of it then is killed."""
+
+
+GUARD = r"""
+import os, signal, sys, time
+pgid, timeout_s, runner = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+def alive():
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+def stop(*_):
+    print(f"pipeline: the pipeline process died; stopping its stage (process group {pgid}, up to {timeout_s:.0f} s)",
+          file=sys.stderr, flush=True)
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        os._exit(0)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and alive():
+        time.sleep(0.2)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os._exit(0)
+signal.signal(signal.SIGTERM, stop)
+if os.getppid() != runner:  # the runner died before the death signal was armed
+    stop()
+while True:
+    signal.pause()
+"""
+"""The guard of :func:`run_child`: on SIGTERM (the kernel sends it when the pipeline process dies, however it
+dies) it stops the stage's process group as :func:`stop_group` does, then exits; the pipeline kills it once
+the group is done. A separate ``python -c`` process, in its own session: no signal meant for the group or
+the terminal reaches it."""
 
 
 def _dvc() -> str:
@@ -42,14 +82,24 @@ def run_child(cmd: list[str], stop_timeout_s: float = CHILD_STOP_TIMEOUT_S) -> i
 
     Its own group: Ctrl-C in a terminal reaches this process only, which then stops ``dvc`` and the stage it
     runs together; before, the stage (never signalled, or signalled while its Prefect API went away) was left
-    training on, holding the workspace lock.
+    training on, holding the workspace lock. Should this process be killed outright (SIGKILL, the OOM killer),
+    the :data:`GUARD` process stops the group instead.
     """
     proc = subprocess.Popen(cmd, env=child_env(), start_new_session=True)
+    guard = subprocess.Popen(
+        [sys.executable, "-c", GUARD, str(proc.pid), str(stop_timeout_s), str(os.getpid())],
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+        stdin=subprocess.DEVNULL,
+    )
     try:
         return proc.wait()
     except KeyboardInterrupt:
         stop_group(proc, stop_timeout_s)
         raise
+    finally:
+        guard.kill()  # the group is done (or stopped): nothing left to guard
+        guard.wait()
 
 
 def _group_alive(pgid: int) -> bool:

@@ -79,8 +79,9 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "(no server log)"
 
 
-def _die_with_parent() -> None:
-    """In the server's process (before exec): get SIGTERM when the pipeline process dies, even by SIGKILL.
+def die_with_parent() -> None:
+    """In a child process (before exec: the server, the stage guard): get SIGTERM when the pipeline process
+    dies, even by SIGKILL.
 
     Linux only (``prctl(PR_SET_PDEATHSIG)``); elsewhere the ``finally`` clause of :func:`shared_api` is all.
     """
@@ -125,7 +126,7 @@ def shared_api(timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[str]:
     env = {**os.environ, **SERVICES_ENV}
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
+                                start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
     try:
         deadline = time.monotonic() + timeout_s
         while not _healthy(api_url):
