@@ -158,6 +158,13 @@ def run_guarded(cfg: Config, start: Callable[[], dict[str, Any]]) -> dict[str, A
         Exception
     ) as exc:  # a disk error anywhere in the chain (a writer may wrap it): one line naming the path
         disk = next((e for e in _chain(exc) if isinstance(e, OSError) and e.errno in DISK_ERRNOS), None)
+        if disk is None and store_locked(exc):
+            from tasks.tracking import tracking_uri
+
+            raise UserError(
+                f"the MLflow store ({tracking_uri(cfg)}) stayed locked by another process through "
+                "every retry (sqlite: database is locked); stop the process writing to it and rerun to resume"
+            ) from None
         if disk is None:
             raise
         raise UserError(f"{disk.filename or cfg.orchestration.checkpoint_dir}: {disk.strerror}") from None
@@ -168,6 +175,12 @@ def _chain(exc: BaseException | None) -> Iterator[BaseException]:
     while exc is not None:
         yield exc
         exc = exc.__cause__ or exc.__context__
+
+
+def store_locked(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) is sqlite's "database is locked": another process holds the MLflow
+    store's write lock past its busy timeout (20 s in MLflow). A wait, not a failure of ours."""
+    return any("database is locked" in str(e) for e in _chain(exc))
 
 
 def final_state(summary: dict[str, Any]) -> Any:
@@ -185,8 +198,12 @@ def final_state(summary: dict[str, Any]) -> Any:
 # --------------------------------------------------------------------------------------------------
 
 
+STORE_LOCKED_LINE = "the MLflow store is locked by another process (sqlite: database is locked)"
+
+
 class _UserErrorFilter(logging.Filter):
-    """Drop the traceback Prefect attaches when a flow or task fails with a user error (one line is enough)."""
+    """Drop the traceback Prefect attaches when a flow or task fails with a user error (one line is enough);
+    a task that failed because the MLflow store was locked (and is retried) gets one short line too."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
@@ -194,15 +211,38 @@ class _UserErrorFilter(logging.Filter):
             isinstance(exc, OSError) and exc.errno in DISK_ERRNOS
         ):
             record.exc_info, record.exc_text = None, None
+        elif exc is not None and store_locked(exc):
+            text = record.getMessage()
+            retry = text[text.find(" - Retry") :] if " - Retry" in text else ""
+            record.msg, record.args = f"{text.split(':', 1)[0]}: {STORE_LOCKED_LINE}{retry}", ()
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+class _StoreLockedFilter(logging.Filter):
+    """MLflow logs every "database is locked" with its SQL and two tracebacks before raising it (which the task's
+    retries and :func:`run_guarded` handle): one line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and store_locked(exc):
+            record.msg, record.args = f"{STORE_LOCKED_LINE}; waited 20 s, the step is retried", ()
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text = None, None
         return True
 
 
 def quiet_user_error_tracebacks() -> None:
-    """Install :class:`_UserErrorFilter` on Prefect's run loggers (once)."""
-    for name in ("prefect.flow_runs", "prefect.task_runs"):
+    """Install :class:`_UserErrorFilter` on Prefect's run loggers and :class:`_StoreLockedFilter` on MLflow's
+    database logger (once each)."""
+    for name, kind in (
+        ("prefect.flow_runs", _UserErrorFilter),
+        ("prefect.task_runs", _UserErrorFilter),
+        ("mlflow.store.db.utils", _StoreLockedFilter),
+    ):
         logger = logging.getLogger(name)
-        if not any(isinstance(f, _UserErrorFilter) for f in logger.filters):
-            logger.addFilter(_UserErrorFilter())
+        if not any(isinstance(f, kind) for f in logger.filters):
+            logger.addFilter(kind())
 
 
 def quiet_console() -> None:
