@@ -98,7 +98,16 @@ def stage_main(
     params, overrides = parse_stage_args(argv, description, prog)
 
     def go() -> None:
-        load_stage_config(params, overrides)
+        try:
+            load_stage_config(params, overrides)
+        except ConfigError as exc:
+            stage = os.environ.get("DVC_STAGE")  # set by DVC for a stage's command
+            if stage:  # DVC deleted the stage's outputs before it ran the command: say how to get them back
+                raise ConfigError(
+                    f"{exc} (DVC removed stage {stage!r}'s outputs before running it: `dvc checkout {stage}` "
+                    "restores the cached ones, `git checkout outputs/` the versioned ones)"
+                ) from None
+            raise
         run(params, overrides)
 
     return run_user_errors(go)

@@ -158,3 +158,23 @@ def test_disk_full_and_read_only_errors_are_one_line_naming_the_path(tmp_path, c
     assert last == f"error: {tmp_path / 'train' / 'x.pt'}: {os.strerror(getattr(errno, code))}"
     assert "OSError" not in err and ", in full" not in err  # no traceback of the failure (capsys may show a
     # "--- Logging error ---" of Prefect's console handler still bound to an earlier test's stream)
+
+
+@pytest.mark.parametrize("under_dvc", [True, False])
+def test_a_refused_value_under_dvc_says_how_to_restore_the_outputs(tmp_path, capsys, monkeypatch, under_dvc):
+    """``dvc exp run -S reward.alpha=2``: DVC deletes the train stage's outputs before it runs the command that
+    refuses the value (DVC gives a stage no earlier hook); the one line says so and how to get them back."""
+    from flows.common import stage_main
+
+    ran = []
+    if under_dvc:
+        monkeypatch.setenv("DVC_STAGE", "train")
+    else:
+        monkeypatch.delenv("DVC_STAGE", raising=False)
+    params = tmp_path / "params.yaml"
+    params.write_text("reward:\n  alpha: 2\n")
+    assert stage_main(lambda p, o: ran.append(p), "train", ["--params", str(params)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "reward.alpha" in err[0], err
+    assert ("`dvc checkout train` restores" in err[0]) is under_dvc, err
+    assert ran == []
