@@ -38,6 +38,13 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _as_foreground_job() -> None:
+    """In the pipeline's process (before exec): SIGINT at its default, as for a terminal's foreground job, whatever
+    this test process inherited (a shell starts a background job, e.g. ``pytest ... &``, with SIGINT ignored, and
+    the pipeline would inherit that and never see the Ctrl-C this test sends)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _stop(proc: subprocess.Popen, how: str, stage_pid: int, stage: str) -> str:
     """Stop the pipeline as a terminal (``ctrl-c``: SIGINT to its group) or a service manager (SIGTERM) does; its
     log. Fails if it does not exit within 200 s or the stage's process outlives it (which is then killed)."""
@@ -72,7 +79,8 @@ def test_stopping_the_pipeline_during_train_stops_the_stage(
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     started = dt.datetime.now(dt.UTC)
     proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline"], cwd=repo, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=_as_foreground_job)  # fmt: skip
     out = repo / "outputs" / "train"
     deadline = time.monotonic() + 400
     while (
@@ -148,7 +156,8 @@ def test_sigterm_to_the_pipeline_during_warm_start_or_evaluate_leaves_nothing_ru
     (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
     started = dt.datetime.now(dt.UTC)
     proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline"], cwd=repo, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=_as_foreground_job)  # fmt: skip
 
     def running() -> list:
         with get_client(sync_client=True) as prefect:
