@@ -60,6 +60,7 @@ def stop(*_):
         pass
     os._exit(0)
 signal.signal(signal.SIGTERM, stop)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked since the fork: a SIGTERM is delivered now
 if os.getppid() != runner:  # the runner died before the death signal was armed
     stop()
 while True:
@@ -69,6 +70,13 @@ while True:
 dies) it stops the stage's process group as :func:`stop_group` does, then exits; the pipeline kills it once
 the group is done. A separate ``python -c`` process, in its own session: no signal meant for the group or
 the terminal reaches it."""
+
+
+def _guard_preexec() -> None:
+    """In the guard (before exec): SIGTERM when the runner dies, and SIGTERM blocked until the guard's handler is
+    installed (a runner killed while the guard starts up would otherwise kill the guard instead)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    die_with_parent()
 
 
 def _dvc() -> str:
@@ -89,7 +97,7 @@ def run_child(cmd: list[str], stop_timeout_s: float = CHILD_STOP_TIMEOUT_S) -> i
     guard = subprocess.Popen(
         [sys.executable, "-c", GUARD, str(proc.pid), str(stop_timeout_s), str(os.getpid())],
         start_new_session=True,
-        preexec_fn=die_with_parent,
+        preexec_fn=_guard_preexec,
         stdin=subprocess.DEVNULL,
     )
     try:
