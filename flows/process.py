@@ -203,13 +203,18 @@ STORE_LOCKED_LINE = "the MLflow store is locked by another process (sqlite: data
 
 class _UserErrorFilter(logging.Filter):
     """Drop the traceback Prefect attaches when a flow or task fails with a user error (one line is enough);
-    a task that failed because the MLflow store was locked (and is retried) gets one short line too."""
+    a task that failed because the MLflow store was locked (and is retried), and a served flow run that SIGTERM
+    stopped (Prefect's engine logs the ``CancelledRun`` as an unexpected exception), get one short line too."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, UserError | ConfigError) or (
             isinstance(exc, OSError) and exc.errno in DISK_ERRNOS
         ):
+            record.exc_info, record.exc_text = None, None
+        elif type(exc).__name__ == "CancelledRun":  # SIGTERM stopped it (final_state): not an engine crash
+            record.msg, record.args = f"the flow run ended CANCELLED: {exc}", ()
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
             record.exc_info, record.exc_text = None, None
         elif exc is not None and store_locked(exc):
             text = record.getMessage()

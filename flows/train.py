@@ -54,6 +54,7 @@ def train_flow(
     """Prefect entry point (DVC stage, CLI and the ``train/codea1-train`` deployment): a params file +
     ``key=value`` overrides (``mode=golden``, ...), trained into ``run_dir`` when given (``flows.common``)."""
     cfg = flow_config(params, overrides, run_dir)
+    process.quiet_user_error_tracebacks()  # (also where a deployment runs this flow without the stage entry)
     record_numerics(cfg, "train")
     return process.final_state(train(cfg))  # CANCELLED after SIGTERM
 

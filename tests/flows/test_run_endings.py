@@ -33,3 +33,37 @@ def test_a_failure_in_setup_ends_the_mlflow_run_failed(
     assert run_id is not None
     assert MlflowClient(tracking_uri=uri).get_run(run_id).info.status == "FAILED"
     assert not (tmp_path / "train" / ckpt.LOCK_NAME).exists()
+
+
+def test_a_served_run_stopped_by_sigterm_ends_in_one_line_not_an_engine_traceback() -> None:
+    """``codea1 serve`` stopped with SIGTERM during a training run: the run stops after its current task and
+    returns a Cancelled state, which Prefect's engine process re-raises as ``CancelledRun`` and logged as
+    "Engine execution exited with unexpected exception" with a 40-line traceback. Now: one line (the real
+    ``CancelledRun`` of a real Cancelled state, logged as the engine logs it)."""
+    import logging
+
+    from prefect.states import Cancelled
+
+    from flows.process import quiet_user_error_tracebacks
+
+    quiet_user_error_tracebacks()
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(self.format(record))
+
+    handler = Collect()
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    logger = logging.getLogger("prefect.flow_runs")
+    logger.addHandler(handler)
+    try:
+        try:
+            Cancelled(message="stopped by SIGTERM after iteration 1 (checkpointed)").result()
+        except BaseException:
+            logger.error("Engine execution exited with unexpected exception", exc_info=True)
+    finally:
+        logger.removeHandler(handler)
+    assert lines == [
+        "WARNING: the flow run ended CANCELLED: stopped by SIGTERM after iteration 1 (checkpointed)"
+    ], lines
