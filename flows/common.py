@@ -66,6 +66,18 @@ def load_stage_config(params: str, overrides: list[str]) -> Config:
     return cfg
 
 
+def stage_task(task: Any, *args: Any) -> Any:
+    """Run ``task`` as a Prefect task run when called inside a flow run (a named step of the stage in the Prefect
+    UI), as its plain function otherwise (a test or bench calling the stage's function directly). Arguments that
+    are not plain values are passed ``quote``-d: Prefect does not walk them (problem sets, metric dicts)."""
+    from prefect.context import FlowRunContext
+    from prefect.utilities.annotations import quote
+
+    if FlowRunContext.get() is None:
+        return getattr(task, "fn", task)(*args)
+    return task(*(a if isinstance(a, int | float | str | bool | type(None)) else quote(a) for a in args))
+
+
 def run_user_errors(fn: Callable[[], Any]) -> int:
     """Run ``fn``; turn user mistakes (ConfigError, UserError) into one line on stderr and exit code 2."""
     try:

@@ -55,7 +55,7 @@ from codea1_core.data.prepared import (
 )
 from codea1_core.types import CallOutcome, Problem
 from codea1_core.values import decode, encode
-from flows.common import UserError, flow_config, flow_run_name, stage_main
+from flows.common import UserError, flow_config, flow_run_name, stage_main, stage_task
 from tasks.execute import run_jobs
 
 log = logging.getLogger(__name__)
@@ -338,9 +338,9 @@ def prepare(cfg: Config) -> dict[str, Any]:
     outcomes = iter(_run_references(cfg, flat, out_dir.parent / "cache" / "expected", report))
     final = {group: _verify(cfg, group, problems, [next(outcomes) for _ in problems], report)
              for group, problems in loaded.items()}  # fmt: skip
-    for group, problems in final.items():  # .fn: a task run would walk every test value as an input
+    for group, problems in final.items():  # (stage_task passes them quote-d: Prefect does not walk the tests)
         if problems:
-            validate_problems.fn(problems, out_dir / "quality" / f"{group}.json")
+            stage_task(validate_problems, problems, out_dir / "quality" / f"{group}.json")
         report["outputs"][group] = {"problems": len(problems), "tests": sum(len(p.tests) for p in problems),
                                     "plus_tests": sum(len(p.plus_tests) for p in problems)}  # fmt: skip
     for group, problems in final.items():  # write only after every set passed

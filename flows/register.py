@@ -19,11 +19,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
 
 from codea1_core.atomic import write_json_atomic
 from codea1_core.config import Config
-from flows.common import UserError, flow_config, flow_run_name, resolve_run_dir, stage_main
+from flows.common import UserError, flow_config, flow_run_name, resolve_run_dir, stage_main, stage_task
 from tasks.tracking import MODEL_NAMES, alias_info, latest_version, log_to_run, set_alias
 
 DECISION_PATH = Path("outputs/register.json")
@@ -94,8 +95,10 @@ def _versions(cfg: Config, done: dict[str, Any] | None) -> dict[str, str]:
     return found
 
 
-def _judge(cfg: Config, role: str, version: str, metric: str, metrics: dict, source: Path) -> dict[str, Any]:
-    """Compare one role's version on its own metric; set the alias and tag the version with the numbers."""
+@task(name="judge", task_run_name="judge[{role}]", cache_policy=NO_CACHE)
+def judge(cfg: Config, role: str, version: str, metric: str, metrics: dict, source: Path) -> dict[str, Any]:
+    """Compare one role's version on its own metric; set the alias and tag the version with the numbers (a task
+    run of the register flow)."""
     name = MODEL_NAMES[role]
     new = metric_value(metrics, metric, source)
     base = metrics.get(f"warmstart/{metric}")
@@ -128,7 +131,10 @@ def register(cfg: Config, eval_path: Path | None = None, out_path: Path = DECISI
             "no registered model versions found: run the train stage with tracking.register: true"
         )
     targets = promote_metrics(cfg)
-    models = {role: _judge(cfg, role, v, targets[role], metrics, eval_path) for role, v in versions.items()}
+    models = {
+        role: stage_task(judge, cfg, role, v, targets[role], metrics, eval_path)
+        for role, v in versions.items()
+    }
     code = models.get("code") or next(iter(models.values()))
     decision: dict[str, Any] = {"metric": code["metric"], "new": code["new"], "models": models,
                                 "decision": code["alias"], "champion_value": code["champion_value"]}  # fmt: skip

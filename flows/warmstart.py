@@ -24,12 +24,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
 
 from codea1_core.atomic import replace_dir, temp_dir_for, write_json_atomic
 from codea1_core.config import Config, LabConfig, load_config
 from codea1_core.types import Problem
-from flows.common import flow_config, flow_run_name, record_numerics, stage_main
+from flows.common import flow_config, flow_run_name, record_numerics, stage_main, stage_task
 
 log = logging.getLogger("codea1.warmstart")
 
@@ -82,11 +83,35 @@ def _param_count(model_dir: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+@task(name="build_base", cache_policy=NO_CACHE)
+def build_base(cfg: Config, out: Path) -> Path:
+    """The tiny base model, its tokenizer trained on the lab's corpus (a task run of the warmstart flow)."""
+    from codea1_core.data.lab import tokenizer_corpus
+    from codea1_core.models.tiny_model import build_tiny_model
+
+    lab = cfg.lab
+    return build_tiny_model(
+        out, tokenizer_corpus(lab, k=cfg.reward.k), hidden_size=lab.hidden_size, num_layers=lab.num_layers,
+        num_heads=lab.num_heads, intermediate_size=lab.intermediate_size, vocab_size=lab.vocab_size,
+        max_position_embeddings=lab.max_position_embeddings, seed=cfg.seed,
+    )  # fmt: skip
+
+
+@task(name="sft", task_run_name="sft[{role}]", cache_policy=NO_CACHE)
+def sft(cfg: Config, role: str, base: Path, examples: list, out: Path) -> dict[str, Any]:
+    """One role's supervised fine-tuning from the base model (a task run of the warmstart flow)."""
+    from codea1_core.models.sft import supervised_finetune
+
+    lab = cfg.lab
+    return supervised_finetune(
+        base, examples, out, epochs=epochs_of(lab, role), lr=lab.warmstart_lr, seed=cfg.seed,
+        batch_size=lab.warmstart_batch_size, max_length=lab.max_position_embeddings,
+    )  # fmt: skip
+
+
 def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
     """Build the tiny base model and fine-tune each role; returns the metrics written to ``metrics.json``."""
-    from codea1_core.data.lab import tokenizer_corpus, warmstart_code_problems, warmstart_examples
-    from codea1_core.models.sft import supervised_finetune
-    from codea1_core.models.tiny_model import build_tiny_model
+    from codea1_core.data.lab import warmstart_code_problems, warmstart_examples
 
     t0 = time.perf_counter()
     dirs = role_dirs(cfg, root)
@@ -100,11 +125,7 @@ def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
         replace_dir(tmp, root)
         return metrics
     try:
-        base = build_tiny_model(
-            tmp / "base", tokenizer_corpus(lab, k=k), hidden_size=lab.hidden_size, num_layers=lab.num_layers,
-            num_heads=lab.num_heads, intermediate_size=lab.intermediate_size, vocab_size=lab.vocab_size,
-            max_position_embeddings=lab.max_position_embeddings, seed=cfg.seed,
-        )  # fmt: skip
+        base = stage_task(build_base, cfg, tmp / "base")
         t_base = time.perf_counter() - t0
         problems = training_problems(cfg)
         metrics: dict[str, Any] = {"skipped": False, "n_problems": len(problems), "time/base_s": t_base,
@@ -115,10 +136,7 @@ def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
             examples = warmstart_examples(role_problems, role, lab, cfg.seed, k=k)
             if cfg.mode == "selfplay":  # one model plays both roles with black-box test prompts (D10)
                 examples += warmstart_examples(problems, "test", lab, cfg.seed, k=k, blackbox=True)
-            stats = supervised_finetune(
-                base, examples, tmp / rel, epochs=epochs_of(lab, role), lr=lab.warmstart_lr, seed=cfg.seed,
-                batch_size=lab.warmstart_batch_size, max_length=lab.max_position_embeddings,
-            )  # fmt: skip
+            stats = stage_task(sft, cfg, role, base, examples, tmp / rel)
             metrics[f"{role}/n_examples"] = len(examples)
             metrics |= {f"{role}/{key}": v for key, v in stats.items() if isinstance(v, int | float | str)}
             metrics[f"time/sft_{role}_s"] = time.perf_counter() - t_role
