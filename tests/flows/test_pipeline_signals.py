@@ -128,11 +128,12 @@ STAGE_SETUP = {
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 @pytest.mark.parametrize("stage", sorted(STAGE_SETUP))
-def test_sigterm_to_the_pipeline_during_warm_start_or_evaluate_leaves_nothing_running(
-    prefect_harness, tiny_model, tmp_path, repo_root, stage
+def test_stopping_the_pipeline_during_warm_start_or_evaluate_leaves_nothing_running(
+    prefect_harness, tiny_model, tmp_path, repo_root, stage, how
 ):
-    """The same stop at the two other long stages: no process, no temporary output, no RUNNING flow run."""
+    """The same stops at the two other long stages: no process, no temporary output, no RUNNING flow run."""
     from prefect.client.orchestration import get_client
 
     repo = tmp_path / "repo"
@@ -173,7 +174,7 @@ def test_sigterm_to_the_pipeline_during_warm_start_or_evaluate_leaves_nothing_ru
     assert proc.poll() is None, proc.communicate()[0][-3000:]
     stage_pid = _stage_pid(repo, stage)
     assert stage_pid is not None
-    log = _stop(proc, "sigterm", stage_pid, stage)
+    log = _stop(proc, how, stage_pid, stage)
     assert proc.returncode == 130, log[-3000:]
     states = [(r.name, r.state_type.value) for r in running()]
     assert len(states) == 1 and states[0][1] in ("CANCELLED", "CRASHED"), states
