@@ -164,9 +164,12 @@ def main(params: str = "params.yaml") -> int:
             "registry:   "
             + ", ".join(f"{k}={_fmt(v)}" for k, v in register.items() if not isinstance(v, dict))
         )
+    from tasks.tracking import MLFLOW_UI, MLFLOW_UI_VIEW
+
     print("\nWhere to look:")
     print(
-        f"  MLflow runs + registry : make ui -> http://127.0.0.1:5000  (store: {cfg.tracking.tracking_uri})"
+        f"  MLflow runs + registry : make ui -> {MLFLOW_UI}/#/experiments{MLFLOW_UI_VIEW}"
+        f"  (store: {cfg.tracking.tracking_uri})"
     )
     print("  registered models      : codea1-code, codea1-test (aliases: champion / candidate)")
     print("  DVC metrics and plots  : .venv/bin/dvc metrics show ; .venv/bin/dvc plots show")

@@ -404,9 +404,8 @@ def _global_tracking_uri(uri: str) -> Iterator[None]:
     """MLflow's sqlite registry looks a ``models:/<id>`` source up through the process-global tracking URI, not
     the client's (a TODO in its store): set it for the block, then restore it and ``MLFLOW_TRACKING_URI``
     (which ``mlflow.set_tracking_uri`` also exports) exactly as they were."""
-    from mlflow.tracking._tracking_service import utils as tracking_utils
-
     import mlflow
+    from mlflow.tracking._tracking_service import utils as tracking_utils
 
     saved_global, saved_env = tracking_utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(uri)
@@ -628,6 +627,10 @@ def training_run_id(cfg: Config) -> str | None:
 
 MLFLOW_UI = "http://127.0.0.1:5000"
 """Where ``codea1 ui`` / ``make ui`` serve the MLflow UI (the report's links point there)."""
+MLFLOW_UI_VIEW = "?workflowType=machine_learning"
+"""Appended to every MLflow UI link: MLflow 3.17's UI opens experiments in its global GenAI view (an empty traces
+overview) whatever the experiment's ``mlflow.experimentKind`` tag says; this query opens the runs, and the UI keeps
+it while navigating."""
 KEY_NOTE = (
     "MLflow metric names cannot contain '@': pass@k, mut@k and avg@n are logged as pass_at_k, mut_at_k and "
     "avg_at_n (outputs/eval/metrics.json keeps the original keys)."
@@ -644,7 +647,7 @@ def run_link(cfg: Config, run_id: str) -> str | None:
         experiment_id = _client(cfg).get_run(run_id).info.experiment_id
     except MlflowException:
         return None
-    return f"{MLFLOW_UI}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{MLFLOW_UI}/#/experiments/{experiment_id}/runs/{run_id}{MLFLOW_UI_VIEW}"
 
 
 def log_evaluation(cfg: Config, metrics: dict[str, float], report: Path, train_run_id: str | None) -> str:

@@ -129,7 +129,11 @@ def start_uis(params: str, prefect_port: int, mlflow_port: int) -> int:
             procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
         api = prefect_env(prefect_port)["PREFECT_API_URL"]
         print(f"Prefect UI: http://127.0.0.1:{prefect_port}   (export PREFECT_API_URL={api})")
-        print(f"MLflow UI:  http://127.0.0.1:{mlflow_port}    (store: {tracking_uri})")
+        from tasks.tracking import MLFLOW_UI_VIEW  # (the runs' view, not MLflow 3's GenAI overview)
+
+        print(
+            f"MLflow UI:  http://127.0.0.1:{mlflow_port}/#/experiments{MLFLOW_UI_VIEW}    (store: {tracking_uri})"
+        )
         print(f"MLflow CLI (mlflow models serve, mlflow runs ...): export MLFLOW_TRACKING_URI={tracking_uri}")
         print("Ctrl-C (or SIGTERM) stops both.", flush=True)
         while all(p.poll() is None for p in procs):

@@ -126,6 +126,7 @@ def test_a_store_locked_through_every_retry_ends_the_stage_in_one_line(
         "data:\n  train_batch_size: 8\n"
         f"orchestration:\n  checkpoint_dir: {tmp_path / 'train'}\n"
         f"tracking:\n  tracking_uri: sqlite:///{tmp_path / 'mlflow.db'}\n"
+        f"  artifact_location: {tmp_path / 'artifacts'}\n"
         f"model:\n  code_path: {tmp_path}\n  test_path: {tmp_path}\n"
     )
 

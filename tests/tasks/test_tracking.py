@@ -111,10 +111,9 @@ def test_champion_loads_as_transformers_model_and_with_from_pretrained(
     in its own store).
     """
     saved = {var: os.environ.get(var) for var in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    import mlflow
     import mlflow.transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import mlflow
 
     tr = MlflowTracker(cfg)
     version = tr.register("code", tiny_model_dir, 7)
@@ -158,3 +157,16 @@ def test_evaluation_is_recorded_on_and_nested_under_the_training_run(cfg: Config
     assert nested.info.run_name == "evaluate-train-codea1-seed1-alpha0.5"
     assert nested.data.metrics["code/lab/pass_at_1"] == 40.0
     assert [a.path for a in train.client.list_artifacts(eval_id, "eval")] == ["eval/report.html"]
+
+
+def test_run_links_open_the_runs_view_not_the_genai_overview(cfg: Config) -> None:
+    """MLflow 3.17's UI opens an experiment in its global GenAI view (an empty traces overview) whatever the
+    experiment's kind tag says (seen in a headless browser); the links we print carry the query that opens runs."""
+    from tasks.tracking import MLFLOW_UI, run_link
+
+    tr = MlflowTracker(cfg)
+    experiment_id = tr.client.get_run(tr.run_id).info.experiment_id
+    assert run_link(cfg, tr.run_id) == (
+        f"{MLFLOW_UI}/#/experiments/{experiment_id}/runs/{tr.run_id}?workflowType=machine_learning"
+    )
+    tr.end()
