@@ -285,6 +285,8 @@ def test_losing_a_node_mid_step_loses_no_job(rex, cluster):
     results = rex.run_many([(SLEEPY, [f"f({i})"]) for i in range(24)])
     thread.join()
     assert [[(o.status, o.value) for o in r] for r in results] == [[("ok", 3 * i)] for i in range(24)]
-    assert rex.stats["actor_losses"] > before["actor_losses"] and rex.stats["infra_errors"] == 0
+    # (counters are the module's executor's, cumulative: an earlier test scored infra errors on purpose)
+    assert rex.stats["actor_losses"] > before["actor_losses"]
+    assert rex.stats["infra_errors"] == before["infra_errors"], "no job of this step was an infra error"
     assert [s.node_id for s in rex._slots if s.alive] == [head]
     assert [o.value for r in rex.run_many([(SLEEPY, ["f(2)"])] * 3) for o in r] == [6] * 3
