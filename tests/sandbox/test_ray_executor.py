@@ -276,8 +276,12 @@ def test_losing_a_node_mid_step_loses_no_job(rex, cluster):
     node = next(n for n in cluster.list_all_nodes() if n.node_id != head)
     before = dict(rex.stats)
 
-    def remove() -> None:
-        time.sleep(1.0)
+    def remove() -> None:  # once the node's actor holds work (however loaded the machine), not on a clock
+        slot = next(s for s in rex._slots if s.node_id == node.node_id)
+        deadline = time.monotonic() + 60
+        while slot.inflight == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
         cluster.remove_node(node, allow_graceful=False)
 
     thread = threading.Thread(target=remove)
