@@ -97,7 +97,7 @@ import os, resource, statistics, sys
 sys.path.insert(0, sys.argv[2])
 from sandbox import landlock, limits, syscall_filter
 n = int(sys.argv[1])
-load = syscall_filter.loader(syscall_filter.build_filters("eperm")[1])
+load = syscall_filter.loader(syscall_filter.build_filters("eperm", children_privileged=True)[1])
 limits.prctl(limits.PR_SET_NO_NEW_PRIVS, 1)  # (this helper process only)
 ruleset = landlock.make_ruleset(list(limits.python_keep_paths()), ["/tmp"])[0]
 restrict = landlock.restrict_function()
@@ -125,9 +125,10 @@ print(" ".join(f"{statistics.median(got[k]) - base:.0f}" for k in kinds[1:]))
 
 
 def set_up_cost_us(forks: int = 2000) -> tuple[float, float, float]:
-    """Microseconds of CPU a forked child spends loading its seccomp filter, joining the Landlock
-    ruleset, and both, over a bare fork+exit (medians of 5 rounds, in a fresh helper process that sets
-    no-new-privs on itself): the deny layers' own per-program cost, with far less noise than whole pools."""
+    """Microseconds of CPU a forked child spends loading a second seccomp filter (only children that keep
+    privileges do: ``sandbox/syscall_filter.py``), joining the Landlock ruleset (every child), and both,
+    over a bare fork+exit (medians of 5 rounds, in a fresh helper process that sets no-new-privs on
+    itself): the deny layers' own per-program cost, with far less noise than whole pools."""
     proc = subprocess.run(
         [sys.executable, "-s", "-P", "-c", SET_UP, str(forks), str(Path(__file__).resolve().parents[1])],
         capture_output=True,
@@ -206,8 +207,9 @@ def deny_compare(rounds: int, workers: int, suites: dict[str, list[tuple[str, li
     print(f"  fork+exit+wait floor (bare python3, before/after): {floors[0]:.3f} / {floors[1]:.3f} ms CPU")
     seccomp_us, landlock_us, both_us = set_up_cost_us()
     print(
-        f"  per-child set-up over a bare fork (direct forks, medians of 5): seccomp filter {seccomp_us:.0f} us,"
-        f" Landlock {landlock_us:.0f} us, both {both_us:.0f} us"
+        f"  per-child set-up over a bare fork (direct forks, medians of 5): Landlock {landlock_us:.0f} us"
+        f" (the zygote's seccomp filter is inherited, none loaded per child); children that keep privileges"
+        f" also load a second filter: {seccomp_us:.0f} us, both {both_us:.0f} us"
     )
 
     def ratio(suite: str, a: int, b: int) -> str:
@@ -226,7 +228,8 @@ def deny_compare(rounds: int, workers: int, suites: dict[str, list[tuple[str, li
         print(f"  isolated calls / on: {ratio(suite, 3, 2)}")
         print(f"  vs the floor ({floor_ms:.2f} ms): off {off / floor_ms:.2f} x, on {on / floor_ms:.2f} x")
         print(
-            f"  the layers' set-up alone: {both_us / 1000 / off:.1%} of a program's CPU with the filter off"
+            f"  the layers' per-child set-up alone: {landlock_us / 1000 / off:.1%} of a program's CPU with the"
+            " filter off"
         )
 
 

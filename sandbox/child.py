@@ -169,12 +169,22 @@ def _deny_layers(settings: dict, isolation: dict, ctx: dict) -> None:
     keyctl = _syscalls.syscall_number("keyctl") or _limits.KEYCTL_NR.get(os.uname().machine)
     fresh = _limits.join_fresh_keyring(keyctl)  # the worker's own: the parent's is possessed no more
     try:
-        zygote_filter, child_filter = _syscalls.build_filters("kill" if deny == "kill" else "eperm")
+        # Children that keep capabilities (no uid drop, running as root) could use the set-up calls the
+        # zygote's filter allows with its own arguments: they also load a short filter denying them.
+        privileged = ctx["uid"] is None and _limits.has_capabilities()
+        zygote_filter, child_filter = _syscalls.build_filters(
+            "kill" if deny == "kill" else "eperm", uid=ctx["uid"], children_privileged=privileged
+        )
         ctx["seccomp_zygote"] = _syscalls.loader(zygote_filter)
-        ctx["seccomp_load"] = _syscalls.loader(child_filter)
+        ctx["seccomp_load"] = _syscalls.loader(child_filter) if child_filter else None
+        per_child = (
+            f"{len(child_filter) // 8} more by each program (it keeps privileges)"
+            if child_filter
+            else "none per program"
+        )
         isolation["seccomp"] = (
             f"on (allow-list: {len(zygote_filter) // 8} BPF instructions loaded once by the zygote, "
-            f"{len(child_filter) // 8} by each program; default {'kill' if deny == 'kill' else 'EPERM'}; libseccomp)"
+            f"{per_child}; default {'kill' if deny == 'kill' else 'EPERM'}; libseccomp)"
         )
     except OSError as exc:
         isolation["seccomp"] = f"unavailable ({exc}; install libseccomp2)"
@@ -186,7 +196,7 @@ def _deny_layers(settings: dict, isolation: dict, ctx: dict) -> None:
     # its children and unusable by them, is enough; without the filter each program joins its own.
     if not fresh:
         isolation["keyring"] = "unavailable (no keyctl here): the parent's session keyring stays possessed"
-    elif ctx["seccomp_load"] is not None:
+    elif ctx["seccomp_zygote"] is not None:
         isolation["keyring"] = (
             "a fresh anonymous session keyring per worker; keyring calls denied to programs"
         )

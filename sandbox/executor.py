@@ -39,10 +39,11 @@ Linux it provides, per program:
     /dev/log, kmsg or tty), and /run (= /var/run, where host daemons keep their sockets) is covered by
     a read-only tmpfs holding only the private lock directories (``ex.isolation["dev"]``, ``["run"]``);
   * deny by default (``sandbox/syscall_filter.py``, ``sandbox/landlock.py``; ``ex.isolation`` reports
-    each layer, or why it is off): every child loads a seccomp-bpf allow-list (default ``EPERM``: the
-    program gets a ``PermissionError``, the worker lives; keyrings, ptrace, the mount family, namespace
-    creation, bpf, perf, userfaultfd, io_uring, inotify/fanotify, file locks, ``socket``/``connect``
-    and more are denied) and joins a Landlock domain (kernel permitting: read-only interpreter and
+    each layer, or why it is off): every child runs under a seccomp-bpf allow-list its zygote loaded
+    once (default ``EPERM``: the program gets a ``PermissionError``, the worker lives; keyrings, ptrace,
+    the mount family, namespace creation, bpf, perf, userfaultfd, io_uring, inotify/fanotify, file
+    locks, ``socket``/``connect`` and more are denied; the zygote's few set-up calls only with its own
+    arguments, useless without the privileges the child dropped) and joins a Landlock domain (kernel permitting: read-only interpreter and
     system directories, read-write private tmp, nothing else, not /sys; TCP, abstract Unix sockets and
     signals scoped); the worker joins a fresh anonymous session keyring at start (the trusted parent's
     is never possessed), which its children share but cannot use (every keyring call is denied; without

@@ -340,6 +340,17 @@ def peak_reset_fds(dirs: list[str]) -> list[int]:
     return fds
 
 
+def has_capabilities() -> bool:
+    """Whether this process holds any effective or permitted capability (a child forked from it without
+    a uid drop keeps them); True where it cannot tell (then assume the worst)."""
+    try:
+        with open("/proc/self/status") as fh:
+            fields = dict(line.split(":", 1) for line in fh if ":" in line)
+        return int(fields["CapEff"], 16) != 0 or int(fields["CapPrm"], 16) != 0
+    except (OSError, KeyError, ValueError):
+        return True
+
+
 def join_fresh_keyring(keyctl_nr: int | None) -> bool:
     """Join a new anonymous session keyring (the caller then no longer possesses its parent's); False
     where the call is unavailable."""

@@ -2,10 +2,15 @@
 
 What it does: :func:`build_filters` compiles :data:`ALLOWED` (plus the argument-checked rules below) with
 the system's libseccomp into classic BPF whose default action is ``EPERM`` (the program gets an ordinary
-``PermissionError``; the worker lives), as two stacked filters: the zygote loads the list once (with the
-few calls its own work and a child's set-up need, :data:`SET_UP_ONLY`), and each child, after its
-rlimits and uid drop, just before the harness runs, loads a short filter denying those few with one
-``seccomp(2)`` call (:func:`loader`). Both are built once per worker (in the trusted worker, before its
+``PermissionError``; the worker lives). The zygote loads it once and every child inherits it: no child
+loads a filter of its own. The few calls the zygote's work and a child's set-up need (:data:`SET_UP_ONLY`:
+a fresh private tmpfs, the Landlock rulesets, the uid drop and sweep, the child's IPC namespace) are
+allowed only with the exact arguments that work uses (:func:`_set_up_rules`), and each of those needs a
+privilege the program no longer has once its child dropped to the worker's unprivileged uid: so a
+program that calls them gets ``EPERM`` from the filter (other arguments) or from the kernel (no
+capability). Where children keep privileges (running as root with ``drop_privileges=False``), each
+child also loads, just before the harness, a short second filter denying those calls whatever their
+arguments (``children_privileged=True``). Built once per worker (in the trusted worker, before its
 zygote is forked), so no child calls into libseccomp.
 
 Why libseccomp, and through ctypes: libseccomp is the maintained library Docker, systemd, podman and
@@ -30,10 +35,14 @@ back to ``clone``, whose flags can be checked), ``bpf``, ``perf_event_open``, ``
 ``io_uring_*``, AIO, module and kexec calls, ``reboot``, ``swapon``, ``acct``, ``inotify``, ``fanotify``,
 file locks (``flock``; ``fcntl`` lock, lease and notify commands), file handles, SysV IPC and POSIX
 message queues, ``socket`` (every family; ``socketpair`` only for ``AF_UNIX``), ``connect``, ``bind``,
-``listen``, ``accept``, the uid/gid/capability setters, ``personality``, ``mknod``, extended-attribute
-writes, ``seccomp`` and the Landlock calls but ``landlock_restrict_self``, the clock setters.
+``listen``, ``accept``, the uid/gid/capability setters (but ``setgroups``/``setresuid``/``setresgid`` to
+the worker's own uid: a no-op for a child that already is it), ``personality``, ``mknod``,
+extended-attribute writes, ``seccomp``, the clock setters. ``mount``, ``umount2`` and ``unshare`` pass
+the filter only with the zygote's own flags, and then fail for want of a capability.
 
-What it does not cover: the allowed calls' own kernel bugs; ``ioctl`` is allowed on any descriptor the
+What it does not cover: the allowed calls' own kernel bugs; ``landlock_create_ruleset`` and
+``landlock_add_rule`` are allowed (the zygote renews its rules with them; a ruleset can only ever
+restrict the process that joins it); ``ioctl`` is allowed on any descriptor the
 program can open (the minimal /dev leaves no terminal, see ``sandbox/limits.py``); timing channels.
 """
 
@@ -127,45 +136,83 @@ def syscall_number(name: str) -> int | None:
 
 
 SET_UP_ONLY = (
-    "mount umount2 setgroups setresgid setresuid keyctl landlock_create_ruleset landlock_add_rule unshare seccomp"
+    "mount umount2 setgroups setresgid setresuid landlock_create_ruleset landlock_add_rule unshare seccomp"
 ).split()
-"""What the zygote (fresh private tmpfs, Landlock rulesets, the uid sweep) and a child's set-up (its
-keyring, IPC namespace, uid drop, its own filter) still need: allowed by the zygote's filter, denied by each child's."""
+"""What the zygote (fresh private tmpfs, Landlock rulesets, the uid sweep) and a child's set-up (its IPC
+namespace, uid drop; with privileged children, its own filter) still need after the zygote's filter is
+loaded. (Keyrings are not among them: the worker joins its fresh keyring before any filter, and a child
+joins its own only where there is no filter.)"""
+
+_MS_NOSUID_NODEV, _MNT_DETACH, _CLONE_NEWIPC = 0x2 | 0x4, 2, 0x08000000
+"""The flags of the zygote's only mount (a fresh private tmpfs), umount (of the used one, detached) and
+a child's only unshare (its IPC namespace): ``sandbox/limits.py`` ``wipe_private_tmp``, ``enter_private_ipc``."""
 
 
-def build_filters(default: str = "eperm") -> tuple[bytes, bytes]:
-    """The allow-list as two classic BPF programs (``struct sock_filter`` array bytes), stacked.
+def build_filters(
+    default: str = "eperm", *, uid: int | None = None, children_privileged: bool = False
+) -> tuple[bytes, bytes | None]:
+    """The allow-list as classic BPF (``struct sock_filter`` array bytes): the zygote's, and a child's
+    where children keep privileges.
 
-    Why two: loading a filter costs the kernel a check, a JIT compilation and a pass of the filter
-    over every syscall number (its action cache): ~0.5 ms for the whole list, about half a trivial
-    program's CPU. So the zygote loads the list once (plus :data:`SET_UP_ONLY`), every child inherits
-    it, and each child loads only the short second filter that denies :data:`SET_UP_ONLY` (~20
-    instructions) once its set-up is done. A syscall passes only if both filters allow it.
+    Why the zygote's alone: loading a filter costs the kernel a check, a JIT compilation and a pass of
+    the filter over every syscall number (its action cache): ~0.5 ms for the whole list, about half a
+    trivial program's CPU. So the zygote loads the list once and every child inherits it. The set-up
+    calls it must allow (:data:`SET_UP_ONLY`) are narrowed to the arguments the set-up uses; each then
+    needs a capability an unprivileged child does not have. A child that keeps its privileges
+    (``children_privileged``: no uid drop, running with capabilities) would keep them usable, so it
+    loads a second, short filter denying :data:`SET_UP_ONLY` whatever the arguments (a syscall passes
+    only if both filters allow it; ~80 us of CPU per child, measured by ``bench/sandbox_bench.py``).
 
     Args:
         default: ``eperm`` (production: a denied call fails with EPERM) or ``kill`` (the measurement:
             a denied call kills the process with SIGSYS, so no swallowed EPERM goes unseen).
+        uid: the worker's unprivileged uid (gid = uid) its children drop to, and the uid sweep becomes;
+            None where there is no uid drop (``setresuid``/``setresgid`` are then denied).
+        children_privileged: the children keep capabilities (see above).
 
     Returns:
-        ``(zygote_filter, child_filter)``.
+        ``(zygote_filter, child_filter)``; ``child_filter`` is None unless ``children_privileged``.
 
     Raises:
         OSError: libseccomp cannot be loaded or refuses a rule.
     """
     lib = _libseccomp()
     deny = _act_errno(errno.EPERM) if default == "eperm" else _ACT_KILL_PROCESS
-    return _compile(lib, deny, _zygote_rules), _compile(lib, _ACT_ALLOW, lambda add: _child_rules(add, deny))
+    if children_privileged:
+        return (
+            _compile(lib, deny, lambda add: _zygote_rules(add, SET_UP_ONLY)),
+            _compile(lib, _ACT_ALLOW, lambda add: _child_rules(add, deny)),
+        )
+    return _compile(lib, deny, lambda add: _zygote_rules(add, (), uid)), None
 
 
-def _zygote_rules(add: Callable[..., None]) -> None:
-    for name in (*ALLOWED, *SET_UP_ONLY):
+def _zygote_rules(
+    add: Callable[..., None], unrestricted: tuple[str, ...] | list[str], uid: int | None = None
+) -> None:
+    for name in (*ALLOWED, *unrestricted):
         add(name)
+    if not unrestricted:
+        _set_up_rules(add, uid)
     add("clone", _ACT_ALLOW, (0, _CMP_MASKED_EQ, _CLONE_NEW, 0))  # no new namespace
     add("clone3", _act_errno(errno.ENOSYS))  # flags behind a pointer: libc falls back to clone
     for name in ("fcntl", "fcntl64"):
         for cmd in _FCNTL_OK:
             add(name, _ACT_ALLOW, (1, _CMP_EQ, cmd, 0))
     add("socketpair", _ACT_ALLOW, (0, _CMP_EQ, _AF_UNIX, 0))
+
+
+def _set_up_rules(add: Callable[..., None], uid: int | None) -> None:
+    """:data:`SET_UP_ONLY` with the set-up's own arguments (no ``seccomp``: nothing loads a filter after
+    the zygote's)."""
+    add("mount", _ACT_ALLOW, (3, _CMP_EQ, _MS_NOSUID_NODEV, 0))
+    add("umount2", _ACT_ALLOW, (1, _CMP_EQ, _MNT_DETACH, 0))
+    add("unshare", _ACT_ALLOW, (0, _CMP_EQ, _CLONE_NEWIPC, 0))
+    add("landlock_create_ruleset")
+    add("landlock_add_rule")
+    add("setgroups", _ACT_ALLOW, (0, _CMP_EQ, 0, 0))  # setgroups(0, NULL): no supplementary group
+    if uid is not None:
+        for name in ("setresuid", "setresgid"):
+            add(name, _ACT_ALLOW, *((arg, _CMP_EQ, uid, 0) for arg in range(3)))
 
 
 def _child_rules(add: Callable[..., None], deny: int) -> None:

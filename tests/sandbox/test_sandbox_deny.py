@@ -390,6 +390,47 @@ def test_dangerous_syscalls_answer_eperm_and_the_worker_lives(ex):
     assert ex.run("def h():\n    return 1\n", ["h()"])[0].value == 1  # same worker, still serving
 
 
+SET_UP_CALLS = (  # x86_64 numbers, called with the arguments the zygote's own set-up uses
+    "import ctypes\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.syscall.restype = ctypes.c_long\n"
+    "def call(nr, *args):\n"
+    "    r = libc.syscall(nr, *args)\n"
+    "    return r if r >= 0 else -ctypes.get_errno()\n"
+    "def set_up_calls():\n"
+    "    return {\n"
+    "        'mount': call(165, b'tmpfs', b'/tmp', b'tmpfs', ctypes.c_ulong(6), b'size=1m'),\n"
+    "        'umount2': call(166, b'/tmp', 2),\n"
+    "        'unshare': call(272, 0x08000000),\n"
+    "        'setgroups': call(116, 0, None),\n"
+    "        'setresuid': call(117, 0, 0, 0),\n"
+    "        'seccomp': call(317, 1, 0, None),\n"
+    "        'keyctl': call(250, 1, None),\n"
+    "    }\n"
+)
+
+
+@pytest.mark.skipif(not X86_64, reason="syscall numbers of x86_64")
+@pytest.mark.parametrize("drop_privileges", [True, False], ids=["uid-dropped", "privileged-children"])
+def test_the_zygotes_set_up_calls_are_useless_to_a_program(drop_privileges):
+    """The zygote's filter allows its set-up calls (a fresh tmpfs, the uid drop, the IPC namespace) with
+    their own arguments, and no child loads a filter of its own: the program, unprivileged, gets EPERM
+    from the kernel for those arguments, from the filter for any other. Children that keep privileges
+    (root, ``drop_privileges=False``) load a second filter that denies the calls outright."""
+    if not drop_privileges and not ROOT:
+        pytest.skip("children keep privileges only when the worker runs as root")
+    with ProcessExecutor(workers=1, limits=LIMITS, drop_privileges=drop_privileges) as pool:
+        if not pool.isolation.get("seccomp", "").startswith("on"):
+            pytest.skip(f"no syscall filter here: {pool.isolation.get('seccomp')}")
+        out = pool.run(SET_UP_CALLS, ["set_up_calls()", "open('/tmp/x', 'w').write('still /tmp')"])
+        per_program = "more by each program" in pool.isolation["seccomp"]
+    assert out[0].status == "ok", out
+    assert out[0].value == dict.fromkeys(out[0].value, -1), f"not EPERM: {out[0].value}"
+    assert out[1].value == 10
+    privileged = not drop_privileges and ROOT
+    assert per_program == privileged, pool.isolation["seccomp"]
+
+
 def test_isolation_reports_every_layer(ex):
     for layer in ("seccomp", "landlock", "keyring", "dev"):
         assert layer in ex.isolation, (layer, ex.isolation)
