@@ -17,7 +17,6 @@ How to run: ``make run`` or ``python -m flows.pipeline [dvc repro arguments, e.g
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -27,49 +26,15 @@ from pathlib import Path
 
 from flows import summary
 from flows.common import child_env
+from flows.guard import stop_process_group
 from flows.prefect_server import ServerStartError, die_with_parent, shared_api, sigterm_as_interrupt
 
 CHILD_STOP_TIMEOUT_S = 120.0
 """After SIGTERM a stage finishes its current task and checkpoints; what is left of it then is killed."""
 
 
-GUARD = r"""
-import os, signal, sys, time
-pgid, timeout_s, runner = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-def alive():
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-def stop(*_):
-    print(f"pipeline: the pipeline process died; stopping its stage (process group {pgid}, up to {timeout_s:.0f} s)",
-          file=sys.stderr, flush=True)
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        os._exit(0)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and alive():
-        time.sleep(0.2)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    os._exit(0)
-signal.signal(signal.SIGTERM, stop)
-signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked since the fork: a SIGTERM is delivered now
-if os.getppid() != runner:  # the runner died before the death signal was armed
-    stop()
-while True:
-    signal.pause()
-"""
-"""The guard of :func:`run_child`: on SIGTERM (the kernel sends it when the pipeline process dies, however it
-dies) it stops the stage's process group as :func:`stop_group` does, then exits; the pipeline kills it once
-the group is done. A separate ``python -c`` process, in its own session: no signal meant for the group or
-the terminal reaches it."""
+GUARD = str(Path(__file__).with_name("guard.py"))
+"""The guard of :func:`run_child`, run as a script (standard library only): see :mod:`flows.guard`."""
 
 
 def _guard_preexec() -> None:
@@ -95,7 +60,7 @@ def run_child(cmd: list[str], stop_timeout_s: float = CHILD_STOP_TIMEOUT_S) -> i
     """
     proc = subprocess.Popen(cmd, env=child_env(), start_new_session=True)
     guard = subprocess.Popen(
-        [sys.executable, "-c", GUARD, str(proc.pid), str(stop_timeout_s), str(os.getpid())],
+        [sys.executable, "-I", GUARD, str(proc.pid), str(stop_timeout_s), str(os.getpid())],
         start_new_session=True,
         preexec_fn=_guard_preexec,
         stdin=subprocess.DEVNULL,
@@ -110,35 +75,13 @@ def run_child(cmd: list[str], stop_timeout_s: float = CHILD_STOP_TIMEOUT_S) -> i
         guard.wait()
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def stop_group(proc: subprocess.Popen, timeout_s: float) -> None:
     """SIGTERM ``proc``'s process group (``dvc`` and the running stage: the stage stops after its current task,
     checkpointed, its Prefect and MLflow runs ended), wait up to ``timeout_s`` for every process in it to exit,
     then SIGKILL what is left. A second Ctrl-C while waiting kills at once."""
     print(f"pipeline: stopping the running stage (up to {timeout_s:.0f} s: it finishes its current task; "
           "Ctrl-C again to kill it now)", file=sys.stderr, flush=True)  # fmt: skip
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            proc.poll()  # reap dvc itself: a zombie still counts as a member of the group
-            if not _group_alive(proc.pid):
-                return
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        pass
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    stop_process_group(proc.pid, timeout_s, poll=proc.poll)  # (poll reaps dvc itself)
     proc.wait()
 
 
