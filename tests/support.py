@@ -13,6 +13,8 @@ comparisons' models and helpers, and the Prefect server helpers of the end-to-en
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import random
 import signal
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,6 +41,23 @@ if TYPE_CHECKING:
 # ------------------------------------------------------------------------------------------------
 # The tiny training run (was in test_train_flow.py)
 # ------------------------------------------------------------------------------------------------
+
+TINY_LAB = {
+    "families": ["is_above", "first_or"],
+    "train_per_family": 4,
+    "heldout_per_family": 1,
+    "hidden_size": 32,
+    "num_layers": 1,
+    "num_heads": 2,
+    "intermediate_size": 64,
+    "vocab_size": 1024,
+    "max_position_embeddings": 1024,
+    "warmstart_epochs": 1,
+    "warmstart_code_examples_per_problem": 2,
+    "warmstart_test_examples_per_problem": 2,
+    "warmstart_batch_size": 8,
+}
+"""A lab whose warm start (base model and both SFTs) takes seconds: the ``lab`` section of the warm-start tests."""
 
 
 def build_tiny(out_dir: Path) -> Path:
@@ -322,6 +342,27 @@ def random_qwen2(name: str, lora: bool = False):
 # ------------------------------------------------------------------------------------------------
 # Prefect server helpers of the end-to-end tests (was in test_serve_e2e.py)
 # ------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def log_lines(*loggers: str, fmt: str = "%(levelname)s: %(message)s") -> Iterator[list[str]]:
+    """Collect, formatted with ``fmt``, what the named loggers emit while the block runs (the list is filled
+    in place, and the handler removed after the block)."""
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(self.format(record))
+
+    handler = Collect()
+    handler.setFormatter(logging.Formatter(fmt))
+    for name in loggers:
+        logging.getLogger(name).addHandler(handler)
+    try:
+        yield lines
+    finally:
+        for name in loggers:
+            logging.getLogger(name).removeHandler(handler)
 
 
 def free_port() -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support import tiny_config
+from support import log_lines, tiny_config
 
 
 def test_a_failure_in_setup_ends_the_mlflow_run_failed(
@@ -47,23 +47,13 @@ def test_a_served_run_stopped_by_sigterm_ends_in_one_line_not_an_engine_tracebac
     from flows.process import quiet_user_error_tracebacks
 
     quiet_user_error_tracebacks()
-    lines: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(self.format(record))
-
-    handler = Collect()
-    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
-    logger = logging.getLogger("prefect.flow_runs")
-    logger.addHandler(handler)
-    try:
+    with log_lines("prefect.flow_runs") as lines:
         try:
             Cancelled(message="stopped by SIGTERM after iteration 1 (checkpointed)").result()
         except BaseException:
-            logger.error("Engine execution exited with unexpected exception", exc_info=True)
-    finally:
-        logger.removeHandler(handler)
+            logging.getLogger("prefect.flow_runs").error(
+                "Engine execution exited with unexpected exception", exc_info=True
+            )
     assert lines == [
         "WARNING: the flow run ended CANCELLED: stopped by SIGTERM after iteration 1 (checkpointed)"
     ], lines

@@ -14,24 +14,16 @@ import time
 from pathlib import Path
 
 import pytest
+from support import TINY_LAB
 
 from codea1_core.config import Config
 
-TINY_LAB = {
-    "families": ["is_above", "first_or"],
-    "train_per_family": 2,
-    "heldout_per_family": 1,
-    "hidden_size": 32,
-    "num_layers": 1,
-    "num_heads": 2,
-    "intermediate_size": 64,
-    "vocab_size": 1024,
-    "max_position_embeddings": 1024,
-    "warmstart_epochs": 1,
-    "warmstart_code_examples_per_problem": 1,
-    "warmstart_test_examples_per_problem": 1,
-    "warmstart_batch_size": 8,
-}
+SMALLER_LAB = dict(
+    TINY_LAB,
+    train_per_family=2,
+    warmstart_code_examples_per_problem=1,
+    warmstart_test_examples_per_problem=1,
+)
 
 
 def _task_runs(flow_run_id, expected: int) -> list:
@@ -61,7 +53,7 @@ def test_the_warm_start_records_its_steps_as_task_runs(prefect_harness, tmp_path
     from flows import warmstart
 
     monkeypatch.chdir(tmp_path)  # the stage writes outputs/warmstart/{code,test} under the working directory
-    cfg = Config.from_dict({"lab": dict(TINY_LAB), "tracking": {"backend": "null"}})
+    cfg = Config.from_dict({"lab": dict(SMALLER_LAB), "tracking": {"backend": "null"}})
 
     @flow(name="warmstart-probe")
     def probe() -> tuple:

@@ -15,6 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import log_lines
+
+FMT = "%(levelname)s %(name)s: %(message)s"
 
 
 @pytest.fixture()
@@ -47,30 +50,15 @@ def locked_error(tmp_path: Path) -> Iterator[BaseException]:
     yield error
 
 
-def _handler() -> tuple[logging.Handler, list[str]]:
-    lines: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(self.format(record))
-
-    handler = Collect()
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    return handler, lines
-
-
 def test_mlflow_and_prefect_log_a_locked_store_in_one_line_each(locked_error: BaseException) -> None:
     from flows.process import STORE_LOCKED_LINE, quiet_user_error_tracebacks
 
     quiet_user_error_tracebacks()
-    handler, lines = _handler()
     mlflow_log, prefect_log = (
         logging.getLogger("mlflow.store.db.utils"),
         logging.getLogger("prefect.task_runs"),
     )
-    for logger in (mlflow_log, prefect_log):
-        logger.addHandler(handler)
-    try:
+    with log_lines(mlflow_log.name, prefect_log.name, fmt=FMT) as lines:
         cause = locked_error.__cause__
         try:
             raise cause
@@ -82,9 +70,6 @@ def test_mlflow_and_prefect_log_a_locked_store_in_one_line_each(locked_error: Ba
             prefect_log.error(
                 "Task run failed with exception: %r - Retry 1/2 will start immediately", exc, exc_info=True
             )
-    finally:
-        for logger in (mlflow_log, prefect_log):
-            logger.removeHandler(handler)
     text = "\n".join(lines)
     assert len(text.splitlines()) == 2, text
     assert "Traceback" not in text and "SELECT" not in text, text
@@ -99,16 +84,11 @@ def test_other_errors_keep_their_tracebacks() -> None:
     from flows.process import quiet_user_error_tracebacks
 
     quiet_user_error_tracebacks()
-    handler, lines = _handler()
-    log = logging.getLogger("mlflow.store.db.utils")
-    log.addHandler(handler)
-    try:
+    with log_lines("mlflow.store.db.utils", fmt=FMT) as lines:
         try:
             raise RuntimeError("disk I/O error")
         except RuntimeError:
-            log.exception("SQLAlchemy database error.")
-    finally:
-        log.removeHandler(handler)
+            logging.getLogger("mlflow.store.db.utils").exception("SQLAlchemy database error.")
     assert "Traceback" in lines[0] and "disk I/O error" in lines[0]
 
 

@@ -6,25 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from support import TINY_LAB
 
 from codea1_core.config import Config
 from flows import warmstart
-
-TINY_LAB = {
-    "families": ["is_above", "first_or"],
-    "train_per_family": 4,
-    "heldout_per_family": 1,
-    "hidden_size": 32,
-    "num_layers": 1,
-    "num_heads": 2,
-    "intermediate_size": 64,
-    "vocab_size": 1024,
-    "max_position_embeddings": 1024,
-    "warmstart_epochs": 1,
-    "warmstart_code_examples_per_problem": 2,
-    "warmstart_test_examples_per_problem": 2,
-    "warmstart_batch_size": 8,
-}
 
 
 def _cfg(mode: str = "codea1", model: dict | None = None, lab: dict | None = None) -> Config:
