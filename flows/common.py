@@ -66,16 +66,33 @@ def load_stage_config(params: str, overrides: list[str]) -> Config:
     return cfg
 
 
+PLAIN = (int, float, str, bool, type(None))
+"""Argument types a Prefect task gets as they are; see :func:`quoted`."""
+
+
+def quoted(
+    args: tuple, kwargs: dict[str, Any] | None = None, plain: tuple[type, ...] = PLAIN
+) -> tuple[tuple, dict[str, Any]]:
+    """``args`` and ``kwargs`` as a Prefect task is given them: ``plain`` values as they are, anything else
+    ``quote``-d, so Prefect does not walk it for futures (problem sets, metric dicts, B*M*N completions with
+    their token ids would otherwise be visited element by element on every call)."""
+    from prefect.utilities.annotations import quote
+
+    def one(a: Any) -> Any:
+        return a if isinstance(a, plain) else quote(a)
+
+    return tuple(map(one, args)), {k: one(v) for k, v in (kwargs or {}).items()}
+
+
 def stage_task(task: Any, *args: Any) -> Any:
     """Run ``task`` as a Prefect task run when called inside a flow run (a named step of the stage in the Prefect
-    UI), as its plain function otherwise (a test or bench calling the stage's function directly). Arguments that
-    are not plain values are passed ``quote``-d: Prefect does not walk them (problem sets, metric dicts)."""
+    UI), as its plain function otherwise (a test or bench calling the stage's function directly); arguments as
+    :func:`quoted` gives them. (Training's tasks, with their time-out: ``flows.process.as_task``.)"""
     from prefect.context import FlowRunContext
-    from prefect.utilities.annotations import quote
 
     if FlowRunContext.get() is None:
         return getattr(task, "fn", task)(*args)
-    return task(*(a if isinstance(a, int | float | str | bool | type(None)) else quote(a) for a in args))
+    return task(*quoted(args)[0])
 
 
 def run_user_errors(fn: Callable[[], Any]) -> int:

@@ -33,7 +33,7 @@ from typing import Any
 
 from codea1_core.config import Config, ConfigError
 from codea1_core.method import batches
-from flows.common import UserError
+from flows.common import PLAIN, UserError, quoted
 
 log = logging.getLogger("codea1.train")
 
@@ -301,19 +301,12 @@ class TrainRun:
 
 
 def as_task(task: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run a Prefect task (a named task run in the UI) under ``orchestration.task_timeout_s``.
-
-    Collections and objects are passed ``quote``-d: Prefect then skips walking them for futures (B*M*N
-    completions with their token ids would otherwise be visited element by element on every call).
-    """
-    from prefect.utilities.annotations import quote
-
+    """Run a Prefect task (a named task run in the UI) under ``orchestration.task_timeout_s``; arguments as
+    :func:`flows.common.quoted` gives them (the ``Config`` too is passed as it is)."""
     cfg = kwargs.get("cfg") or next((a for a in args if isinstance(a, Config)), None)
     if cfg is not None and cfg.orchestration.task_timeout_s > 0:
         task = task.with_options(timeout_seconds=cfg.orchestration.task_timeout_s)
-    plain = (int, float, str, bool, type(None), Config)
-    args = tuple(a if isinstance(a, plain) else quote(a) for a in args)
-    kwargs = {k: v if isinstance(v, plain) else quote(v) for k, v in kwargs.items()}
+    args, kwargs = quoted(args, kwargs, (*PLAIN, Config))
     return task(*args, **kwargs)
 
 
