@@ -114,9 +114,9 @@ def _prepare_ours(bench: str, data_dir: Path, workers: int, max_tasks: int, task
     from flows.prepare import run_reference_jobs
     from sandbox import make_executor
 
-    # EvalPlus computes its ground truth without limits: give the references its memory cap (4 GiB) and
-    # a minute per call, so that inputs the prepare stage's defaults drop (Mbpp/255's 1.6-million-tuple
-    # outputs: memory, and a time-out on a loaded machine) are judged as evalplus judges them
+    # EvalPlus computes its ground truth without limits: the references get its memory cap (4 GiB) and a
+    # minute per call, as the prepare stage's defaults (data.reference_memory_mb, reference_call_timeout_s)
+    # give them, so that heavy inputs (Mbpp/255's 1.6-million-tuple outputs) are judged as evalplus judges them
     cfg = Config().replace(
         **{
             "sandbox.workers": workers,

@@ -52,8 +52,14 @@ class DataConfig:
     """Keep KodCode rows with this ``gpt_difficulty`` (empty = all)."""
     prepared_dir: str = "data/prepared"
     """Where the prepare stage writes parquet files and ``report.json``."""
-    reference_call_timeout_s: float = 20.0
-    """Per-call time limit when ``prepare`` runs reference solutions (some EvalPlus inputs are heavy)."""
+    reference_call_timeout_s: float = 60.0
+    """Per-call time limit when ``prepare`` runs reference solutions (some EvalPlus inputs are heavy: Mbpp/255's
+    largest took over 20 s on a loaded 2-core machine). An input whose reference times out is dropped
+    (``reference_timeout`` in prepare's report), never given an expected value."""
+    reference_memory_mb: int = 4096
+    """Memory limit (address space and cgroup, as ``sandbox.memory_mb``) of each reference program ``prepare``
+    runs: EvalPlus' own 4 GiB, so its heavy inputs survive (Mbpp/255's 1.6-million-tuple outputs exceed the
+    1 GiB the samples get); an input over it is dropped (``reference_memory``)."""
     train_batch_size: int = 256
     """B: problems per training step (docs/method.md §2)."""
     epochs: int = 3
@@ -620,7 +626,7 @@ _UNIT = _bound(0, 1)  # probabilities, shares, alpha
 _OPEN_UNIT = _bound(0, 1, lo_open=True)  # top_p, memory utilisation
 _BETA = _bound(0, 1, hi_open=True)
 RANGES: dict[str, tuple[str, Callable[[float], bool]]] = {
-    "data.reference_call_timeout_s": _POS, "data.train_batch_size": _COUNT, "data.epochs": _COUNT,
+    "data.reference_call_timeout_s": _POS, "data.reference_memory_mb": _COUNT, "data.train_batch_size": _COUNT, "data.epochs": _COUNT,
     "data.max_problems_per_source": _COUNT0, "data.max_prompt_tokens": _COUNT0,
     "model.lora_rank": _COUNT, "model.lora_alpha": _POS, "model.lora_dropout": _BETA, "model.gpu_memory_gb": _COUNT0,
     "model.cpu_threads": _COUNT0,

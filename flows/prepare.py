@@ -6,7 +6,8 @@ What it does, top to bottom:
      files are absent (no data folder, no network for a hub id) is skipped and reported, never guessed.
      ``data.max_problems_per_source`` caps each source after a seeded shuffle (original order kept).
   2. Run every reference solution on its golden calls (and on the dataset's own asserts) in the
-     sandbox, with ``data.reference_call_timeout_s`` per call. Outcomes are cached by content
+     sandbox, with ``data.reference_call_timeout_s`` per call and ``data.reference_memory_mb`` per program
+     (EvalPlus' 4 GiB: the samples' ``sandbox.memory_mb`` would drop its heaviest inputs). Outcomes are cached by content
      (``<prepared_dir>/../cache/expected/<sha256>.json``: reference + expressions + limits + the sandbox's
      version, each entry checksummed: one that does not match is recomputed with a warning), so a rerun
      with the same inputs executes nothing. Infrastructure failures abort the stage (D4), uncached.
@@ -123,7 +124,10 @@ def _reference_executor(cfg: Config) -> Any:
 
     timeout_s = cfg.data.reference_call_timeout_s
     sandbox_cfg = dataclasses.replace(
-        cfg.sandbox, call_timeout_s=timeout_s, program_cap_s=max(cfg.sandbox.program_cap_s, 20 * timeout_s)
+        cfg.sandbox,
+        call_timeout_s=timeout_s,
+        program_cap_s=max(cfg.sandbox.program_cap_s, 20 * timeout_s),
+        memory_mb=cfg.data.reference_memory_mb,
     )
     try:
         return make_executor(sandbox_cfg)
@@ -143,7 +147,7 @@ def sandbox_version() -> str:
 
 def _cache_key(cfg: Config, program: str, exprs: list[str], sandbox: str) -> str:
     """What produced an entry: the reference program, its expressions, the limits and the sandbox version."""
-    limits = [cfg.data.reference_call_timeout_s, cfg.sandbox.memory_mb]
+    limits = [cfg.data.reference_call_timeout_s, cfg.data.reference_memory_mb]
     blob = json.dumps([CACHE_VERSION, sandbox, limits, program, exprs], ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 

@@ -69,3 +69,33 @@ def test_the_cache_key_includes_the_sandbox_version(tmp_path: Path, monkeypatch:
     report: dict = {}
     prepare._run_references(cfg, problems, cache, report)
     assert report["cache_hits"] == 0 and report["sandbox_programs"] >= 1
+
+
+def test_references_run_under_their_own_memory_limit_and_the_cache_is_keyed_by_it(tmp_path: Path) -> None:
+    """Before: prepare ran references under the samples' ``sandbox.memory_mb`` (1 GiB), so a heavy EvalPlus input
+    (Mbpp/255's 1.6-million-tuple outputs) was dropped as ``reference_memory`` although EvalPlus keeps it. Now
+    references get ``data.reference_memory_mb`` (EvalPlus' 4 GiB by default), and the cache key includes it: an
+    entry computed under another limit is not reused."""
+    from support import problem
+
+    import flows.prepare as prepare
+
+    heavy = problem(
+        "t/heavy",
+        "big",
+        tests=(("big(1536, 0)", None),),
+        plus=(("big(1, 1)", None),),
+        reference="def big(a, b):\n    return len(bytearray(a * 2**20)) + b\n",
+    )
+    cache = tmp_path / "cache"
+    cfg = _cfg(tmp_path).replace(**{"sandbox.memory_mb": 1024})  # the samples' limit stays 1 GiB
+    assert cfg.data.reference_memory_mb == 4096
+    report: dict = {}
+    (ran,) = prepare._run_references(cfg, [heavy], cache, report)
+    assert [(o.status, o.value) for o in ran] == [("ok", 1536 * 2**20), ("ok", 2**20 + 1)], ran
+    tight: dict = {}
+    (under_1g,) = prepare._run_references(
+        cfg.replace(**{"data.reference_memory_mb": 1024}), [heavy], cache, tight
+    )
+    assert tight["cache_hits"] == 0, "an entry computed under another memory limit was reused"
+    assert [o.status for o in under_1g] == ["memory", "ok"], under_1g
