@@ -214,7 +214,12 @@ def score_theirs(bench: str, problems, samples, workers: int, tmp: Path):
         evaluate(DATASETS[bench], samples=str(path), parallel=workers)
         wall = time.perf_counter() - t0
     res = json.loads((tmp / f"{bench}_samples_eval_results.json").read_text())["eval"]
-    return wall, {t: [(r["base_status"] == "pass", r["plus_status"] == "pass") for r in res[t]] for t in ours}
+    # evalplus' "base + extra" verdict (its plus pass@k, evalplus/evaluate.py) is base_status == plus_status ==
+    # pass; plus_status alone judges the extra inputs only. Ours is the same conjunction (verdicts.py).
+    return wall, {
+        t: [(r["base_status"] == "pass", r["base_status"] == r["plus_status"] == "pass") for r in res[t]]
+        for t in ours
+    }
 
 
 def cause(task_id: str, ours: tuple[bool, bool], theirs: tuple[bool, bool]) -> str:
