@@ -53,13 +53,15 @@ class DataConfig:
     prepared_dir: str = "data/prepared"
     """Where the prepare stage writes parquet files and ``report.json``."""
     reference_call_timeout_s: float = 60.0
-    """Per-call time limit when ``prepare`` runs reference solutions (some EvalPlus inputs are heavy: Mbpp/255's
-    largest took over 20 s on a loaded 2-core machine). An input whose reference times out is dropped
-    (``reference_timeout`` in prepare's report), never given an expected value."""
+    """Per-call time limit when ``prepare`` runs reference solutions (some EvalPlus inputs are heavy). An input
+    whose reference times out is dropped (``reference_timeout`` in prepare's report), never given an expected
+    value."""
     reference_memory_mb: int = 4096
     """Memory limit (address space and cgroup, as ``sandbox.memory_mb``) of each reference program ``prepare``
-    runs: EvalPlus' own 4 GiB, so its heavy inputs survive (Mbpp/255's 1.6-million-tuple outputs exceed the
-    1 GiB the samples get); an input over it is dropped (``reference_memory``)."""
+    runs: EvalPlus' own 4 GiB, not the samples' limit; an input over it is dropped (``reference_memory``). One
+    input is dropped whatever the limits tried here: Mbpp/255's largest plus input (an expected output of
+    1,663,740 tuples) needs over 4 GiB, and over 60 s at 8 GiB; evalplus itself fails the canonical solution
+    on it (``bench/eval_bench.py``'s documented defects)."""
     train_batch_size: int = 256
     """B: problems per training step (docs/method.md §2)."""
     epochs: int = 3

@@ -7,7 +7,7 @@ What it does, top to bottom:
      ``data.max_problems_per_source`` caps each source after a seeded shuffle (original order kept).
   2. Run every reference solution on its golden calls (and on the dataset's own asserts) in the
      sandbox, with ``data.reference_call_timeout_s`` per call and ``data.reference_memory_mb`` per program
-     (EvalPlus' 4 GiB: the samples' ``sandbox.memory_mb`` would drop its heaviest inputs). Outcomes are cached by content
+     (EvalPlus' 4 GiB, not the samples' ``sandbox.memory_mb``). Outcomes are cached by content
      (``<prepared_dir>/../cache/expected/<sha256>.json``: reference + expressions + limits + the sandbox's
      version, each entry checksummed: one that does not match is recomputed with a warning), so a rerun
      with the same inputs executes nothing. Infrastructure failures abort the stage (D4), uncached.

@@ -72,10 +72,10 @@ def test_the_cache_key_includes_the_sandbox_version(tmp_path: Path, monkeypatch:
 
 
 def test_references_run_under_their_own_memory_limit_and_the_cache_is_keyed_by_it(tmp_path: Path) -> None:
-    """Before: prepare ran references under the samples' ``sandbox.memory_mb`` (1 GiB), so a heavy EvalPlus input
-    (Mbpp/255's 1.6-million-tuple outputs) was dropped as ``reference_memory`` although EvalPlus keeps it. Now
-    references get ``data.reference_memory_mb`` (EvalPlus' 4 GiB by default), and the cache key includes it: an
-    entry computed under another limit is not reused."""
+    """Before: prepare ran references under the samples' ``sandbox.memory_mb`` (1 GiB): an input whose expected
+    output needs more was dropped as ``reference_memory``. Now references get ``data.reference_memory_mb``
+    (EvalPlus' 4 GiB by default), and the cache key includes it: an entry computed under another limit is not
+    reused."""
     from support import problem
 
     import flows.prepare as prepare
