@@ -69,6 +69,20 @@ KNOWN_EVALPLUS_DEFECTS = {
 """Disagreements explained by a defect of the evalplus version we compare against (checked by hand):
 task id -> (evidence, the direction it explains: evalplus fails where ours passes)."""
 
+_INHERITED = (
+    "evalplus 0.3.1 checks each sample in a process forked from the evaluating one, under RLIMIT_AS 4 GiB "
+    "(EVALPLUS_MAX_MEMORY_BYTES), which counts the address space inherited from a parent holding every expected "
+    "output: this task's memory-heavy plus inputs then fail the canonical solution. Measured with evalplus' own "
+    "check_correctness on the canonical solution in a fresh process holding N GiB of untouched address space: "
+    "0 GiB: plus passes; {gib} GiB: plus fails; 3.6 GiB with EVALPLUS_MAX_MEMORY_BYTES=-1: plus passes"
+)
+KNOWN_EVALPLUS_DEFECTS.update(
+    {
+        task: (_INHERITED.format(gib=gib), "evalplus_fails")
+        for task, gib in (("HumanEval/100", 3), ("HumanEval/130", 3), ("Mbpp/84", 3), ("Mbpp/392", 3.6))
+    }
+)
+
 DATASETS = {"humanevalplus": "humaneval", "mbppplus": "mbpp"}
 OVERRIDE_ENV = {"humanevalplus": "HUMANEVAL_OVERRIDE_PATH", "mbppplus": "MBPP_OVERRIDE_PATH"}
 STEMS = {"humanevalplus": "HumanEvalPlus", "mbppplus": "MbppPlus"}
@@ -243,7 +257,7 @@ def recheck_alone(bench: str, task_id: str, code: str) -> tuple[bool, bool]:
 
 LOAD_DEPENDENT = (
     "evalplus' verdict depends on the load: inside its parallel run it failed this sample, and its own "
-    "check_correctness, rerun on the sample alone, gives ours ({alone}). Its per-input limits are max(1 s, "
+    "check_correctness, rerun on the sample after that run, gives ours ({alone}). Its per-input limits are max(1 s, "
     "4 x the reference's time) of wall clock, so a call that shares the cores with other samples' (e.g. a looping "
     "mutant's) can pass its limit; ours limits CPU time"
 )

@@ -54,6 +54,8 @@ import os
 import struct
 from collections.abc import Callable
 
+from sandbox.limits import CLONE_NEWIPC, MNT_DETACH, MS_NODEV, MS_NOSUID
+
 ALLOWED = """
 read write readv writev pread64 pwrite64 preadv preadv2 pwritev pwritev2 open openat openat2 close
 close_range creat lseek _llseek stat fstat lstat newfstatat statx statfs fstatfs access faccessat
@@ -143,9 +145,9 @@ namespace, uid drop; with privileged children, its own filter) still need after 
 loaded. (Keyrings are not among them: the worker joins its fresh keyring before any filter, and a child
 joins its own only where there is no filter.)"""
 
-_MS_NOSUID_NODEV, _MNT_DETACH, _CLONE_NEWIPC = 0x2 | 0x4, 2, 0x08000000
-"""The flags of the zygote's only mount (a fresh private tmpfs), umount (of the used one, detached) and
-a child's only unshare (its IPC namespace): ``sandbox/limits.py`` ``wipe_private_tmp``, ``enter_private_ipc``."""
+_SET_UP_FLAGS = {"mount": MS_NOSUID | MS_NODEV, "umount2": MNT_DETACH, "unshare": CLONE_NEWIPC}
+"""The flags of the zygote's only mount (a fresh private tmpfs), umount (of the used one, detached) and a
+child's only unshare (its IPC namespace), as ``sandbox/limits.py`` (``wipe_private_tmp``, ``enter_private_ipc``) passes them."""
 
 
 def build_filters(
@@ -180,18 +182,19 @@ def build_filters(
     deny = _act_errno(errno.EPERM) if default == "eperm" else _ACT_KILL_PROCESS
     if children_privileged:
         return (
-            _compile(lib, deny, lambda add: _zygote_rules(add, SET_UP_ONLY)),
+            _compile(lib, deny, lambda add: _zygote_rules(add, True, uid)),
             _compile(lib, _ACT_ALLOW, lambda add: _child_rules(add, deny)),
         )
-    return _compile(lib, deny, lambda add: _zygote_rules(add, (), uid)), None
+    return _compile(lib, deny, lambda add: _zygote_rules(add, False, uid)), None
 
 
-def _zygote_rules(
-    add: Callable[..., None], unrestricted: tuple[str, ...] | list[str], uid: int | None = None
-) -> None:
-    for name in (*ALLOWED, *unrestricted):
+def _zygote_rules(add: Callable[..., None], children_privileged: bool, uid: int | None) -> None:
+    for name in ALLOWED:
         add(name)
-    if not unrestricted:
+    if children_privileged:  # whatever the arguments: each child's own filter denies them
+        for name in SET_UP_ONLY:
+            add(name)
+    else:
         _set_up_rules(add, uid)
     add("clone", _ACT_ALLOW, (0, _CMP_MASKED_EQ, _CLONE_NEW, 0))  # no new namespace
     add("clone3", _act_errno(errno.ENOSYS))  # flags behind a pointer: libc falls back to clone
@@ -204,9 +207,8 @@ def _zygote_rules(
 def _set_up_rules(add: Callable[..., None], uid: int | None) -> None:
     """:data:`SET_UP_ONLY` with the set-up's own arguments (no ``seccomp``: nothing loads a filter after
     the zygote's)."""
-    add("mount", _ACT_ALLOW, (3, _CMP_EQ, _MS_NOSUID_NODEV, 0))
-    add("umount2", _ACT_ALLOW, (1, _CMP_EQ, _MNT_DETACH, 0))
-    add("unshare", _ACT_ALLOW, (0, _CMP_EQ, _CLONE_NEWIPC, 0))
+    for name, arg in (("mount", 3), ("umount2", 1), ("unshare", 0)):  # (the flags' argument)
+        add(name, _ACT_ALLOW, (arg, _CMP_EQ, _SET_UP_FLAGS[name], 0))
     add("landlock_create_ruleset")
     add("landlock_add_rule")
     add("setgroups", _ACT_ALLOW, (0, _CMP_EQ, 0, 0))  # setgroups(0, NULL): no supplementary group
