@@ -57,7 +57,6 @@ def launch(cfg: Config, argv: list[str]) -> int | None:
     n = cfg.distributed.nproc_per_node
     if n <= 1 or under_torchrun():
         return None
-    check_supported(cfg)
     if cfg.data.train_batch_size % n:
         from flows.common import UserError
 
@@ -111,15 +110,10 @@ def join(cfg: Config) -> None:
         )
 
 
-def check_supported(cfg: Config) -> None:
-    """One line (UserError) for what the multi-rank training flow cannot run yet."""
-    if cfg.distributed.strategy == "fsdp2":
-        from flows.common import UserError
-
-        raise UserError(
-            "distributed.strategy=fsdp2: rollouts and checkpoints of FSDP2-sharded policies are not implemented "
-            "in the training flow yet (the update is); use distributed.strategy=ddp (docs/distributed.md)"
-        )
+def gather_for_save(policies: dict[str, Any]) -> None:
+    """FSDP2: every rank brings the checkpoint state to rank 0 before it saves or exports (else a no-op)."""
+    if dp.world_size() > 1:
+        dp.gather_for_save(policies)
 
 
 def wrap_policies(policies: dict[str, Any], cfg: Config) -> None:
@@ -131,7 +125,6 @@ def wrap_policies(policies: dict[str, Any], cfg: Config) -> None:
             log.warning("train: distributed.nproc_per_node=%d but one rank: start it with `codea1 train` or "
                         "torchrun (docs/distributed.md)", cfg.distributed.nproc_per_node)  # fmt: skip
         return
-    check_supported(cfg)
     for pol in policies.values():
         dp.wrap_policy(pol, cfg.distributed.strategy)
 

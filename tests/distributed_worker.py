@@ -5,6 +5,7 @@ of ``CASES`` and both roles, build the policy as one process would (same seed), 
 (``codea1_core.models.distributed.wrap_policy``), take this rank's shard of the fixed batch (:func:`problem_batch`)
 and run one GRPO step; rank 0 writes the full trainable parameters and the step's metrics to
 ``OUT_DIR/<finetune>-<strategy>-<role>.pt``. ``world size 1`` (no torchrun) runs the single-process reference.
+FSDP2 cases also sample, checkpoint and resume (:func:`sample_save_resume`), as the training flow does.
 """
 
 from __future__ import annotations
@@ -115,13 +116,68 @@ def run(model_dir: str, out_dir: str, cases: list[tuple[str, str]], world: int, 
                 dp.wrap_policy(pol, strategy)
                 problems = dp.shard(problems, rank, world)
             before = trainable(pol)
+            sampled_before = sample(pol) if strategy == "fsdp2" else {}
             metrics = pol.step(concat(problems))
             params = trainable(pol)
-            if rank == 0 or world == 1:
-                name = f"{finetune}-{strategy}-{role}-w{world}.pt"
-                torch.save(
-                    {"params": params, "before": before, "metrics": metrics}, os.path.join(out_dir, name)
+            record = {
+                "params": params,
+                "before": before,
+                "metrics": metrics,
+                "sampled_before": sampled_before,
+            }
+            if strategy == "fsdp2":  # what the training flow does with FSDP2 beyond the update
+                record |= sample_save_resume(
+                    pol, model_dir, out_dir, finetune, strategy, role, problems, world
                 )
+            if rank == 0 or world == 1:
+                torch.save(record, os.path.join(out_dir, f"{finetune}-{strategy}-{role}-w{world}.pt"))
+
+
+def sample(pol: Policy) -> dict[str, list]:
+    """Seeded completions of two prompts with their log-probs (the fast decoder, from the whole weights)."""
+    from codea1_core.models.sampling import SamplingParams
+
+    prompts = [
+        [{"role": "user", "content": "def add(a, b):"}],
+        [{"role": "user", "content": "assert f(3) =="}],
+    ]
+    out = [c for row in pol.generate(prompts, 2, SamplingParams(seed=3, max_new_tokens=8)) for c in row]
+    return {"tokens": [c.token_ids for c in out], "logprobs": [c.logprobs for c in out]}
+
+
+def sample_save_resume(
+    pol: Policy,
+    model_dir: str,
+    out_dir: str,
+    finetune: str,
+    strategy: str,
+    role: str,
+    problems: list,
+    world: int,
+) -> dict:
+    """After the step: sample greedily, checkpoint (gathered to rank 0), restore into a fresh policy laid out
+    like this run, step again and sample again. One process also restores the 2-rank checkpoint (2 -> 1)."""
+    ckpt = os.path.join(out_dir, f"ckpt-{finetune}-{strategy}-{role}-w{world}")
+    sampled = sample(pol)
+    dp.gather_for_save([pol])  # a no-op in one process
+    if dp.is_main():
+        pol.save(ckpt)
+    if world > 1:
+        torch.distributed.barrier()
+
+    def resumed(path: str) -> tuple[dict, list]:
+        torch.manual_seed(7)
+        fresh = Policy(model_dir, make_cfg(finetune), role=role, total_steps=10)
+        if world > 1:
+            dp.wrap_policy(fresh, strategy)
+        fresh.load(path)
+        fresh.step(concat(problems))
+        return trainable(fresh), sample(fresh)
+
+    out = dict(zip(("resumed", "resumed_sampled"), resumed(ckpt), strict=True))
+    if world == 1:
+        out |= dict(zip(("from_w2", "from_w2_sampled"), resumed(ckpt.replace("-w1", "-w2")), strict=True))
+    return {"sampled": sampled, **out}
 
 
 if __name__ == "__main__":

@@ -18,6 +18,11 @@ asks during ``step`` so that the reduced update EQUALS the single-process update
   (:meth:`DataParallel.pad`); gradient sync happens only on the last micro-batch (:func:`grad_sync`);
 * metrics are token-weighted sums reduced over ranks, then divided by the global token count.
 
+FSDP2 inside ``codea1 train``: each rank samples from a whole copy of the weights (:func:`whole_copy`, refreshed
+by :func:`sync_whole` after every update and load), never through the shards; checkpoints keep the
+single-process format (:func:`gather_for_save` brings the state to rank 0; :func:`load_whole_state` and
+:func:`shard_optimizer_state` slice it back), so a run resumes at any world size.
+
 What it does not: launch processes (``flows/distributed.py`` re-executes under ``torchrun``), own MLflow or the
 checkpoint (rank 0 does, in ``flows/train.py``), or run vLLM (one engine per rank, ``docs/distributed.md``).
 No prefect/mlflow here (core purity).
@@ -28,6 +33,7 @@ Run: ``pytest tests/flows/test_distributed.py``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime
 import os
 from collections.abc import Iterator, Sequence
@@ -212,6 +218,7 @@ def wrap_policy(policy: Any, strategy: Strategy) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        policy.whole_model = whole_copy(policy)  # before sharding: rollouts, validation, checkpoints, export
         mesh = init_device_mesh(policy.device.type, (world,))
         for layer in decoder_layers(policy.model):
             fully_shard(layer, mesh=mesh)
@@ -229,3 +236,100 @@ def full_state_dict(policy: Any) -> dict[str, torch.Tensor]:
         k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().to("cpu", copy=True)
         for k, v in sd.items()
     }
+
+
+# ------------------------------------------------------------------------------------------------------
+# FSDP2 inside the training flow: a whole copy to sample from, checkpoints in the single-process format
+# ------------------------------------------------------------------------------------------------------
+def _whole(t: Any) -> Any:
+    """A DTensor's whole value (an all-gather: every rank must call it, in the same order); others as they are."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def whole_copy(policy: Any) -> torch.nn.Module:
+    """A plain (unsharded) copy of ``policy.model`` for sampling: FSDP2's hooks gather per forward, and each rank
+    generates a different number of tokens, so generating through the shards would desynchronise the ranks.
+
+    Kept in the compute dtype (full fine-tuning in bf16 keeps float32 masters in the shards, as vLLM would
+    sample from bf16 weights); in float32, as on CPU, it holds exactly the trained weights. Refreshed by
+    :func:`sync_whole` after every update and load.
+    """
+    whole = copy.deepcopy(policy.model)
+    if policy.autocast_dtype is not None:
+        whole.to(policy.autocast_dtype)
+    return whole.requires_grad_(False)
+
+
+@torch.no_grad()
+def sync_whole(policy: Any) -> None:
+    """Copy the sharded trained parameters into the sampling copy (every rank: one all-gather per parameter)."""
+    whole = dict(policy.whole_model.named_parameters())
+    for name, p in policy.model.named_parameters():
+        if p.requires_grad:
+            whole[name].copy_(_whole(p.detach()))
+    policy.gathered = None
+
+
+@torch.no_grad()
+def gather_for_save(policies: Any) -> None:
+    """FSDP2: gather each policy's checkpoint state to rank 0 (every rank must call it; a no-op otherwise).
+
+    Rank 0 then holds, in ``policy.gathered``, the optimizer state and (full fine-tuning) the master weights
+    whole on CPU, in the single-process format of ``Policy.save``: so one checkpoint, resumable at any world
+    size. Gathered one tensor at a time; the other ranks drop each whole tensor at once. Repeated calls
+    without an update in between gather nothing.
+    """
+    keep = is_main()
+    for policy in policies.values() if isinstance(policies, dict) else policies:
+        if getattr(policy, "whole_model", None) is None or policy.gathered is not None:
+            continue
+        model: dict[str, torch.Tensor] = {}
+        if policy.ref_model is not None:  # full fine-tuning: the float32 masters (LoRA: the copy is exact)
+            for key, value in policy.model.state_dict().items():
+                whole = _whole(value.detach())
+                if keep:
+                    model[key] = whole.to("cpu", copy=True)
+        saved = policy.optimizer.state_dict()
+        state: dict[int, dict[str, Any]] = {}
+        for index in sorted(saved["state"]):
+            entry = {k: _whole(v) for k, v in saved["state"][index].items()}
+            if keep:
+                state[index] = {
+                    k: v.to("cpu", copy=True) if torch.is_tensor(v) else v for k, v in entry.items()
+                }
+        optimizer = {"state": state, "param_groups": saved["param_groups"]}
+        policy.gathered = {"model": model, "optimizer": optimizer} if keep else {}
+
+
+def _sharded_like(param: Any, whole: torch.Tensor) -> Any:
+    """``whole`` (the same on every rank) as a DTensor laid out like ``param``: each rank slices its own part."""
+    from torch.distributed.tensor import distribute_tensor
+
+    value = whole.to(device=param.device, dtype=param.dtype)
+    return distribute_tensor(value, param.device_mesh, param.placements, src_data_rank=None)
+
+
+@torch.no_grad()
+def load_whole_state(policy: Any, weights: dict[str, torch.Tensor]) -> None:
+    """Load whole trained weights (a single-process checkpoint's) into an FSDP2 policy's shards and its
+    sampling copy; each rank reads the same file and keeps its own slice (no collective)."""
+    whole = dict(policy.whole_model.named_parameters())
+    for name, p in policy.model.named_parameters():
+        if p.requires_grad:  # full fine-tuning: every weight; LoRA: the adapters (the base is the base)
+            p.copy_(_sharded_like(p, weights[name]))
+            whole[name].copy_(weights[name])
+    policy.gathered = None
+
+
+def shard_optimizer_state(policy: Any, saved: dict[str, Any]) -> dict[str, Any]:
+    """A single-process AdamW state dict laid out over an FSDP2 policy's sharded parameters (same indices:
+    both optimizers are built over ``model.parameters()`` in the same order)."""
+    params = [p for group in policy.optimizer.param_groups for p in group["params"]]
+    state = {}
+    for index, entry in saved["state"].items():
+        p = params[int(index)]
+        state[index] = {
+            k: _sharded_like(p, v) if torch.is_tensor(v) and tuple(v.shape) == tuple(p.shape) else v
+            for k, v in entry.items()
+        }
+    return {"state": state, "param_groups": saved["param_groups"]}

@@ -186,8 +186,9 @@ def estimate(
         on_gpu: False for a CPU estimate (no vLLM share, no CUDA runtime allowance; ``auto`` = float32).
         ranks: GPUs of a data-parallel run (``distributed.nproc_per_node`` x nodes); the plan is per rank.
         strategy: ``ddp`` (every rank holds everything: the plan does not shrink) or ``fsdp2`` (the trained
-            weights, gradients and AdamW state are sharded over ``ranks``, plus two gathered decoder layers;
-            the frozen reference and the autocast weight copies stay whole).
+            weights, gradients and AdamW state are sharded over ``ranks``, plus two gathered decoder layers
+            and the whole copy rollouts sample from; the frozen reference and the autocast weight copies stay
+            whole).
 
     Returns:
         The :class:`MemoryPlan`.
@@ -213,6 +214,8 @@ def estimate(
         for key in ("weights", "gradients", "optimizer"):
             parts[key] /= ranks
         parts["fsdp_gather"] = 2 * (n / max(1, shape.layers)) * compute
+        # the whole copy each rank samples from (distributed.whole_copy), in the compute dtype
+        parts["sampling_copy"] = pols * (n * compute + (0 if full else trainable * 4))
     notes = [f"{pols} polic{'ies' if pols > 1 else 'y'}, {n / 1e9:.2f}B parameters each, "
              f"{'full' if full else 'LoRA'} ({trainable / 1e6:.1f}M trainable), {dtype} compute"]  # fmt: skip
     if ranks > 1:

@@ -204,8 +204,18 @@ class Policy:
         """DDP / FSDP2 wrapper of the log-prob forward (:func:`codea1_core.models.distributed.wrap_policy`)."""
         self.data_parallel: Any = None
         """:class:`codea1_core.models.distributed.DataParallel` when the update is reduced over ranks."""
+        self.whole_model: Any = None
+        """FSDP2: a plain copy of the weights to sample from and export (``distributed.whole_copy``); None: ``model``."""
+        self.gathered: dict | None = None
+        """FSDP2: the checkpoint state gathered to rank 0 since the last update (``distributed.gather_for_save``)."""
         self.rebuild_optimizer()
         self.step_count = 0
+
+    @property
+    def whole(self) -> Any:
+        """The model holding the whole weights: what rollouts sample from and checkpoints write (``model``
+        unless FSDP2 shards it; then its copy, refreshed after every update)."""
+        return self.whole_model if self.whole_model is not None else self.model
 
     @staticmethod
     def logprob_forward() -> Any:
@@ -270,8 +280,8 @@ class Policy:
             check_prompt_lengths(lengths, sampling.max_prompt_tokens, f"{self.role} rollout")
         bs = max(1, self.cfg.rollout.batch_size)
         out: list[list[Completion]] = []
-        was_training = self.model.training
-        self.model.eval()
+        was_training = self.whole.training
+        self.whole.eval()
         try:
             for start in range(0, len(texts), bs):
                 enc = self.tokenizer(
@@ -279,7 +289,7 @@ class Policy:
                 )
                 out.extend(self._generate_chunk(enc, n, sampling, seed=sampling.seed + start))
         finally:
-            self.model.train(was_training)
+            self.whole.train(was_training)
         return out
 
     def _generate_chunk(self, enc: Any, n: int, sp: SamplingParams, seed: int) -> list[list[Completion]]:
@@ -324,7 +334,7 @@ class Policy:
         """Why :mod:`codea1_core.models.cpu_decode.engine` cannot stand in for ``generate`` here (None: it can); logged once."""
         from codea1_core.models import cpu_decode
 
-        reason = cpu_decode.unsupported_reason(self.model)
+        reason = cpu_decode.unsupported_reason(self.whole)
         if reason is not None and not getattr(self, "_fast_reason_logged", False):
             log.info("policy %s: HF generate (fast path not applicable: %s)", self.role, reason)
             self._fast_reason_logged = True
@@ -335,7 +345,7 @@ class Policy:
         from codea1_core.models import cpu_decode
 
         out = cpu_decode.generate(
-            self.model,
+            self.whole,
             enc["input_ids"].to(self.device),
             enc["attention_mask"].to(self.device),
             n=n,
@@ -356,7 +366,7 @@ class Policy:
 
         recorder = _RawLogprobRecorder()
         sample = sp.temperature > 0
-        seqs = self.model.generate(
+        seqs = self.whole.generate(
             input_ids=ids,
             attention_mask=mask,
             **(
@@ -519,6 +529,10 @@ class Policy:
                 norms.append(self._update(batch, mb_idx, old, ref, sums, mb_tokens))
         self.scheduler.step()
         self.step_count += 1
+        if self.whole_model is not None:  # FSDP2: the copy rollouts sample from (every rank: a collective)
+            from codea1_core.models.distributed import sync_whole
+
+            sync_whole(self)
         counts = [sum(len(batch.completion_ids[i]) for i in train_idx), len(zero), len(all_idx)]
         if dp is not None:  # token-weighted sums and counts over all ranks: the single-process metrics
             reduced = dp.sums([*sums.values(), *counts])

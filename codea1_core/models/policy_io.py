@@ -22,8 +22,9 @@ from codea1_core.atomic import atomic_dir
 
 def save_policy(pol: Any, path: Path) -> Path:
     """Write ``pol`` to ``path`` atomically (see the module docstring)."""
+    gathered = _gathered(pol)
     with atomic_dir(path) as tmp:
-        pol.model.save_pretrained(tmp / "model")
+        pol.whole.save_pretrained(tmp / "model", state_dict=gathered["model"] or None)
         pol.tokenizer.save_pretrained(tmp / "model")
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if torch.cuda.is_available():
@@ -32,12 +33,25 @@ def save_policy(pol: Any, path: Path) -> Path:
             "role": pol.role,
             "finetune": pol.cfg.model.finetune,
             "step_count": pol.step_count,
-            "optimizer": pol.optimizer.state_dict(),
+            "optimizer": gathered["optimizer"] or pol.optimizer.state_dict(),
             "scheduler": pol.scheduler.state_dict(),
             "rng": rng,
         }
         torch.save(state, tmp / "state.pt")
     return path
+
+
+def _gathered(pol: Any) -> dict[str, Any]:
+    """What an FSDP2 policy's save writes instead of its shards (``distributed.gather_for_save``, on every rank
+    first); ``{"model": {}, "optimizer": {}}`` for an unsharded policy (its own state)."""
+    if pol.whole_model is None:
+        return {"model": {}, "optimizer": {}}
+    if not pol.gathered:
+        raise RuntimeError(
+            f"policy {pol.role}: FSDP2-sharded and its state not gathered since the last update: call "
+            "codea1_core.models.distributed.gather_for_save on every rank first (rank 0 then saves)"
+        )
+    return pol.gathered
 
 
 def restore_policy(pol: Any, path: Path) -> None:
@@ -54,15 +68,24 @@ def restore_policy(pol: Any, path: Path) -> None:
         from safetensors.torch import load_file
 
         weights = load_file(str(path / "model" / "adapter_model.safetensors"), device=str(pol.device))
-        result = set_peft_model_state_dict(pol.model, weights)
+        result = set_peft_model_state_dict(pol.whole, weights)  # FSDP2: into the copy, then sliced
         if result.unexpected_keys:
             raise ValueError(f"{path}: adapter keys do not match this model: {result.unexpected_keys[:3]}")
+        whole = dict(pol.whole.named_parameters())
     else:
         from transformers import AutoModelForCausalLM
 
         saved = AutoModelForCausalLM.from_pretrained(str(path / "model"), dtype=pol.param_dtype)
-        pol.model.load_state_dict(saved.state_dict())
-    pol.optimizer.load_state_dict(state["optimizer"])
+        whole = saved.state_dict()
+        if pol.whole_model is None:
+            pol.model.load_state_dict(whole)
+    optimizer = state["optimizer"]
+    if pol.whole_model is not None:  # FSDP2: each rank keeps its slice of the single-process state
+        from codea1_core.models import distributed
+
+        distributed.load_whole_state(pol, whole)
+        optimizer = distributed.shard_optimizer_state(pol, optimizer)
+    pol.optimizer.load_state_dict(optimizer)
     pol.scheduler.load_state_dict(state["scheduler"])
     pol.step_count = int(state["step_count"])
     torch.set_rng_state(state["rng"]["torch"])
@@ -73,8 +96,8 @@ def restore_policy(pol: Any, path: Path) -> None:
 
 def export_policy(pol: Any, path: Path) -> Path:
     """Write a standalone HF model directory (LoRA merged into a copy) + tokenizer to ``path`` atomically."""
-    model = copy.deepcopy(pol.model).merge_and_unload() if pol.ref_model is None else pol.model
+    model = copy.deepcopy(pol.whole).merge_and_unload() if pol.ref_model is None else pol.whole
     with atomic_dir(path) as tmp:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=_gathered(pol)["model"] or None)  # FSDP2: the float32 masters
         pol.tokenizer.save_pretrained(tmp)
     return path

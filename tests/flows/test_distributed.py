@@ -11,6 +11,7 @@ are the ranks' own slices instead of slices of the global sample order.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -73,6 +74,38 @@ def test_two_rank_update_equals_single_process(two_rank_steps, finetune, strateg
     assert all(rel[k] <= 1e-3 for k in noise), {k: rel[k] for k in noise}
     for key in ("loss", "pg_loss", "kl", "grad_norm", "tokens", "entropy"):
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-7), key
+
+
+def _worst(two: dict, one: dict) -> tuple[str, float]:
+    """The largest relative difference of a parameter (the key bias's rounding noise aside: see above)."""
+    rel = {k: _rel(two[k], one[k]) for k in one}
+    assert rel and all(rel[k] <= 1e-3 for k in rel if k.endswith("k_proj.bias")), rel
+    return max(((k, r) for k, r in rel.items() if not k.endswith("k_proj.bias")), key=lambda kr: kr[1])
+
+
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+@pytest.mark.parametrize("role", ["code", "test"])
+def test_fsdp2_samples_checkpoints_and_resumes_like_one_process(two_rank_steps, finetune, role):
+    """FSDP2 in the training flow: after the update both ranks sample what one process samples (from the whole
+    copy, refreshed after the update: stale weights would sample the untrained model's tokens); the checkpoint,
+    gathered to rank 0, restores into a fresh sharded policy whose next step equals one process's, and restores
+    in one process too (2 -> 1: the same format), with the optimizer state (AdamW's moments move the next step)."""
+    two = torch.load(two_rank_steps / f"{finetune}-fsdp2-{role}-w2.pt")
+    one = torch.load(two_rank_steps / f"{finetune}-fsdp2-{role}-w1.pt")
+
+    def same(a: dict, b: dict) -> bool:  # the same tokens, log-probs within rounding
+        close = [math.isclose(x, y, rel_tol=1e-4, abs_tol=1e-5) for u, v in zip(a["logprobs"], b["logprobs"],
+                 strict=True) for x, y in zip(u, v, strict=True)]  # fmt: skip
+        return a["tokens"] == b["tokens"] and all(close)
+
+    assert all(one["sampled"]["tokens"])
+    assert not same(one["sampled"], one["sampled_before"])  # the update shows in what is sampled
+    assert same(two["sampled"], one["sampled"])
+    assert same(two["resumed_sampled"], one["resumed_sampled"])
+    assert same(one["from_w2_sampled"], one["resumed_sampled"])
+    assert min(_rel(one["resumed"][k], one["params"][k]) for k in one["params"]) > 1e-5  # the step moved them
+    assert _worst(two["resumed"], one["resumed"])[1] <= 1e-5
+    assert _worst(one["from_w2"], one["resumed"])[1] <= 1e-5
 
 
 def test_two_rank_mistake_book_equals_single_process(two_rank_steps):

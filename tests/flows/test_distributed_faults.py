@@ -1,14 +1,17 @@
-"""A rank killed mid-step stops the whole run within the collective timeout, with one line; resume at world size 1.
+"""A rank killed or hung mid-step stops the whole run within the collective timeout, with one line; resume at
+world size 1.
 
 Real processes end to end: ``python -m flows.train distributed.nproc_per_node=2`` re-executes itself under
-``torchrun`` (gloo, CPU), rank 1 is SIGKILLed once iteration 1 is checkpointed, and the run must end (not hang)
-within ``distributed.timeout_s`` + start-up slack, its last stderr line naming the checkpoint to resume from.
+``torchrun`` (gloo, CPU), rank 1 is SIGKILLed (dies: torchrun sees it) or SIGSTOPped (hangs: only the collective
+timeout can see it) once iteration 1 is checkpointed, and the run must end (not hang) within
+``distributed.timeout_s`` + slack, its last stderr line naming the checkpoint to resume from.
 The same workspace then resumes on ONE rank (the checkpoint format does not depend on the world size) and
 completes every iteration exactly once. Slow (two start-ups of torch + Prefect): ``pytest -m slow``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -36,8 +39,16 @@ def _rank_pid(launcher: subprocess.Popen, rank: int) -> int | None:
     return None
 
 
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 @pytest.mark.slow
-def test_killed_rank_stops_the_run_then_resume_on_one_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
+def test_failed_rank_stops_the_run_then_resume_on_one_rank(tmp_path: Path, fault: signal.Signals) -> None:
     model = build_tiny(tmp_path / "model")
     cfg = tiny_config(tmp_path, model, **{
         "data.train_batch_size": 4, "data.epochs": 20, "orchestration.max_steps": 4, "rollout.batch_size": 2,
@@ -61,10 +72,21 @@ def test_killed_rank_stops_the_run_then_resume_on_one_rank(tmp_path: Path) -> No
     assert latest.exists(), run_log.read_text()[-3000:]
     pid = _rank_pid(launcher, 1)
     assert pid is not None
-    os.kill(pid, signal.SIGKILL)  # mid-step: iteration 2 is under way
+    family = psutil.Process(launcher.pid).children(recursive=True)
+    os.kill(pid, fault)  # mid-step: iteration 2 is under way
     killed = time.monotonic()
-    launcher.wait(timeout=TIMEOUT_S + 60)
-    assert time.monotonic() - killed < TIMEOUT_S + 60
+    try:  # hung: rank 0 fails its next collective after TIMEOUT_S, then torchrun stops the stopped rank
+        launcher.wait(timeout=TIMEOUT_S + 120)
+        took = time.monotonic() - killed
+        left = [proc for proc in family if _alive(proc)]  # both ranks and their sandbox workers
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for proc in family:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()  # nothing left behind, whatever happened
+    assert took < TIMEOUT_S + 120
+    assert not left, [(proc.pid, proc.status(), proc.cmdline()[:4]) for proc in left]
     err = run_log.read_text()
     assert launcher.returncode not in (0, None)
     last = err.strip().splitlines()[-1]
