@@ -150,24 +150,36 @@ _SUMMED = ("samples", "zero_variance_groups", "gate_rows", "sandbox/calls", "san
            "sandbox/infra_errors", "test/rejected/")  # fmt: skip
 
 
+_POOLED = {"test/rejected_rate": "test/gate_rows", "sandbox/timeout_rate": "sandbox/calls"}
+"""Rank-local rates and the counts they are rates of: pooled over ranks (weighted by the count), as one
+process computes them over all of the step's problems."""
+
+
 def reduce_row(local: dict[str, float], main_only: Any = ()) -> dict[str, float]:
-    """Rank-local metrics over all ranks: counts summed, ``time/`` the slowest rank, the rest averaged.
+    """Rank-local metrics over all ranks: counts summed, ``time/`` the slowest rank, rates pooled, the rest
+    averaged.
 
     Keys in ``main_only`` (rank 0's validation) pass through unreduced; the order of ``local`` is kept.
-    A key missing on a rank counts 0 there (``test/rejected/<reason>``). Averages of per-rank rates are exact
-    when the ranks' denominators are equal (a rate over a varying number of calls is the rank-mean, not the
-    pooled rate); ``sandbox/calls_per_s`` is averaged (per-rank throughput).
+    A key missing on a rank counts 0 there (``test/rejected/<reason>``). The rank-local rates of
+    :data:`_POOLED` are weighted by their counts; the remaining averaged keys are equal on every rank (computed
+    from the gathered outcomes), except ``sandbox/calls_per_s`` (the mean per-rank throughput).
     """
     if dp.world_size() == 1:
         return local
     shared = sorted(k for k in local if k not in main_only)
     keys = sorted({k for part in dp.all_gather_objects(shared) for k in part})  # the ranks' keys may differ
-    sums = dp.all_reduce([local.get(k, 0.0) for k in keys])
-    most = dp.all_reduce([local.get(k, 0.0) for k in keys], op="max")
+    weighted = [local.get(k, 0.0) * local.get(_POOLED[k], 0.0) for k in keys if k in _POOLED]
+    values = [local.get(k, 0.0) for k in keys]
+    reduced = dp.all_reduce(values + weighted)
+    sums, pooled = reduced[: len(keys)], iter(reduced[len(keys) :])
+    most = dp.all_reduce(values, op="max")
     world = dp.world_size()
     out = {}
     for k, s, m in zip(keys, sums, most, strict=True):
         out[k] = m if k.startswith("time/") else s if any(t in k for t in _SUMMED) else s / world
+    for k in (k for k in keys if k in _POOLED):
+        total = out.get(_POOLED[k], 0.0)
+        out[k] = next(pooled) / total if total else 0.0
     return {**{k: out.get(k, v) for k, v in local.items()}, **out}
 
 

@@ -67,6 +67,14 @@ def book_run(world: int, rank: int) -> dict:
     return book.to_dict()
 
 
+RANK_ROWS = [  # one step's rank-local metrics on each rank (flows.distributed.reduce_row)
+    {"test/rejected_rate": 0.5, "test/gate_rows": 2.0, "sandbox/timeout_rate": 0.0, "sandbox/calls": 10.0,
+     "code/reward_mean": 0.25, "time/execute_s": 1.0},
+    {"test/rejected_rate": 0.1, "test/gate_rows": 10.0, "sandbox/timeout_rate": 0.2, "sandbox/calls": 5.0,
+     "code/reward_mean": 0.25, "time/execute_s": 3.0},
+]  # fmt: skip
+
+
 def make_cfg(finetune: str) -> Config:
     # Tiny micro-batches and 2 mini-batches: ranks then hold different numbers of micro-batches (padding)
     # and a mini-batch straddles the ranks' shards (the global-order slices of distributed.py).
@@ -188,6 +196,12 @@ if __name__ == "__main__":
     book = book_run(world, rank)
     if rank == 0:
         torch.save(book, os.path.join(sys.argv[2], f"book-w{world}.pt"))
+    if world == 2:
+        from flows.distributed import reduce_row
+
+        row = reduce_row(RANK_ROWS[rank])
+        if rank == 0:
+            torch.save(row, os.path.join(sys.argv[2], "row-w2.pt"))
     run(sys.argv[1], sys.argv[2], cases, world, rank)
     if world > 1:
         torch.distributed.destroy_process_group()

@@ -108,6 +108,16 @@ def test_fsdp2_samples_checkpoints_and_resumes_like_one_process(two_rank_steps, 
     assert _worst(one["from_w2"], one["resumed"])[1] <= 1e-5
 
 
+def test_rank_local_rates_are_pooled_as_one_process_computes_them(two_rank_steps):
+    """A rate each rank computes over its own items (the gate's rejections, the sandbox's timeouts) is the rate
+    over all of them: weighted by its count, not the mean of the ranks' rates (0.3 and 0.1 here)."""
+    row = torch.load(two_rank_steps / "row-w2.pt")
+    assert row["test/rejected_rate"] == pytest.approx((0.5 * 2 + 0.1 * 10) / 12)
+    assert row["sandbox/timeout_rate"] == pytest.approx(1 / 15)
+    assert row["test/gate_rows"] == 12 and row["sandbox/calls"] == 15
+    assert row["code/reward_mean"] == 0.25 and row["time/execute_s"] == 3.0
+
+
 def test_two_rank_mistake_book_equals_single_process(two_rank_steps):
     """One book, the same entries as one process: each rank's outcomes are gathered before the update (a rank
     merging only its own shard would miss the other shard's problems, which recur on it in later steps)."""
