@@ -165,7 +165,7 @@ class VllmRollout:
         version = self.versions[policy.role] + 1
         path = self.adapter_dir / policy.role / f"v{version:05d}"
         with atomic_dir(path) as tmp:
-            policy.model.save_pretrained(tmp)
+            policy.whole.save_pretrained(tmp)  # FSDP2: the whole copy (distributed.whole_copy)
         old = self.adapter_dir / policy.role / f"v{version - 2:05d}"
         shutil.rmtree(old, ignore_errors=True)  # keep the served version and the one before it
         self.lora_requests[policy.role] = LoRARequest(
