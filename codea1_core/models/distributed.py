@@ -232,10 +232,7 @@ def wrap_policy(policy: Any, strategy: Strategy) -> None:
 def full_state_dict(policy: Any) -> dict[str, torch.Tensor]:
     """The policy's whole trainable model state on CPU (FSDP2 shards gathered; on every rank)."""
     sd = policy.model.state_dict()
-    return {
-        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().to("cpu", copy=True)
-        for k, v in sd.items()
-    }
+    return {k: _whole(v).detach().to("cpu", copy=True) for k, v in sd.items()}
 
 
 # ------------------------------------------------------------------------------------------------------
