@@ -8,8 +8,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.codea1-installed
 TEST_STAMP := $(VENV)/.codea1-test-extras
-# `make test` runs the suite in this many pytest-xdist processes, a test module per process at a time (a module's
-# fixtures, e.g. the 2-rank torchrun steps, then run once, not once per process). Most of its time is spent in tests that wait on
+# `make test` runs the suite in this many pytest-xdist processes: most of its time is spent in tests that wait on
 # subprocesses, servers and stages, so 2 overlap well even on 2 cores (docs/benchmarks.md); 1 runs it serially.
 TEST_WORKERS ?= 2
 
@@ -54,7 +53,7 @@ $(TEST_STAMP): $(STAMP)
 	@touch $(TEST_STAMP)
 
 test: setup $(TEST_STAMP)
-	@$(BIN)/python -m pytest -m "not gpu and not slow" $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope)
+	@$(BIN)/python -m pytest -m "not gpu and not slow" $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
 test-slow: setup $(TEST_STAMP)
 	@$(BIN)/python -m pytest -m slow
