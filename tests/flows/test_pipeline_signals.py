@@ -177,7 +177,7 @@ def test_stopping_the_pipeline_during_warm_start_or_evaluate_leaves_nothing_runn
     log = _stop(proc, how, stage_pid, stage)
     assert proc.returncode == 130, log[-3000:]
     states = [(r.name, r.state_type.value) for r in running()]
-    assert len(states) == 1 and states[0][1] in ("CANCELLED", "CRASHED"), states
+    assert len(states) == 1 and states[0][1] in ("CANCELLED", "CRASHED"), (states, log[-4000:])
     leftovers = (
         [p for p in (repo / "outputs").rglob("*") if p.name.endswith(".tmp")]
         if (repo / "outputs").exists()
