@@ -42,6 +42,7 @@ T = TypeVar("T")
 log = logging.getLogger("codea1.train")
 
 is_main = dp.is_main
+gather_for_save = dp.gather_for_save  # FSDP2: every rank, before rank 0 saves or exports
 
 
 def under_torchrun() -> bool:
@@ -108,12 +109,6 @@ def join(cfg: Config) -> None:
         raise UserError(
             f"data.train_batch_size={cfg.data.train_batch_size} is not divisible by the world size {world}"
         )
-
-
-def gather_for_save(policies: dict[str, Any]) -> None:
-    """FSDP2: every rank brings the checkpoint state to rank 0 before it saves or exports (else a no-op)."""
-    if dp.world_size() > 1:
-        dp.gather_for_save(policies)
 
 
 def wrap_policies(policies: dict[str, Any], cfg: Config) -> None:

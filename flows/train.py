@@ -75,7 +75,7 @@ def train(cfg: Config) -> dict[str, Any]:
                 log_iteration(run.tracker, 0, {"iteration": 0, **val})
             for it in range(run.start + 1, run.total + 1):
                 iteration(run, it, as_task if main else as_function)
-            dist_train.gather_for_save(run.policies)  # FSDP2: what rank 0 exports (every rank; else a no-op)
+            dist_train.gather_for_save(run.policies.values())  # FSDP2: what rank 0 exports (every rank)
             run.summary = finish(run) if main else {}
     return run.summary
 
@@ -176,7 +176,7 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
     times["time/iteration_s"] = time.perf_counter() - t_iter
     row = {"iteration": it, **dist_train.reduce_row({**metrics, **val, **sm, **sb, **times}, main_only=val)}
     run.history.append(row)  # recorded once, in the checkpoint's state (history.csv is derived at the end)
-    dist_train.gather_for_save(run.policies)  # FSDP2: the checkpoint's state to rank 0 (every rank)
+    dist_train.gather_for_save(run.policies.values())  # FSDP2: the checkpoint's state to rank 0 (every rank)
     if not main:  # rank 0 alone writes, checkpoints and logs (flows/distributed.py)
         return row
     parquet = write_outcomes(run.out_dir / "outcomes" / f"it_{it:06d}.parquet", outcomes)

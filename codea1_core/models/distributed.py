@@ -36,7 +36,7 @@ import contextlib
 import copy
 import datetime
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -268,7 +268,7 @@ def sync_whole(policy: Any) -> None:
 
 
 @torch.no_grad()
-def gather_for_save(policies: Any) -> None:
+def gather_for_save(policies: Iterable[Any]) -> None:
     """FSDP2: gather each policy's checkpoint state to rank 0 (every rank must call it; a no-op otherwise).
 
     Rank 0 then holds, in ``policy.gathered``, the optimizer state and (full fine-tuning) the master weights
@@ -277,8 +277,8 @@ def gather_for_save(policies: Any) -> None:
     without an update in between gather nothing.
     """
     keep = is_main()
-    for policy in policies.values() if isinstance(policies, dict) else policies:
-        if getattr(policy, "whole_model", None) is None or policy.gathered is not None:
+    for policy in policies:
+        if policy.whole_model is None or policy.gathered is not None:
             continue
         model: dict[str, torch.Tensor] = {}
         if policy.ref_model is not None:  # full fine-tuning: the float32 masters (LoRA: the copy is exact)
