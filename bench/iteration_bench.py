@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     from codea1_core.config import load_config
     from flows import train as T
     from sandbox import make_executor
-    from tasks.tracking import NullTracker, make_tracker
+    from tracking.runs import NullTracker, make_tracker
 
     tmp = Path(tempfile.mkdtemp(prefix="codea1_bench_"))
     cfg = load_config(args.params, args.overrides)

@@ -180,7 +180,7 @@ def reduce_row(local: dict[str, float], main_only: Any = ()) -> dict[str, float]
 
 def null_tracker(cfg: Config, run_id: str | None = None, run_name: str | None = None) -> Any:
     """The tracker of ranks other than 0: records nothing anywhere (rank 0 owns the MLflow run)."""
-    from tasks.tracking import NullTracker
+    from tracking.runs import NullTracker
 
     return NullTracker()
 

@@ -15,7 +15,7 @@ What it does (docs/method.md §13), read top to bottom:
      ``delta/<key>`` = trained - warm start for every rate (``eval.baseline: false`` turns it off);
   5. write ``<eval.out_dir>/metrics.json`` (DVC metrics, flat keys such as ``code/humanevalplus/plus/pass@1``)
      and ``report.html`` (plots embedded; training curves from ``<checkpoint_dir>/history.csv`` when
-     present); log the same numbers to MLflow through ``tasks.tracking`` (``@`` becomes ``_at_`` there,
+     present); log the same numbers to MLflow through ``tracking.results`` (``@`` becomes ``_at_`` there,
      as MLflow metric names cannot hold ``@``).
 
 What it does not: train or register models (``flows/register.py`` reads ``metrics.json``).
@@ -138,7 +138,7 @@ def read_metrics(path: str | Path) -> dict[str, Any]:
 
 def _track(cfg: Config, metrics: dict[str, float], report: Path, trained_export: bool) -> None:
     """Log to MLflow; on (and nested under) the training run when its export is what was evaluated."""
-    from tasks.tracking import log_evaluation, training_run_id
+    from tracking.results import log_evaluation, training_run_id
 
     log_evaluation(cfg, metrics, report, training_run_id(cfg) if trained_export else None)
 
@@ -147,7 +147,8 @@ def report_context(cfg: Config) -> dict[str, str]:
     """The report's "Run" table: Prefect flow run, git commit, the MLflow training run and its UI link."""
     from prefect.runtime import flow_run
 
-    from tasks.tracking import run_link, run_tags, training_run_id
+    from tracking.results import run_link, training_run_id
+    from tracking.runs import run_tags
 
     context = {}
     if flow_run.get_id():
@@ -399,7 +400,7 @@ def compare(paths: list[str], out: str | Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m flows.evaluate`` / ``codea1 evaluate``; exit 2 with one line on user errors."""
-    from tasks.tracking import TrackingUnavailable, probe_if_used
+    from tracking.store import TrackingUnavailable, probe_if_used
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(description="Evaluate the Code LLM and the Test LLM on benchmarks.")

@@ -141,7 +141,7 @@ def run_guarded(cfg: Config, start: Callable[[], dict[str, Any]]) -> dict[str, A
 
     from flows.plan import check_training_fits
     from tasks import checkpoint as ckpt
-    from tasks.tracking import TrackingUnavailable
+    from tracking.store import TrackingUnavailable
 
     check_training_fits(cfg)
     quiet_user_error_tracebacks()
@@ -159,7 +159,7 @@ def run_guarded(cfg: Config, start: Callable[[], dict[str, Any]]) -> dict[str, A
     ) as exc:  # a disk error anywhere in the chain (a writer may wrap it): one line naming the path
         disk = next((e for e in _chain(exc) if isinstance(e, OSError) and e.errno in DISK_ERRNOS), None)
         if disk is None and store_locked(exc):
-            from tasks.tracking import tracking_uri
+            from tracking.store import tracking_uri
 
             raise UserError(
                 f"the MLflow store ({tracking_uri(cfg)}) stayed locked by another process through "
@@ -408,7 +408,7 @@ def preflight(cfg: Config) -> None:
     """What would fail later, checked before the flow starts: checkpoints (verified, with fallback; a step budget
     below the last one) and the MLflow store (probed, <= 10 s). Raises the tasks' errors; :func:`run_guarded` turns them into one line."""
     from tasks import checkpoint as ckpt
-    from tasks.tracking import probe_store
+    from tracking.store import probe_store
 
     out_dir = Path(cfg.orchestration.checkpoint_dir)
     total = training_steps(

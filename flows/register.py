@@ -25,7 +25,8 @@ from prefect.cache_policies import NO_CACHE
 from codea1_core.atomic import write_json_atomic
 from codea1_core.config import Config
 from flows.common import UserError, flow_config, flow_run_name, resolve_run_dir, stage_main, stage_task
-from tasks.tracking import MODEL_NAMES, alias_info, latest_version, log_to_run, set_alias
+from tracking.registry import MODEL_NAMES, alias_info, latest_version, set_alias
+from tracking.results import log_to_run
 
 DECISION_PATH = Path("outputs/register.json")
 TAG = "eval.promote_value"
@@ -156,7 +157,7 @@ def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict
     """DVC/CLI entry point: one line per role with its metric, the numbers compared and the decision (the MLflow
     store probed first: an unusable one is one line, not minutes of retries)."""
     from codea1_core.config import load_config
-    from tasks.tracking import TrackingUnavailable, probe_if_used
+    from tracking.store import TrackingUnavailable, probe_if_used
 
     try:
         probe_if_used(load_config(params, list(overrides or [])))

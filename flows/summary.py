@@ -164,7 +164,7 @@ def main(params: str = "params.yaml") -> int:
             "registry:   "
             + ", ".join(f"{k}={_fmt(v)}" for k, v in register.items() if not isinstance(v, dict))
         )
-    from tasks.tracking import MLFLOW_UI, MLFLOW_UI_VIEW
+    from tracking.results import MLFLOW_UI, MLFLOW_UI_VIEW
 
     print("\nWhere to look:")
     print(

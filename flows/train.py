@@ -40,8 +40,9 @@ from tasks.execute import execute, execute_golden
 from tasks.mistake_book import merge_mistake_book, retrieve_replay
 from tasks.rollout import drop_overlong_problems, extract_codes, gate_tests, rollout_code, rollout_tests
 from tasks.score import score, validate, write_outcomes
-from tasks.tracking import log_iteration, make_tracker
+from tasks.tracking import log_iteration
 from tasks.update import update_code, update_test
+from tracking.runs import make_tracker
 
 
 # --------------------------------------------------------------------------------------------------

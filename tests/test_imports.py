@@ -1,10 +1,11 @@
 """The project's import graph: no cycle among its modules, and each layer imports only the ones below it.
 
-Layers, bottom up: ``codea1_core`` (the algorithm, pure) < ``sandbox`` (runs untrusted code) < ``tasks``
-(thin Prefect tasks) < ``flows`` (the DVC stages, the pipeline runner, the CLI, the deployments) < ``tools``
-(lab-compare, readme-numbers, the UIs). Every module of those five packages is parsed (nothing is
-imported), and every import statement counts — top level, inside functions and under ``if`` — because a
-function-level import is still a dependency: it only moves the cycle or the layering breach to run time.
+Layers, bottom up: ``codea1_core`` (the algorithm, pure) < ``sandbox`` (runs untrusted code) < ``tracking``
+(MLflow) < ``tasks`` (thin Prefect tasks) < ``flows`` (the DVC stages, the pipeline runner, the CLI, the
+deployments) < ``tools`` (lab-compare, readme-numbers, the UIs). Every module of those six packages is parsed
+(nothing is imported), and every import statement counts — top level, inside functions and under ``if`` —
+because a function-level import is still a dependency: it only moves the cycle or the layering breach to run
+time.
 
 How to run: ``pytest tests/test_imports.py`` (no model, no sandbox; a second).
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-LAYERS = ("codea1_core", "sandbox", "tasks", "flows", "tools")
+LAYERS = ("codea1_core", "sandbox", "tracking", "tasks", "flows", "tools")
 """Bottom up: a module may import from its own layer and the layers before it, never after."""
 
 FRONT_DOOR = "flows.cli"
@@ -29,7 +30,7 @@ ALLOWED_CYCLES: set[frozenset[str]] = set()
 
 
 def module_files(root: Path) -> dict[str, Path]:
-    """Dotted module name -> file of every module of the five packages (``pkg/__init__.py`` is ``pkg``)."""
+    """Dotted module name -> file of every module of the six packages (``pkg/__init__.py`` is ``pkg``)."""
     found = {}
     for package in LAYERS:
         for path in sorted((root / package).rglob("*.py")):

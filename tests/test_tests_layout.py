@@ -1,7 +1,8 @@
 """The test suite's own layout: tests/ mirrors the source tree and no test module imports another.
 
 * Every ``test_*.py`` lives in the folder of what it tests: ``tests/core/`` (and ``core/data``, ``core/method``, ...)
-  for ``codea1_core/``, ``tests/sandbox/``, ``tests/tasks/``, ``tests/flows/``, ``tests/tools/``, ``tests/bench/``;
+  for ``codea1_core/``, ``tests/sandbox/``, ``tests/tracking/``, ``tests/tasks/``, ``tests/flows/``,
+  ``tests/tools/``, ``tests/bench/``;
   only the whole-repository checks stay at the top (:data:`TOP_LEVEL`).
 * Shared fakes and builders are in ``tests/support.py`` (fixtures a folder shares in its ``conftest.py``); a test
   module never imports another test module (that made ``conftest.py`` depend on ``test_train_flow``).
@@ -19,6 +20,7 @@ TOP_LEVEL = {"test_imports.py", "test_layout.py", "test_tests_layout.py", "test_
 MIRRORS = {
     "core": "codea1_core",
     "sandbox": "sandbox",
+    "tracking": "tracking",
     "tasks": "tasks",
     "flows": "flows",
     "tools": "tools",

@@ -129,7 +129,7 @@ def start_uis(params: str, prefect_port: int, mlflow_port: int) -> int:
             procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
         api = prefect_env(prefect_port)["PREFECT_API_URL"]
         print(f"Prefect UI: http://127.0.0.1:{prefect_port}   (export PREFECT_API_URL={api})")
-        from tasks.tracking import MLFLOW_UI_VIEW  # (the runs' view, not MLflow 3's GenAI overview)
+        from tracking.results import MLFLOW_UI_VIEW  # (the runs' view, not MLflow 3's GenAI overview)
 
         print(
             f"MLflow UI:  http://127.0.0.1:{mlflow_port}/#/experiments{MLFLOW_UI_VIEW}    (store: {tracking_uri})"

@@ -11,7 +11,7 @@ and answered with ``max_new_tokens`` / ``temperature`` (the model's params schem
 What it does not: import mlflow, prefect or the rest of this project. The file is copied into every logged
 model (``code/``), so a model served outside this checkout needs only torch and transformers; the prompt
 template comes from the model's ``model_config`` (written from :mod:`codea1_core.method.prompts` at
-registration: :func:`tasks.tracking.add_chat_flavour`), not from here.
+registration: :func:`tracking.packaging.add_chat_flavour`), not from here.
 """
 
 from __future__ import annotations

@@ -126,8 +126,8 @@ def test_solve_reads_registry_uris_and_defaults_to_the_champion(
 ) -> None:
     from flows.common import UserError
     from flows.solve import registry_aware
-    from tasks import tracking
-    from tasks.tracking import MlflowTracker
+    from tracking import registry
+    from tracking.runs import MlflowTracker
 
     monkeypatch.chdir(tmp_path)  # the download cache is relative to the project
     cfg = mlflow_cfg
@@ -135,7 +135,7 @@ def test_solve_reads_registry_uris_and_defaults_to_the_champion(
     tracker = MlflowTracker(cfg)
     version = tracker.register("code", tiny_model_dir, 3)
     tracker.end()
-    tracking.set_alias(cfg, "codea1-code", version, "champion")
+    registry.set_alias(cfg, "codea1-code", version, "champion")
     by_uri = registry_aware(cfg, "code", "models:/codea1-code@champion")
     assert Path(by_uri, "config.json").is_file() and Path(by_uri, "tokenizer.json").is_file()
     assert registry_aware(cfg, "code", None) == by_uri  # the champion by default

@@ -173,6 +173,10 @@ def test_stage_params_are_declared_precisely(repo_root: Path) -> None:
     assert metrics == [{"outputs/eval/headline.json": {"cache": False}}]  # a readable `dvc metrics show`
 
 
+CODE_DIRS = ("codea1_core", "tracking", "tasks", "flows", "sandbox")
+"""The packages whose modules a stage's deps list (``tools`` and ``bench`` are no stage's code)."""
+
+
 def _local_imports(path: Path, root: Path) -> set[Path]:
     """Repo files imported by ``path`` (top level and inside functions): ``codea1_core.x``, ``tasks.x``, ..."""
     import ast
@@ -185,7 +189,7 @@ def _local_imports(path: Path, root: Path) -> set[Path]:
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         for name in names:
-            if name.split(".")[0] not in {"codea1_core", "tasks", "flows", "sandbox"}:
+            if name.split(".")[0] not in CODE_DIRS:
                 continue
             for candidate in (root / f"{name.replace('.', '/')}.py", root / name.replace(".", "/")):
                 if candidate.parent == root and candidate.name != "sandbox":
@@ -224,9 +228,6 @@ def test_stage_deps_cover_the_code_the_stage_imports(repo_root: Path, stage: str
         if p not in deps and not any(d in p.parents for d in deps)
     )
     assert not missing, f"dvc.yaml stage {stage!r}: imported but not in deps: {missing}"
-
-
-CODE_DIRS = ("codea1_core", "tasks", "flows", "sandbox")
 
 
 @pytest.mark.parametrize("stage", ["prepare", "warmstart", "train", "evaluate", "register"])

@@ -59,7 +59,7 @@ def test_an_unreachable_mlflow_server_fails_in_one_line_within_15_s(
 
 
 def test_a_locked_sqlite_store_fails_in_one_line(tmp_path, mlflow_cfg):
-    from tasks.tracking import TrackingUnavailable, probe_store
+    from tracking.store import TrackingUnavailable, probe_store
 
     db = tmp_path / "mlflow.db"
     holder = sqlite3.connect(db)
@@ -77,7 +77,7 @@ def test_a_locked_sqlite_store_fails_in_one_line(tmp_path, mlflow_cfg):
 
 
 def test_a_read_only_store_folder_fails_in_one_line(tmp_path, mlflow_cfg):
-    from tasks.tracking import TrackingUnavailable, probe_store
+    from tracking.store import TrackingUnavailable, probe_store
 
     if os.geteuid() == 0:
         pytest.skip("root writes into read-only folders: the check cannot fail as root")

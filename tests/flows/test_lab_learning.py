@@ -153,7 +153,7 @@ def test_mlflow_tracker_accepts_at_sign_metric_names(tmp_path, monkeypatch):
     """The train flow's validation logs ``code/val/avg@8``; MLflow rejects '@', so it is logged as ``_at_``."""
     from mlflow.tracking import MlflowClient
 
-    from tasks.tracking import make_tracker
+    from tracking.runs import make_tracker
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = f"sqlite:///{tmp_path}/mlflow.db"

@@ -10,8 +10,8 @@ import pytest
 from codea1_core.config import Config
 from flows.common import UserError
 from flows.register import decide, metric_value, register
-from tasks import tracking
-from tasks.tracking import MlflowTracker
+from tracking import packaging, registry
+from tracking.runs import MlflowTracker
 
 
 @pytest.fixture()
@@ -26,8 +26,8 @@ def cfg(mlflow_cfg: Config, tmp_path: Path) -> Config:
 
 @pytest.fixture(autouse=True)
 def fast_model_save(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The promotion logic does not need real MLflow models (tests/tasks/test_tracking.py loads those): a marker file."""
-    monkeypatch.setattr(tracking, "save_transformers_model", lambda src, out, role, step: _marker(out))
+    """The promotion logic does not need real MLflow models (tests/tracking/test_packaging.py loads those): a marker file."""
+    monkeypatch.setattr(packaging, "save_transformers_model", lambda src, out, role, step: _marker(out))
 
 
 def _marker(out: Path) -> Path:
@@ -56,15 +56,15 @@ def test_promotion_sequence(cfg: Config, tmp_path: Path) -> None:
     out = tmp_path / "register.json"
     first = register(cfg, _train_and_eval(cfg, tmp_path, 0.40), out)
     assert first["decision"] == "champion" and first["champion_value"] is None
-    assert tracking.alias_info(cfg, "codea1-code", "champion")["version"] == "1"
+    assert registry.alias_info(cfg, "codea1-code", "champion")["version"] == "1"
     worse = register(cfg, _train_and_eval(cfg, tmp_path, 0.30), out)
     assert worse["decision"] == "candidate" and worse["champion_value"] == pytest.approx(0.40)
-    assert tracking.alias_info(cfg, "codea1-code", "champion")["version"] == "1"
-    assert tracking.alias_info(cfg, "codea1-code", "candidate")["version"] == "2"
+    assert registry.alias_info(cfg, "codea1-code", "champion")["version"] == "1"
+    assert registry.alias_info(cfg, "codea1-code", "candidate")["version"] == "2"
     assert json.loads(out.read_text())["decision"] == "candidate"
     better = register(cfg, _train_and_eval(cfg, tmp_path, 0.55), out)
     assert better["decision"] == "champion" and better["models"]["test"]["alias"] == "champion"
-    assert tracking.alias_info(cfg, "codea1-test", "champion")["version"] == "3"
+    assert registry.alias_info(cfg, "codea1-test", "champion")["version"] == "3"
     # the decision is logged to the training run
     run_id = json.loads((Path(cfg.orchestration.checkpoint_dir) / "final" / "DONE.json").read_text())[
         "run_id"
@@ -93,13 +93,13 @@ def test_each_role_on_its_own_metric_and_never_without_beating_its_warm_start(
     assert (code["alias"], code["metric"]) == ("candidate", "code/lab_heldout/pass@1")  # +0.0: no champion
     assert "warm start" in code["reason"] and code["warmstart_value"] == pytest.approx(0.40)
     assert (test["alias"], test["metric"], test["new"]) == ("champion", "test/lab_heldout/pass@5", 0.30)
-    assert tracking.alias_info(cfg, "codea1-code", "champion") is None
-    info = tracking.alias_info(cfg, "codea1-test", "champion")
+    assert registry.alias_info(cfg, "codea1-code", "champion") is None
+    info = registry.alias_info(cfg, "codea1-test", "champion")
     assert info["version"] == "1" and info["tags"]["register.decision"].startswith("champion: 0.3 beats")
     # a golden run registers no Test LLM: the older codea1-test version is not judged again
     golden = register(cfg, _train_and_eval(cfg, tmp_path, 0.50, test=0.0, warm=warm, roles=("code",)), out)
     assert set(golden["models"]) == {"code"} and golden["decision"] == "champion"
-    assert tracking.alias_info(cfg, "codea1-test", "champion")["version"] == "1"
+    assert registry.alias_info(cfg, "codea1-test", "champion")["version"] == "1"
     saved = json.loads(out.read_text())
     assert saved["models"]["code"]["reason"].startswith("0.5 beats")
 

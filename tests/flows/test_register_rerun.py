@@ -9,10 +9,12 @@ from __future__ import annotations
 def test_logging_the_same_decision_twice_keeps_one_point_per_metric(mlflow_cfg) -> None:
     from mlflow.tracking import MlflowClient
 
-    from tasks.tracking import _client, _experiment_id, log_to_run
+    from tracking.results import log_to_run
+    from tracking.store import client as store_client
+    from tracking.store import experiment_id
 
-    client = _client(mlflow_cfg)
-    run_id = client.create_run(_experiment_id(client, mlflow_cfg), run_name="train").info.run_id
+    client = store_client(mlflow_cfg)
+    run_id = client.create_run(experiment_id(client, mlflow_cfg), run_name="train").info.run_id
     numbers = {"register/new": 0.5, "register/promoted": 1.0}
     log_to_run(mlflow_cfg, run_id, numbers, {"decision": "champion"}, "register")
     log_to_run(mlflow_cfg, run_id, numbers, {"decision": "champion"}, "register")

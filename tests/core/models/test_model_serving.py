@@ -4,7 +4,7 @@ Regression: the registered versions' pyfunc was the transformers text-generation
 usefully only to a hand-rendered chat-template string, ignored ``max_new_tokens`` (no params schema) and had
 no signature. Now the ``python_function`` flavour takes chat messages, puts them in the role's own prompt
 format and honours ``max_new_tokens`` / ``temperature``; the ``transformers`` flavour still loads
-(``tests/tasks/test_tracking.py``). The serving test starts the real ``mlflow models serve`` on loopback.
+(``tests/tracking/test_packaging.py``). The serving test starts the real ``mlflow models serve`` on loopback.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ import pytest
 from codea1_core.config import Config
 from codea1_core.method.prompts import CODE_INSTRUCTION, CODE_SYSTEM, TEST_SYSTEM
 from codea1_core.models.chat_serving import first_code_block, role_messages
-from tasks import tracking
-from tasks.tracking import MlflowTracker, chat_config
+from tracking import registry
+from tracking.packaging import chat_config
+from tracking.runs import MlflowTracker
 
 REPO = Path(__file__).resolve().parents[3]
 STUB = 'def add(a, b):\n    """Return a + b."""'
@@ -74,7 +75,7 @@ def _serve(cfg: Config, cwd: Path, model_dir: Path, max_new_tokens: int = 6) -> 
     tracker = MlflowTracker(cfg)
     version = tracker.register("code", model_dir, 1)
     tracker.end()
-    tracking.set_alias(cfg, "codea1-code", version, "champion")
+    registry.set_alias(cfg, "codea1-code", version, "champion")
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_REGISTRY_URI"}  # the one export a user makes:
     env |= {"MLFLOW_TRACKING_URI": cfg.tracking.tracking_uri, "PYTHONPATH": str(REPO)}

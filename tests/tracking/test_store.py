@@ -42,7 +42,7 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_a_read_only_store_fails_the_probe_in_one_line(read_only_dir: Path, mlflow_cfg) -> None:
-    from tasks.tracking import TrackingUnavailable, probe_store
+    from tracking.store import TrackingUnavailable, probe_store
 
     cfg = mlflow_cfg.replace(**{"tracking.tracking_uri": f"sqlite:///{read_only_dir}/mlflow.db"})
     with pytest.raises(TrackingUnavailable, match=rf"MLflow store {read_only_dir}/mlflow.db: .*readonly"):
@@ -50,7 +50,7 @@ def test_a_read_only_store_fails_the_probe_in_one_line(read_only_dir: Path, mlfl
 
 
 def test_a_read_only_artifact_folder_fails_the_probe(read_only_dir: Path, mlflow_cfg, tmp_path: Path) -> None:
-    from tasks.tracking import TrackingUnavailable, probe_store
+    from tracking.store import TrackingUnavailable, probe_store
 
     cfg = mlflow_cfg.replace(**{"tracking.artifact_location": str(read_only_dir / "artifacts")})
     with pytest.raises(TrackingUnavailable, match=rf"MLflow artifacts {read_only_dir}/artifacts: "):

@@ -1,0 +1,38 @@
+"""What the evaluate stage records: on and nested under the training run; links that open the runs view."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from codea1_core.config import Config
+from tracking import results
+from tracking.runs import MlflowTracker
+
+
+def test_evaluation_is_recorded_on_and_nested_under_the_training_run(cfg: Config, tmp_path: Path) -> None:
+    """Regression: evaluation lived in a separate run with no link to its training run."""
+    train = MlflowTracker(cfg, run_name="train-codea1-seed1-alpha0.5")
+    report = tmp_path / "report.html"
+    report.write_text("<html></html>")
+    eval_id = results.log_evaluation(cfg, {"code/lab/pass@1": 40.0, "n": "x"}, report, train.run_id)
+    run = train.client.get_run(train.run_id)
+    assert run.data.metrics["eval/code/lab/pass_at_1"] == 40.0
+    assert run.data.tags["codea1.evaluate_run_id"] == eval_id
+    nested = train.client.get_run(eval_id)
+    assert nested.data.tags["mlflow.parentRunId"] == train.run_id
+    assert nested.info.run_name == "evaluate-train-codea1-seed1-alpha0.5"
+    assert nested.data.metrics["code/lab/pass_at_1"] == 40.0
+    assert [a.path for a in train.client.list_artifacts(eval_id, "eval")] == ["eval/report.html"]
+
+
+def test_run_links_open_the_runs_view_not_the_genai_overview(cfg: Config) -> None:
+    """MLflow 3.17's UI opens an experiment in its global GenAI view (an empty traces overview) whatever the
+    experiment's kind tag says (seen in a headless browser); the links we print carry the query that opens runs."""
+    from tracking.results import MLFLOW_UI, run_link
+
+    tr = MlflowTracker(cfg)
+    experiment_id = tr.client.get_run(tr.run_id).info.experiment_id
+    assert run_link(cfg, tr.run_id) == (
+        f"{MLFLOW_UI}/#/experiments/{experiment_id}/runs/{tr.run_id}?workflowType=machine_learning"
+    )
+    tr.end()
