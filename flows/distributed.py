@@ -76,7 +76,7 @@ def launch(cfg: Config, argv: list[str]) -> int | None:
 
 def stopped_line(cfg: Config, code: int) -> str:
     """The one line after torchrun stopped all ranks because one died or hung (exit ``code``)."""
-    from tasks.checkpoint import latest_checkpoint
+    from workspace.checkpoints import latest_checkpoint
 
     last = latest_checkpoint(cfg.orchestration.checkpoint_dir)
     where = f"the last checkpoint is {last}" if last is not None else "no checkpoint was written yet"

@@ -3,7 +3,7 @@
 What it does: what ``flows/train.py`` needs from the process it runs in but is not the algorithm —
   * :func:`stop_on_sigterm` / :class:`Stopped`: SIGTERM stops a run after its current task (the last
     checkpoint stands), a second SIGTERM at once;
-  * :func:`run_guarded`: one training run per workspace (``tasks.checkpoint.WorkspaceLock``) and the
+  * :func:`run_guarded`: one training run per workspace (``workspace.lock.WorkspaceLock``) and the
     failures a user can act on (lock held, no intact checkpoint, MLflow store unusable, disk full or
     read-only) turned into one :class:`~flows.common.UserError` line naming the path;
   * :func:`quiet_user_error_tracebacks`, :func:`quiet_console`: what stays off the console;
@@ -76,18 +76,18 @@ def ending(run: Any) -> Iterator[None]:
     """End ``run.tracker``'s run as what happened in the block: FINISHED, KILLED after SIGTERM (:class:`Stopped`
     is swallowed: ``run.summary`` says ``stopped``), FAILED on any error (re-raised; a re-run resumes the same
     MLflow run). The history done so far is written either way (``dvc plots`` shows the iterations done)."""
-    from tasks import checkpoint as ckpt
+    from workspace.resume import write_history
 
     try:
         yield
     except Stopped:
-        ckpt.write_history(run.out_dir, run.history)
+        write_history(run.out_dir, run.history)
         run.tracker.end("KILLED")
         run.summary = {"stopped": True, "iteration": int(run.history[-1]["iteration"]) if run.history else 0}
         return
     except BaseException:
         with contextlib.suppress(Exception):  # best effort: never hides the failure itself
-            ckpt.write_history(run.out_dir, run.history)
+            write_history(run.out_dir, run.history)
         run.tracker.end("FAILED")
         raise
     run.tracker.end("FINISHED")
@@ -140,19 +140,20 @@ def run_guarded(cfg: Config, start: Callable[[], dict[str, Any]]) -> dict[str, A
     from prefect.exceptions import CancelledRun
 
     from flows.plan import check_training_fits
-    from tasks import checkpoint as ckpt
     from tracking.store import TrackingUnavailable
+    from workspace.checkpoints import CheckpointError
+    from workspace.lock import WorkspaceLock, WorkspaceLockedError
 
     check_training_fits(cfg)
     quiet_user_error_tracebacks()
     try:
-        with ckpt.WorkspaceLock(cfg.orchestration.checkpoint_dir):
+        with WorkspaceLock(cfg.orchestration.checkpoint_dir):
             preflight(cfg)
             summary = start()
     except CancelledRun as exc:  # SIGTERM: the flow run ended CANCELLED (final_state)
         print(f"train: {exc}: run it again to resume", file=sys.stderr)
         raise SystemExit(143) from None
-    except (ckpt.WorkspaceLockedError, ckpt.CheckpointError, TrackingUnavailable) as exc:
+    except (WorkspaceLockedError, CheckpointError, TrackingUnavailable) as exc:
         raise UserError(str(exc)) from None
     except (
         Exception
@@ -407,17 +408,18 @@ def load_problems(cfg: Config) -> tuple[list[Any], list[Any]]:
 def preflight(cfg: Config) -> None:
     """What would fail later, checked before the flow starts: checkpoints (verified, with fallback; a step budget
     below the last one) and the MLflow store (probed, <= 10 s). Raises the tasks' errors; :func:`run_guarded` turns them into one line."""
-    from tasks import checkpoint as ckpt
     from tracking.store import probe_store
+    from workspace.checkpoints import checkpoint_iteration, select_checkpoint
+    from workspace.resume import check_step_budget, stored_fingerprint
 
     out_dir = Path(cfg.orchestration.checkpoint_dir)
     total = training_steps(
         cfg, len(load_problems(cfg)[0])
     )  # cheap (parquet or lab); setup() checks after filtering
-    same = ckpt.stored_fingerprint(out_dir) == batches.config_fingerprint(cfg.flat())
-    latest = ckpt.select_checkpoint(out_dir) if cfg.orchestration.resume == "auto" and same else None
+    same = stored_fingerprint(out_dir) == batches.config_fingerprint(cfg.flat())
+    latest = select_checkpoint(out_dir) if cfg.orchestration.resume == "auto" and same else None
     if latest is not None:  # a step budget below the checkpoint: refused before the flow starts
-        ckpt.check_step_budget(latest, ckpt.checkpoint_iteration(latest), total)
+        check_step_budget(latest, checkpoint_iteration(latest), total)
     if cfg.tracking.backend == "mlflow":
         probe_store(cfg)
     for role in ("code", "test") if cfg.mode == "codea1" else ("code",):

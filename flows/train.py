@@ -35,7 +35,7 @@ from flows import distributed as dist_train
 from flows import process
 from flows.common import flow_config, flow_run_name, record_numerics, run_label, stage_main
 from flows.process import TrainRun, as_function, as_task, load_problems, log, training_steps  # noqa: F401 (bench)
-from tasks import checkpoint as ckpt
+from tasks.checkpoint import checkpoint
 from tasks.execute import execute, execute_golden
 from tasks.mistake_book import merge_mistake_book, retrieve_replay
 from tasks.rollout import drop_overlong_problems, extract_codes, gate_tests, rollout_code, rollout_tests
@@ -43,6 +43,8 @@ from tasks.score import score, validate, write_outcomes
 from tasks.tracking import log_iteration
 from tasks.update import update_code, update_test
 from tracking.runs import make_tracker
+from workspace import resume
+from workspace.lock import WorkspaceLock
 
 
 # --------------------------------------------------------------------------------------------------
@@ -66,7 +68,7 @@ def train(cfg: Config) -> dict[str, Any]:
 
     # several ranks: rank 0 owns lock, tracking, checkpoints (flows/distributed.py)
     main = dist_train.is_main()
-    lock = ckpt.WorkspaceLock(cfg.orchestration.checkpoint_dir) if main else contextlib.nullcontext()
+    lock = WorkspaceLock(cfg.orchestration.checkpoint_dir) if main else contextlib.nullcontext()
     with lock, process.stop_on_sigterm() as stop:
         run = setup(cfg, make_tracker if main else dist_train.null_tracker)
         run.stop = stop
@@ -97,11 +99,11 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
                     len(dropped), cfg.data.max_prompt_tokens, ", ".join(dropped[:5]))  # fmt: skip
     total = training_steps(cfg, len(train_set))
     fingerprint = batches.config_fingerprint(cfg.flat())
-    state = ckpt.resume_or_start(out_dir, cfg.orchestration.resume, fingerprint, total, cfg.flat())
+    state = resume.resume_or_start(out_dir, cfg.orchestration.resume, fingerprint, total, cfg.flat())
     tracker = tracker_factory(cfg, run_id=state["run_id"], run_name=f"train-{run_label(cfg)}")
     with process.failing(tracker):  # from here a failure ends the MLflow run FAILED (not RUNNING for good)
         if dist_train.is_main():
-            ckpt.save_run_info(out_dir, fingerprint, tracker.run_id, cfg.flat())
+            resume.save_run_info(out_dir, fingerprint, tracker.run_id, cfg.flat())
         for row in state["history"]:  # backfill iterations checkpointed before a kill but not yet logged
             log_iteration.fn(tracker, int(row["iteration"]), row)
         process.seed_everything(cfg.seed)  # adapter initialisation is part of the run's identity
@@ -183,7 +185,7 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
     parquet = write_outcomes(run.out_dir / "outcomes" / f"it_{it:06d}.parquet", outcomes)
     state = {"fingerprint": run.fingerprint, "run_id": run.tracker.run_id, "history": run.history}
     book = run.book.to_dict() if run.book is not None else None
-    call(ckpt.checkpoint, str(run.out_dir), it, run.policies, book, state, cfg.orchestration.keep_checkpoints)
+    call(checkpoint, str(run.out_dir), it, run.policies, book, state, cfg.orchestration.keep_checkpoints)
     samples = batches.sample_rows(problems, code_out, test_out, scores, cfg.tracking.log_samples)
     files = {"outcomes": str(parquet), "mistake_book": str(run.out_dir / "mistake_book.json")}
     call(log_iteration, run.tracker, it, row, samples, files)
@@ -204,12 +206,12 @@ def finish(run: TrainRun) -> dict[str, Any]:
 
     final = run.out_dir / "final"
     done = final / "DONE.json"
-    summary = ckpt.write_history(run.out_dir, run.history)
+    summary = resume.write_history(run.out_dir, run.history)
     book = run.book if run.book is not None else MistakeBook(enabled=False)
     write_json_atomic(run.out_dir / "mistake_book.json", book.to_dict(), fsync=True)
     process.fault_point("finish:history")
     exported = all((final / role).is_dir() for role in run.policies)
-    if exported and ckpt.done_matches(done, run.total, run.tracker.run_id):
+    if exported and resume.done_matches(done, run.total, run.tracker.run_id):
         return summary
     png = training_chart(run.history)
     if png is not None:  # reward curves + Mistake Book dynamics, also in the MLflow run

@@ -1,11 +1,12 @@
 """The project's import graph: no cycle among its modules, and each layer imports only the ones below it.
 
-Layers, bottom up: ``codea1_core`` (the algorithm, pure) < ``sandbox`` (runs untrusted code) < ``tracking``
-(MLflow) < ``tasks`` (thin Prefect tasks) < ``flows`` (the DVC stages, the pipeline runner, the CLI, the
-deployments) < ``tools`` (lab-compare, readme-numbers, the UIs). Every module of those six packages is parsed
-(nothing is imported), and every import statement counts — top level, inside functions and under ``if`` —
-because a function-level import is still a dependency: it only moves the cycle or the layering breach to run
-time.
+Layers, bottom up: ``codea1_core`` (the algorithm, pure) < ``sandbox`` (runs untrusted code) <
+``tracking`` (MLflow) and ``workspace`` (the training workspace on disk), side by side < ``tasks`` (thin
+Prefect tasks) < ``flows`` (the DVC stages, the pipeline runner, the CLI, the deployments) < ``tools``
+(lab-compare, readme-numbers, the UIs). Packages that share a layer are independent: neither imports the
+other. Every module of those packages is parsed (nothing is imported), and every import statement counts —
+top level, inside functions and under ``if`` — because a function-level import is still a dependency: it only
+moves the cycle or the layering breach to run time.
 
 How to run: ``pytest tests/test_imports.py`` (no model, no sandbox; a second).
 """
@@ -18,8 +19,12 @@ from pathlib import Path
 
 import pytest
 
-LAYERS = ("codea1_core", "sandbox", "tracking", "tasks", "flows", "tools")
-"""Bottom up: a module may import from its own layer and the layers before it, never after."""
+LAYERS = (("codea1_core",), ("sandbox",), ("tracking", "workspace"), ("tasks",), ("flows",), ("tools",))
+"""Bottom up, each layer a tuple of packages: a module may import from its own package and the layers before
+it, never from a later layer nor from another package of its own layer."""
+
+PACKAGES = tuple(package for layer in LAYERS for package in layer)
+"""Every package the checks parse, bottom up."""
 
 FRONT_DOOR = "flows.cli"
 """The ``codea1`` console script dispatches to every command, ``codea1 ui`` (``tools.ui``) included, so it may
@@ -30,9 +35,9 @@ ALLOWED_CYCLES: set[frozenset[str]] = set()
 
 
 def module_files(root: Path) -> dict[str, Path]:
-    """Dotted module name -> file of every module of the six packages (``pkg/__init__.py`` is ``pkg``)."""
+    """Dotted module name -> file of every module of :data:`PACKAGES` (``pkg/__init__.py`` is ``pkg``)."""
     found = {}
-    for package in LAYERS:
+    for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
             parts = path.relative_to(root).with_suffix("").parts
             found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
@@ -112,16 +117,22 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def _layer(module: str) -> int:
-    return LAYERS.index(module.split(".")[0])
+    package = module.split(".")[0]
+    return next(i for i, layer in enumerate(LAYERS) if package in layer)
+
+
+def _breach(a: str, b: str) -> bool:
+    """``a`` importing ``b`` reaches up a layer, or across to another package of its own layer."""
+    if _layer(b) != _layer(a):
+        return _layer(b) > _layer(a)
+    return a.split(".")[0] != b.split(".")[0]
 
 
 def layering_breaches(graph: dict[str, set[str]]) -> list[str]:
-    """``a -> b`` for every import of a higher layer from a lower one (core -> sandbox/tasks/flows, ...)."""
+    """``a -> b`` for every import of a higher layer from a lower one (core -> sandbox/tasks/flows, ...) and
+    between the packages of one layer (tracking <-> workspace)."""
     return sorted(
-        f"{a} -> {b}"
-        for a, targets in graph.items()
-        for b in targets
-        if _layer(b) > _layer(a) and a != FRONT_DOOR
+        f"{a} -> {b}" for a, targets in graph.items() for b in targets if _breach(a, b) and a != FRONT_DOOR
     )
 
 
@@ -134,8 +145,9 @@ def test_no_import_cycle_among_project_modules(repo_root: Path) -> None:
 
 
 def test_each_layer_imports_only_the_layers_below(repo_root: Path) -> None:
-    """codea1_core imports nothing from sandbox/tasks/flows; sandbox nothing from tasks/flows; tasks nothing
-    from flows (the whole point of the layering: the core is usable, and testable, without the rest)."""
+    """codea1_core imports nothing from sandbox/tracking/workspace/tasks/flows; sandbox nothing above it;
+    tracking and workspace nothing from each other or above; tasks nothing from flows (the whole point of the
+    layering: the core is usable, and testable, without the rest)."""
     assert not layering_breaches(import_graph(repo_root))
 
 
@@ -145,20 +157,26 @@ def test_no_cycle_is_allowed() -> None:
 
 
 def test_the_checks_see_function_level_imports_and_cycles(tmp_path: Path) -> None:
-    """The detector itself: a cycle made only of function-level and relative imports is found, and a
-    core module importing a flow is a breach (else the two tests above could pass on a blind graph)."""
-    for package in LAYERS:
+    """The detector itself: a cycle made only of function-level and relative imports is found, a core module
+    importing a flow is a breach, and so is one package of a shared layer importing the other, while an import
+    of a lower layer is not (else the two tests above could pass on a blind graph)."""
+    for package in PACKAGES:
         (tmp_path / package).mkdir()
         (tmp_path / package / "__init__.py").write_text("")
     (tmp_path / "flows" / "a.py").write_text("def f():\n    from flows.b import g\n")
     (tmp_path / "flows" / "b.py").write_text("def g():\n    from .a import f\n")
     (tmp_path / "codea1_core" / "c.py").write_text("if True:\n    import flows.a\n")
+    (tmp_path / "tracking" / "t.py").write_text(
+        "import codea1_core.c\ndef h():\n    from workspace.w import y\n"
+    )
+    (tmp_path / "workspace" / "w.py").write_text("from sandbox.x import z\n")
+    (tmp_path / "sandbox" / "x.py").write_text("")
     graph = import_graph(tmp_path)
     assert cycles(graph) == [["flows.a", "flows.b"]]
-    assert layering_breaches(graph) == ["codea1_core.c -> flows.a"]
+    assert layering_breaches(graph) == ["codea1_core.c -> flows.a", "tracking.t -> workspace.w"]
 
 
-@pytest.mark.parametrize("package", LAYERS)
+@pytest.mark.parametrize("package", PACKAGES)
 def test_every_package_is_parsed(repo_root: Path, package: str) -> None:
     """Guard against a silently empty graph: each layer has modules and its own imports are resolved."""
     graph = import_graph(repo_root)

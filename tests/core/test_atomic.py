@@ -70,20 +70,20 @@ def test_failed_writer_keeps_the_old_file_and_leaves_no_temp(tmp_path: Path) -> 
 
 
 def test_regression_checkpoint_json_write_failure_leaves_no_temp_file(tmp_path: Path) -> None:
-    """Bug: ``tasks.checkpoint.write_json_atomic`` streamed into ``.<name>.tmp.<pid>`` and left it on an error."""
-    from tasks import checkpoint as ckpt
+    """Bug: the checkpoint's ``write_json_atomic`` streamed into ``.<name>.tmp.<pid>`` and left it on an error."""
+    from workspace import checkpoints
 
     circular: list = []
     circular.append(circular)
     with pytest.raises(ValueError, match="Circular"):
-        ckpt.write_json_atomic(tmp_path / "state.json", {"x": circular})
+        checkpoints.write_json_atomic(tmp_path / "state.json", {"x": circular})
     assert list(tmp_path.iterdir()) == []
 
 
 def test_regression_one_process_two_threads_same_path(tmp_path: Path) -> None:
     """Bug: the temp name was ``.<name>.tmp.<pid>``: two threads writing one file shared it (a torn write or a
     ``FileNotFoundError`` from the loser's ``os.replace``). Every version written must arrive whole."""
-    from tasks import checkpoint as ckpt
+    from workspace import checkpoints
 
     target, errors = tmp_path / "LATEST", []
     texts = {"a": "a" * 200_000, "b": "b" * 200_000}
@@ -91,7 +91,7 @@ def test_regression_one_process_two_threads_same_path(tmp_path: Path) -> None:
     def writer(text: str) -> None:
         try:
             for _ in range(150):
-                ckpt.write_text_atomic(target, text)
+                checkpoints.write_text_atomic(target, text)
         except Exception as exc:  # collected: an exception in a thread would not fail the test
             errors.append(exc)
 
@@ -120,7 +120,7 @@ def test_regression_prepared_parquet_gets_the_normal_file_mode(tmp_path: Path) -
 def test_regression_failed_checkpoint_leaves_no_partial_folder(tmp_path: Path) -> None:
     """Bug: a ``save_checkpoint`` that failed mid-way left ``.it_NNNNNN.tmp`` (a policy's weights, GBs on a
     real model) until the next save; the previous checkpoint must stay the only one."""
-    from tasks import checkpoint as ckpt
+    from workspace import checkpoints, resume
 
     class Policy:
         def __init__(self, fail: bool) -> None:
@@ -133,13 +133,13 @@ def test_regression_failed_checkpoint_leaves_no_partial_folder(tmp_path: Path) -
                 raise OSError(28, "No space left on device")
             return path
 
-    ckpt.save_run_info(tmp_path, "fp", None)
-    ckpt.save_checkpoint(tmp_path, 1, {"code": Policy(False)}, None, {"fingerprint": "fp"})
+    resume.save_run_info(tmp_path, "fp", None)
+    checkpoints.save_checkpoint(tmp_path, 1, {"code": Policy(False)}, None, {"fingerprint": "fp"})
     with pytest.raises(OSError, match="No space"):
-        ckpt.save_checkpoint(tmp_path, 2, {"code": Policy(True)}, None, {"fingerprint": "fp"})
-    root = ckpt.ckpt_root(tmp_path)
+        checkpoints.save_checkpoint(tmp_path, 2, {"code": Policy(True)}, None, {"fingerprint": "fp"})
+    root = checkpoints.ckpt_root(tmp_path)
     assert sorted(p.name for p in root.iterdir()) == ["LATEST", "it_000001", "run.json"]
-    assert ckpt.resume_or_start(tmp_path, "auto", "fp")["iteration"] == 1
+    assert resume.resume_or_start(tmp_path, "auto", "fp")["iteration"] == 1
 
 
 def test_atomic_dir_swaps_whole_folders_and_keeps_the_old_one_on_error(tmp_path: Path) -> None:
@@ -167,11 +167,11 @@ def test_replace_dir_onto_a_missing_target_creates_the_parent(tmp_path: Path) ->
 
 def test_no_other_module_implements_an_atomic_write(repo_root: Path) -> None:
     """One atomic write: the temp-file-then-rename write existed ten times; only ``codea1_core/atomic.py`` may rename
-    into place now (``lab_compare`` moves whole workspace paths aside and back, and ``tasks/checkpoint.py`` moves
+    into place now (``lab_compare`` moves whole workspace paths aside and back, and ``workspace/resume.py`` moves
     the checkpoints of a changed config aside to ``checkpoints.previous``: neither is a write)."""
-    allowed = {"codea1_core/atomic.py": 4, "tools/lab_compare.py": 2, "tasks/checkpoint.py": 1}
+    allowed = {"codea1_core/atomic.py": 4, "tools/lab_compare.py": 2, "workspace/resume.py": 1}
     found = {}
-    for folder in ("codea1_core", "tasks", "flows", "tools", "bench"):
+    for folder in ("codea1_core", "tracking", "workspace", "tasks", "flows", "tools", "bench"):
         for path in sorted((repo_root / folder).rglob("*.py")):
             text = path.read_text(encoding="utf-8")
             n = sum(text.count(s) for s in ("os.replace(", ".rename(", "mkstemp(", "NamedTemporaryFile("))

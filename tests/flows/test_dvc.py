@@ -173,7 +173,7 @@ def test_stage_params_are_declared_precisely(repo_root: Path) -> None:
     assert metrics == [{"outputs/eval/headline.json": {"cache": False}}]  # a readable `dvc metrics show`
 
 
-CODE_DIRS = ("codea1_core", "tracking", "tasks", "flows", "sandbox")
+CODE_DIRS = ("codea1_core", "tracking", "workspace", "tasks", "flows", "sandbox")
 """The packages whose modules a stage's deps list (``tools`` and ``bench`` are no stage's code)."""
 
 

@@ -95,7 +95,8 @@ def test_sigterm_stops_a_run_after_the_current_task(prefect_harness, tiny_model,
     from mlflow.tracking import MlflowClient
     from prefect.settings import PREFECT_API_URL
 
-    from tasks import checkpoint as ckpt
+    from workspace import resume
+    from workspace.lock import LOCK_NAME
 
     cfg = tiny_config(tmp_path, tiny_model, **{"orchestration.max_steps": 50, "data.epochs": 50})
     params = tmp_path / "params.yaml"
@@ -119,9 +120,9 @@ def test_sigterm_stops_a_run_after_the_current_task(prefect_harness, tiny_model,
     assert time.monotonic() - t0 < 15, log[-3000:]
     assert proc.returncode == 143, log[-3000:]
     assert "stopped by SIGTERM after iteration" in log
-    assert not (tmp_path / "train" / ckpt.LOCK_NAME).exists()
-    fingerprint = ckpt.stored_fingerprint(tmp_path / "train")
-    state = ckpt.resume_or_start(tmp_path / "train", "auto", fingerprint)
+    assert not (tmp_path / "train" / LOCK_NAME).exists()
+    fingerprint = resume.stored_fingerprint(tmp_path / "train")
+    state = resume.resume_or_start(tmp_path / "train", "auto", fingerprint)
     assert 1 <= state["iteration"] < 50  # resumable from the last checkpoint
     client = MlflowClient(tracking_uri=cfg.tracking.tracking_uri)
     assert client.get_run(state["run_id"]).info.status == "KILLED"

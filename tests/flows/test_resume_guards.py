@@ -17,7 +17,7 @@ import yaml
 
 from codea1_core.config import Config
 from codea1_core.method import batches
-from tasks import checkpoint as ckpt
+from workspace import checkpoints, resume
 
 
 class _Weights:
@@ -31,10 +31,10 @@ class _Weights:
 def _workspace(tmp_path: Path, cfg: Config, iterations: int) -> Path:
     out = Path(cfg.orchestration.checkpoint_dir)
     fp = batches.config_fingerprint(cfg.flat())
-    ckpt.save_run_info(out, fp, None, cfg.flat())
+    resume.save_run_info(out, fp, None, cfg.flat())
     for it in range(1, iterations + 1):
         state = {"fingerprint": fp, "run_id": None, "history": [{"iteration": i} for i in range(1, it + 1)]}
-        ckpt.save_checkpoint(out, it, {"code": _Weights()}, None, state, keep=2)
+        checkpoints.save_checkpoint(out, it, {"code": _Weights()}, None, state, keep=2)
     return out
 
 
@@ -60,8 +60,8 @@ def test_a_step_budget_below_the_last_checkpoint_is_refused_in_one_line(tmp_path
         "orchestration.resume=never to start over"
     )
     assert (out / "checkpoints" / "it_000005").is_dir()  # nothing discarded
-    with pytest.raises(ckpt.CheckpointError, match="orchestration.max_steps=3 is below"):
-        ckpt.resume_or_start(out, "auto", batches.config_fingerprint(cfg.flat()), total=3)
+    with pytest.raises(checkpoints.CheckpointError, match="orchestration.max_steps=3 is below"):
+        resume.resume_or_start(out, "auto", batches.config_fingerprint(cfg.flat()), total=3)
 
 
 def test_a_changed_config_says_what_changed_and_keeps_the_old_checkpoints(tmp_path, caplog) -> None:
@@ -69,7 +69,7 @@ def test_a_changed_config_says_what_changed_and_keeps_the_old_checkpoints(tmp_pa
     out = _workspace(tmp_path, cfg, iterations=2)
     changed = cfg.replace(**{"reward.alpha": 0.25})
     with caplog.at_level(logging.WARNING, logger="codea1.checkpoint"):
-        state = ckpt.resume_or_start(
+        state = resume.resume_or_start(
             out, "auto", batches.config_fingerprint(changed.flat()), 10, changed.flat()
         )
     assert state["iteration"] == 0 and state["path"] is None

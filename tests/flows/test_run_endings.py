@@ -20,19 +20,20 @@ def test_a_failure_in_setup_ends_the_mlflow_run_failed(
     from mlflow.tracking import MlflowClient
 
     from flows.train import train
-    from tasks import checkpoint as ckpt
+    from workspace import resume
+    from workspace.lock import LOCK_NAME
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = tiny_config(tmp_path, tiny_model_dir, **{"model.test_path": str(tmp_path / "no-such-model")})
     uri = cfg.tracking.tracking_uri
     with pytest.raises(OSError, match="model.test_path"):  # after the MLflow run was reopened
         train(cfg)
-    run_id = ckpt.resume_or_start(tmp_path / "train", "auto", ckpt.stored_fingerprint(tmp_path / "train"))[
-        "run_id"
-    ]
+    run_id = resume.resume_or_start(
+        tmp_path / "train", "auto", resume.stored_fingerprint(tmp_path / "train")
+    )["run_id"]
     assert run_id is not None
     assert MlflowClient(tracking_uri=uri).get_run(run_id).info.status == "FAILED"
-    assert not (tmp_path / "train" / ckpt.LOCK_NAME).exists()
+    assert not (tmp_path / "train" / LOCK_NAME).exists()
 
 
 def test_a_served_run_stopped_by_sigterm_ends_in_one_line_not_an_engine_traceback() -> None:

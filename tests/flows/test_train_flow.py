@@ -301,11 +301,11 @@ def test_history_is_recorded_once_per_iteration_and_derived_once(
 
     from codea1_core.evaluation.comparison import parse_history
     from flows.train import train_flow
-    from tasks import checkpoint as ckpt
+    from workspace import resume
 
     written: list[int] = []
-    real = ckpt.write_history
-    monkeypatch.setattr(ckpt, "write_history", lambda d, h, *a: written.append(len(h)) or real(d, h, *a))
+    real = resume.write_history
+    monkeypatch.setattr(resume, "write_history", lambda d, h, *a: written.append(len(h)) or real(d, h, *a))
     cfg = tiny_config(tmp_path, tiny_model, mode="golden", **{"tracking.backend": "null"})
     train_flow(write_params(cfg, tmp_path / "params.yaml"))
     assert written == [2]  # once, with both iterations (not once per iteration plus once at the end)

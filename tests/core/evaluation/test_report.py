@@ -79,7 +79,7 @@ def test_evaluate_flow_writes_metrics_and_report(tmp_path, prefect_harness, monk
 
     from codea1_core.data.prepared import save_prepared
     from flows.evaluate import evaluate
-    from tasks.checkpoint import write_history
+    from workspace.resume import write_history
 
     ps = [problem("a"), problem("b")]
     prepared = tmp_path / "prepared"

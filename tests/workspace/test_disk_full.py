@@ -43,10 +43,12 @@ class _TorchWeights:
 
 
 def test_torch_save_on_a_full_disk_is_an_oserror_naming_the_checkpoint(small_disk: Path) -> None:
-    from tasks import checkpoint as ckpt
+    from workspace import checkpoints
 
     with pytest.raises(OSError) as err:
-        ckpt.save_checkpoint(small_disk / "train", 1, {"code": _TorchWeights()}, None, {"fingerprint": "x"})
+        checkpoints.save_checkpoint(
+            small_disk / "train", 1, {"code": _TorchWeights()}, None, {"fingerprint": "x"}
+        )
     assert err.value.errno == errno.ENOSPC, repr(err.value)
     assert str(small_disk / "train" / "checkpoints") in str(err.value.filename)
     assert not any((small_disk / "train" / "checkpoints").glob(".it_*")), "a half-written checkpoint was left"
@@ -56,10 +58,12 @@ def test_a_full_disk_under_the_stage_entry_is_one_line(small_disk: Path, tmp_pat
     """The stage wrapper (``flows.process.run_guarded``) turns whatever the write raised into the one line."""
     from flows.common import stage_main
     from flows.process import run_guarded
-    from tasks import checkpoint as ckpt
+    from workspace import checkpoints
 
     def start() -> dict:
-        ckpt.save_checkpoint(small_disk / "train", 1, {"code": _TorchWeights()}, None, {"fingerprint": "x"})
+        checkpoints.save_checkpoint(
+            small_disk / "train", 1, {"code": _TorchWeights()}, None, {"fingerprint": "x"}
+        )
         return {}
 
     params = tmp_path / "params.yaml"
