@@ -184,10 +184,11 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
         return row
     parquet = write_outcomes(run.out_dir / "outcomes" / f"it_{it:06d}.parquet", outcomes)
     state = {"fingerprint": run.fingerprint, "run_id": run.tracker.run_id, "history": run.history}
-    book = run.book.to_dict() if run.book is not None else None
+    book_out = run.out_dir / "mistake_book.json"  # merge_mistake_book wrote it: the step's one serialisation
+    book = str(book_out) if run.book is not None else None  # the checkpoint copies its bytes
     call(checkpoint, str(run.out_dir), it, run.policies, book, state, cfg.orchestration.keep_checkpoints)
     samples = batches.sample_rows(problems, code_out, test_out, scores, cfg.tracking.log_samples)
-    files = {"outcomes": str(parquet), "mistake_book": str(run.out_dir / "mistake_book.json")}
+    files = {"outcomes": str(parquet), "mistake_book": str(book_out)}
     call(log_iteration, run.tracker, it, row, samples, files)
     # log_prints: the console and Prefect's logs
     print(process.progress_line(it, run.total, row, run.history))

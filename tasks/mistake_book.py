@@ -3,7 +3,8 @@
 What it does (docs/method.md §3 steps 7, 10; §8, D6): ``retrieve_replay`` takes up to ``top_k`` stored tests
 per problem BEFORE this step's update; ``merge_mistake_book`` applies the official update rule per problem with
 the outcome matrices' ``failed_tests()`` / ``passed_replay()`` (valid codes only, duplicates counted) and
-writes the book JSON atomically (a DVC out). With ``mistake_book.enabled: false`` nothing is replayed or stored.
+writes the book JSON atomically (a DVC out; the step's checkpoint copies this file byte for byte, so the book
+is serialised once per step). With ``mistake_book.enabled: false`` nothing is replayed or stored.
 What it does not: implement the book (``codea1_core.method.mistake_book.MistakeBook`` is pure state).
 """
 

@@ -1,7 +1,8 @@
 """Atomic per-iteration checkpoints, verified on resume (docs/method.md §3 step 16; our resume rule: every iteration).
 
 What it does: :func:`save_checkpoint` writes ``<checkpoint_dir>/checkpoints/it_NNNNNN/`` holding both policies
-(``Policy.save``: weights/adapters, optimizer, scheduler, RNG), the Mistake Book JSON, ``state.json``
+(``Policy.save``: weights/adapters, optimizer, scheduler, RNG), the Mistake Book JSON (a byte-for-byte copy of
+the file the step's merge wrote: the book is serialised once per step), ``state.json``
 (iteration = data cursor, config fingerprint, MLflow run id, metrics history, Python RNG) and ``rng.pt``
 (torch RNG). The directory is built under a temporary name and renamed with ``os.replace``; then the ``LATEST``
 pointer file is replaced atomically. A kill at any moment leaves either the previous or the new iteration
@@ -25,7 +26,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from codea1_core.atomic import atomic_dir, sha256_file, write_json_atomic, write_text_atomic
+from codea1_core.atomic import (
+    atomic_dir,
+    sha256_file,
+    write_bytes_atomic,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 STATE_SCHEMA = "codea1.train_state/1"
 MANIFEST = "MANIFEST.json"
@@ -46,11 +53,15 @@ def save_checkpoint(
     checkpoint_dir: str | Path,
     iteration: int,
     policies: dict[str, Any],
-    book: dict[str, Any] | None,
+    book: str | Path | None,
     state: dict[str, Any],
     keep: int = 2,
 ) -> Path:
-    """Write iteration ``iteration`` atomically and move ``LATEST`` to it; returns its folder."""
+    """Write iteration ``iteration`` atomically and move ``LATEST`` to it; returns its folder.
+
+    ``book``: the Mistake Book file of this iteration (``<checkpoint_dir>/mistake_book.json``, as the merge task
+    wrote it), copied in byte for byte; None when the run has no book.
+    """
     import torch
 
     root = ckpt_root(checkpoint_dir)
@@ -60,7 +71,7 @@ def save_checkpoint(
         for role, policy in policies.items():
             policy.save(tmp / role)
         if book is not None:
-            write_json_atomic(tmp / "mistake_book.json", book, fsync=True)
+            write_bytes_atomic(tmp / "mistake_book.json", Path(book).read_bytes(), fsync=True)
         torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
         full_state = dict(state, schema=STATE_SCHEMA, iteration=iteration, python_rng=_py_rng_state())
         write_json_atomic(tmp / "state.json", full_state, fsync=True)

@@ -210,13 +210,18 @@ def _mlflow(cfg: Config):
 
 @pytest.mark.e2e
 def test_codea1_flow_end_to_end(prefect_harness: None, tiny_model: Path, tmp_path: Path, monkeypatch) -> None:
+    from codea1_core.method.mistake_book import MistakeBook
     from flows.train import train_flow
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    serialised: list[int] = []
+    to_dict = MistakeBook.to_dict
+    monkeypatch.setattr(MistakeBook, "to_dict", lambda book: serialised.append(1) or to_dict(book))
     cfg = tiny_config(tmp_path, tiny_model)
     params = write_params(cfg, tmp_path / "params.yaml")
     state = train_flow(params, return_state=True)
     assert state.is_completed(), state
+    assert len(serialised) == 2 + 1  # once per step (the checkpoint copies the merge's file), once at the end
     assert _flow_run_name(state.state_details.flow_run_id) == "train-codea1-seed1-alpha0.5"
     names = _task_run_names(state.state_details.flow_run_id)
     for it in (1, 2):
@@ -227,6 +232,8 @@ def test_codea1_flow_end_to_end(prefect_harness: None, tiny_model: Path, tmp_pat
     assert (out / "checkpoints" / "LATEST").read_text() == "it_000002"
     assert sorted(p.name for p in (out / "checkpoints" / "it_000002").iterdir()) == [
         "MANIFEST.json", "code", "mistake_book.json", "rng.pt", "state.json", "test"]  # fmt: skip
+    book = (out / "checkpoints" / "it_000002" / "mistake_book.json").read_bytes()
+    assert book == (out / "mistake_book.json").read_bytes()  # the DVC out and the checkpoint: the same bytes
     assert (out / "final" / "code" / "config.json").is_file() and (
         out / "outcomes" / "it_000002.parquet"
     ).is_file()

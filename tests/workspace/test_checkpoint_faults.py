@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from codea1_core.atomic import write_json_atomic
 from workspace import checkpoints, resume
 
 
@@ -41,7 +42,8 @@ def three_iterations(tmp_path: Path, keep: int = 2) -> Path:
             "run_id": "run-1",
             "history": [{"iteration": i} for i in range(1, it + 1)],
         }
-        checkpoints.save_checkpoint(tmp_path, it, {"code": WeightsPolicy(it)}, {"p": it}, state, keep=keep)
+        book = write_json_atomic(tmp_path / "mistake_book.json", {"p": it})  # as the merge task writes it
+        checkpoints.save_checkpoint(tmp_path, it, {"code": WeightsPolicy(it)}, book, state, keep=keep)
     return checkpoints.ckpt_root(tmp_path)
 
 

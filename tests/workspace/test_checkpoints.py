@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from codea1_core.atomic import write_json_atomic
 from workspace import checkpoints, resume
 
 
@@ -35,10 +36,12 @@ def test_save_and_resume_roundtrip(tmp_path: Path) -> None:
             "run_id": "run-1",
             "history": [{"iteration": i} for i in range(1, it + 1)],
         }
-        checkpoints.save_checkpoint(
-            tmp_path, it, {"code": FakePolicy(it)}, {"problems": {"p": it}}, state, keep=2
-        )
+        book = write_json_atomic(tmp_path / "mistake_book.json", {"problems": {"p": it}})  # the merge's out
+        checkpoints.save_checkpoint(tmp_path, it, {"code": FakePolicy(it)}, book, state, keep=2)
     root = checkpoints.ckpt_root(tmp_path)
+    assert (
+        root / "it_000003" / "mistake_book.json"
+    ).read_bytes() == book.read_bytes()  # copied, not rewritten
     assert (root / "LATEST").read_text() == "it_000003"
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["it_000002", "it_000003"]
     checkpoints.save_checkpoint(
