@@ -6,7 +6,7 @@ Code LLM on ``eval.promote_metric``, the Test LLM on ``eval.promote_metric_test`
 ``champion`` only when its number strictly beats the current champion's (or there is none) AND its own warm
 start's (``warmstart/<metric>``, when the warm start was evaluated); otherwise ``candidate``. The numbers and the
 reason are tagged on the version, logged to the training run and written to ``outputs/register.json``
-(atomically).
+(atomically). Each role is judged in a task run, ``judge[<role>]`` (``tasks/register.py``, where the rule is).
 What it does not: train, evaluate, or register new versions (the train stage does).
 
 Run: ``python -m flows.register [--params params.yaml] [key=value ...]`` or ``codea1 register``.
@@ -19,17 +19,16 @@ import math
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 
 from codea1_core.atomic import write_json_atomic
 from codea1_core.config import Config
 from flows.common import UserError, flow_config, flow_run_name, resolve_run_dir, stage_main, stage_task
-from tracking.registry import MODEL_NAMES, alias_info, latest_version, set_alias
+from tasks.register import judge
+from tracking.registry import MODEL_NAMES, latest_version
 from tracking.results import log_to_run
 
 DECISION_PATH = Path("outputs/register.json")
-TAG = "eval.promote_value"
 
 
 def metric_value(metrics: dict[str, Any], name: str, source: Path) -> float:
@@ -47,17 +46,11 @@ def metric_value(metrics: dict[str, Any], name: str, source: Path) -> float:
     return float(value)
 
 
-def decide(new: float, champion: float | None, warmstart: float | None = None) -> tuple[str, str]:
-    """``(alias, reason)``: ``champion`` only when the new number strictly beats the current champion (or there
-    is none) and the role's own warm start (when it was evaluated); else ``candidate``."""
-    if warmstart is not None and not new > warmstart:
-        return "candidate", f"{new:.4g} does not beat its warm start {warmstart:.4g}"
-    if champion is not None and not new > champion:
-        return "candidate", f"{new:.4g} does not beat the champion {champion:.4g}"
-    beaten = [
-        f"{name} {v:.4g}" for name, v in (("champion", champion), ("warm start", warmstart)) if v is not None
-    ]
-    return "champion", f"{new:.4g} beats " + (" and ".join(beaten) if beaten else "nothing (first version)")
+def warmstart_value(metrics: dict[str, Any], name: str) -> float | None:
+    """The warm start's number of metric ``name`` (``warmstart/<name>``), None when the warm start was not
+    evaluated."""
+    base = metrics.get(f"warmstart/{name}")
+    return float(base) if isinstance(base, (int, float)) and not isinstance(base, bool) else None
 
 
 def promote_metrics(cfg: Config) -> dict[str, str]:
@@ -96,25 +89,6 @@ def _versions(cfg: Config, done: dict[str, Any] | None) -> dict[str, str]:
     return found
 
 
-@task(name="judge", task_run_name="judge[{role}]", cache_policy=NO_CACHE)
-def judge(cfg: Config, role: str, version: str, metric: str, metrics: dict, source: Path) -> dict[str, Any]:
-    """Compare one role's version on its own metric; set the alias and tag the version with the numbers (a task
-    run of the register flow)."""
-    name = MODEL_NAMES[role]
-    new = metric_value(metrics, metric, source)
-    base = metrics.get(f"warmstart/{metric}")
-    warm = float(base) if isinstance(base, (int, float)) and not isinstance(base, bool) else None
-    current = alias_info(cfg, name, "champion")
-    champ = float(current["tags"][TAG]) if current and TAG in current["tags"] else None
-    if current and current["version"] == version:
-        champ = None  # re-running register on the same version: judge it against its warm start only
-    alias, reason = decide(new, champ, warm)
-    tags = {TAG: repr(new), "eval.promote_metric": metric, "register.decision": f"{alias}: {reason}"}
-    set_alias(cfg, name, version, alias, tags)
-    return {"version": version, "metric": metric, "new": new, "champion_value": champ,
-            "warmstart_value": warm, "alias": alias, "reason": reason}  # fmt: skip
-
-
 def register(cfg: Config, eval_path: Path | None = None, out_path: Path = DECISION_PATH) -> dict[str, Any]:
     """Judge each role on its own metric, set aliases, log and write the decision; returns it."""
     eval_path = eval_path or Path(cfg.eval.out_dir) / "metrics.json"
@@ -132,10 +106,11 @@ def register(cfg: Config, eval_path: Path | None = None, out_path: Path = DECISI
             "no registered model versions found: run the train stage with tracking.register: true"
         )
     targets = promote_metrics(cfg)
-    models = {
-        role: stage_task(judge, cfg, role, v, targets[role], metrics, eval_path)
-        for role, v in versions.items()
-    }
+    models = {}
+    for role, version in versions.items():  # a role's numbers are read just before it is judged
+        metric = targets[role]
+        new, warm = metric_value(metrics, metric, eval_path), warmstart_value(metrics, metric)
+        models[role] = stage_task(judge, cfg, role, version, metric, new, warm)
     code = models.get("code") or next(iter(models.values()))
     decision: dict[str, Any] = {"metric": code["metric"], "new": code["new"], "models": models,
                                 "decision": code["alias"], "champion_value": code["champion_value"]}  # fmt: skip

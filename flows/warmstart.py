@@ -8,7 +8,8 @@ the Test LLM (imperfect white-box test suites on the training problems), so RL h
 ``selfplay`` mode trains one model on code and black-box test conversations; ``golden`` mode trains only
 the Code LLM. Everything is written to a temporary folder and moved into
 ``outputs/warmstart/`` (``base``, the role folders named by ``model.code_path`` / ``model.test_path``,
-``metrics.json``) in one rename.
+``metrics.json``) in one rename. Building the base and each role's fine-tuning are task runs
+(``build_base``, ``sft[<role>]``: ``tasks/warmstart.py``).
 What it does not: touch user models. When ``model.code_path`` (and ``test_path``) are not inside
 ``outputs/warmstart/`` (e.g. ``Qwen/Qwen2.5-Coder-1.5B-Instruct``), it only writes a ``metrics.json``
 saying it was skipped.
@@ -24,13 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 
 from codea1_core.atomic import replace_dir, temp_dir_for, write_json_atomic
-from codea1_core.config import Config, LabConfig, load_config
+from codea1_core.config import Config, load_config
 from codea1_core.types import Problem
 from flows.common import flow_config, flow_run_name, record_numerics, stage_main, stage_task
+from tasks.warmstart import build_base, sft
 
 log = logging.getLogger("codea1.warmstart")
 
@@ -67,11 +68,6 @@ def training_problems(cfg: Config) -> list[Problem]:
     return lab_problems(cfg.lab, "train")
 
 
-def epochs_of(lab: LabConfig, role: str) -> int:
-    """SFT epochs of ``role``'s warm start: ``lab.warmstart_code_epochs`` for the Code LLM when set."""
-    return (lab.warmstart_code_epochs or lab.warmstart_epochs) if role == "code" else lab.warmstart_epochs
-
-
 def _write_metrics(path: Path, metrics: dict[str, Any]) -> None:
     write_json_atomic(path, metrics, indent=2, default=None, newline=True)
 
@@ -81,32 +77,6 @@ def _param_count(model_dir: Path) -> int:
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir))
     return sum(p.numel() for p in model.parameters())
-
-
-@task(name="build_base", cache_policy=NO_CACHE)
-def build_base(cfg: Config, out: Path) -> Path:
-    """The tiny base model, its tokenizer trained on the lab's corpus (a task run of the warmstart flow)."""
-    from codea1_core.data.lab import tokenizer_corpus
-    from codea1_core.models.tiny_model import build_tiny_model
-
-    lab = cfg.lab
-    return build_tiny_model(
-        out, tokenizer_corpus(lab, k=cfg.reward.k), hidden_size=lab.hidden_size, num_layers=lab.num_layers,
-        num_heads=lab.num_heads, intermediate_size=lab.intermediate_size, vocab_size=lab.vocab_size,
-        max_position_embeddings=lab.max_position_embeddings, seed=cfg.seed,
-    )  # fmt: skip
-
-
-@task(name="sft", task_run_name="sft[{role}]", cache_policy=NO_CACHE)
-def sft(cfg: Config, role: str, base: Path, examples: list, out: Path) -> dict[str, Any]:
-    """One role's supervised fine-tuning from the base model (a task run of the warmstart flow)."""
-    from codea1_core.models.sft import supervised_finetune
-
-    lab = cfg.lab
-    return supervised_finetune(
-        base, examples, out, epochs=epochs_of(lab, role), lr=lab.warmstart_lr, seed=cfg.seed,
-        batch_size=lab.warmstart_batch_size, max_length=lab.max_position_embeddings,
-    )  # fmt: skip
 
 
 def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:

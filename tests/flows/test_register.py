@@ -9,7 +9,8 @@ import pytest
 
 from codea1_core.config import Config
 from flows.common import UserError
-from flows.register import decide, metric_value, register
+from flows.register import metric_value, register
+from tasks.register import decide
 from tracking import packaging, registry
 from tracking.runs import MlflowTracker
 

@@ -68,7 +68,7 @@ def test_the_warm_start_records_its_steps_as_task_runs(prefect_harness, tmp_path
 def test_outside_a_flow_the_steps_run_as_plain_functions(tmp_path: Path) -> None:
     """No flow run, no Prefect API needed: benches and unit tests call the stage functions directly."""
     from flows.common import stage_task
-    from flows.register import judge
+    from tasks.register import judge
 
     calls = []
 

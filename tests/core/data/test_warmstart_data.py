@@ -102,12 +102,3 @@ def test_the_default_warm_start_copies_constants_from_many_parameter_sets():
     assert len(problems) == 48 * len({p.metadata["family"] for p in train})
     assert problems[: len(train)] == train
     assert lab_cfg.warmstart_code_examples_per_problem == 1 and lab_cfg.warmstart_code_epochs == 12
-
-
-def test_code_epochs_apart_from_the_test_role():
-    from flows.warmstart import epochs_of
-
-    lab = load_config(REPO / "params.yaml", ["lab.warmstart_epochs=6", "lab.warmstart_code_epochs=12"]).lab
-    assert (epochs_of(lab, "code"), epochs_of(lab, "test")) == (12, 6)
-    same = replace(lab, warmstart_code_epochs=0)  # 0: both roles follow lab.warmstart_epochs
-    assert (epochs_of(same, "code"), epochs_of(same, "test")) == (6, 6)
