@@ -7,7 +7,8 @@ candidate passing the most valid tests (tests whose answer evaluates) wins; ties
 whose outputs agree most with the other candidates', then to the earliest. The selection rule and its
 plan are the core's (:mod:`codea1_core.evaluation.collaboration`), the runs ``tasks/collaboration.py``'s; this file is
 the CLI: ``codea1 solve --problem FILE`` prints the chosen code, its tests and the vote.
-(``tasks.collaboration.solve_benchmark`` scores the chosen candidates of a benchmark for the evaluate stage.)
+(The ``solve_benchmark`` task of ``tasks/collaboration.py`` scores the chosen candidates of a benchmark for the
+evaluate stage.)
 
 Problem file formats (``--problem``):
   * ``.json`` / ``.yaml`` / ``.yml``: a mapping with ``entry_point`` (required), ``prompt`` (the

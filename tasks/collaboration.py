@@ -1,22 +1,27 @@
 """Test-time collaboration (docs/method.md §15.6): generate, run through the one guard, let the core pick.
 
-What it does: :func:`select_many` asks the Test LLM for one white-box suite per distinct candidate, runs
+What it does: :func:`solve_benchmark` (task run ``solve_benchmark[<bench>]`` of the evaluate flow, one per
+``eval.solve_benchmarks`` entry) scores the chosen candidates of a benchmark with the EvalPlus verdicts, next
+to the candidates' mean and best-of-N. :func:`select_many`, the step it shares with ``codea1 solve``
+(``flows/solve.py``, no Prefect run), asks the Test LLM for one white-box suite per distinct candidate, runs
 the core's plan (:mod:`codea1_core.evaluation.collaboration`) in one :func:`tasks.execute.run_jobs` batch and
-returns the core's selection; :func:`solve_benchmark` scores the chosen candidates of a benchmark with the
-EvalPlus verdicts. Used by ``codea1 solve`` (``flows/solve.py``) and the evaluate stage
-(``eval.solve_benchmarks``).
+returns the core's selection.
 
 What it does not: choose (the core does) or load models (the flows do). Past
 ``sandbox.max_infra_failure_frac`` of ``infra_error`` calls a batch aborts with
 :class:`tasks.execute.InfraFailure` (D4: an infrastructure failure never decides a vote or a verdict).
 
-How to run: ``python -m flows.solve --problem FILE``; unit tests in ``tests/flows/test_solve_attack.py``.
+How to run: ``python -m flows.solve --problem FILE``; unit tests in ``tests/flows/test_solve_attack.py``
+(``solve_benchmark.fn``: the task's function, no Prefect run).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from codea1_core.config import Config
 from codea1_core.evaluation.collaboration import (
@@ -50,6 +55,7 @@ def select_many(
     return plan.select(outcomes, cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol)
 
 
+@task(name="solve_benchmark", task_run_name="solve_benchmark[{bench}]", cache_policy=NO_CACHE)
 def solve_benchmark(
     problems: Sequence[Problem],
     code_policy: Any,

@@ -65,7 +65,7 @@ def test_solve_tie_break_prefers_output_agreement():
 
 def test_solve_benchmark_reports_chosen_vs_candidates():
     ps = [problem("a"), problem("b")]
-    m = solve_benchmark(ps, CyclePolicy([BUGGY, OFF, GOOD]), TESTER, CFG, FakeExecutor(), "toy")
+    m = solve_benchmark.fn(ps, CyclePolicy([BUGGY, OFF, GOOD]), TESTER, CFG, FakeExecutor(), "toy")
     assert m["solve/toy/pass@1"] == 100.0
     assert m["solve/toy/candidates/pass@1"] == pytest.approx(100 / 3)
     assert m["solve/toy/candidates/best_of_n"] == 100.0
@@ -218,7 +218,7 @@ def test_solve_and_attack_abort_on_infra_failures_instead_of_scoring_them(tmp_pa
         select_many([problem()], [[GOOD, BUGGY]], TESTER, CFG, ex)
     assert ex.rounds == 2  # retried once, as training does
     with pytest.raises(InfraFailure, match="solve"):
-        solve_benchmark([problem()], CyclePolicy([GOOD]), TESTER, CFG, _BrokenSandbox(), "toy")
+        solve_benchmark.fn([problem()], CyclePolicy([GOOD]), TESTER, CFG, _BrokenSandbox(), "toy")
     f = tmp_path / "sut.py"
     f.write_text(SUT)
     tester = TextPolicy(lambda text: fenced("assert median([3, 1, 2]) == 2"))
