@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from codea1_core.config import load_config
     from flows import train as T
+    from flows.steps import as_function, as_task
     from sandbox import make_executor
     from tracking.runs import NullTracker, make_tracker
 
@@ -101,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         with make_executor(cfg.sandbox) as ex:
             bare.executor = full.executor = ex
             for it in range(1, min(args.iterations, bare.total) + 1):
-                plain = _timing(T.as_function, per_task["plain"], it)
-                prefect = _timing(T.as_function if args.aa else T.as_task, per_task["prefect"], it)
+                plain = _timing(as_function, per_task["plain"], it)
+                prefect = _timing(as_function if args.aa else as_task, per_task["prefect"], it)
                 order = [(bare, plain, a_s), (full, prefect, b_s)]
                 for run, call, out in order if it % 2 else reversed(order):  # alternate who goes first
                     t = time.perf_counter()

@@ -87,7 +87,7 @@ def quoted(
 def stage_task(task: Any, *args: Any) -> Any:
     """Run ``task`` as a Prefect task run when called inside a flow run (a named step of the stage in the Prefect
     UI), as its plain function otherwise (a test or bench calling the stage's function directly); arguments as
-    :func:`quoted` gives them. (Training's tasks, with their time-out: ``flows.process.as_task``.)"""
+    :func:`quoted` gives them. (Training's tasks, with their time-out: ``flows.steps.as_task``.)"""
     from prefect.context import FlowRunContext
 
     if FlowRunContext.get() is None:

@@ -6,8 +6,9 @@ the Mistake Book, execute, score, update the book, build both GRPO batches (TOPV
 policies, validate every ``eval.every`` steps, checkpoint atomically, log to MLflow. Modes (D10): ``codea1``,
 ``golden`` (golden tests, §7.4), ``selfplay`` (one model plays both roles, §18.2). ``resume: auto`` continues
 from the last complete iteration with the same MLflow run; no step is logged twice.
-What it does not: prepare data, warm-start, evaluate on the benchmarks (other stages); the process side (the
-lock, SIGTERM, checks before the start, one-line errors, the run's state) is ``flows/process.py``, the
+What it does not: prepare data, warm-start, evaluate on the benchmarks (other stages); the process side is
+apart: the run's state and the checks before the start ``flows/train_run.py``, task runs and SIGTERM
+``flows/steps.py``, the lock and one-line errors ``flows/guarded.py``, the console ``flows/console.py``, the
 ranks ``flows/distributed.py``.
 
 Outputs (``orchestration.checkpoint_dir``, default ``outputs/train``): ``checkpoints/`` (it_N + LATEST),
@@ -21,6 +22,9 @@ Run: ``python -m flows.train [--params params.yaml] [key=value ...]`` or ``codea
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -31,10 +35,11 @@ from codea1_core.atomic import write_bytes_atomic, write_json_atomic
 from codea1_core.config import Config, load_config
 from codea1_core.method import batches
 from codea1_core.models.loading import build_policy
+from flows import console, guarded, steps
 from flows import distributed as dist_train
-from flows import process
 from flows.common import flow_config, flow_run_name, record_numerics, run_label, stage_main
-from flows.process import TrainRun, as_function, as_task, load_problems, log, training_steps  # noqa: F401 (bench)
+from flows.steps import as_function, as_task
+from flows.train_run import TrainRun, load_problems, seed_everything, training_steps
 from tasks.checkpoint import checkpoint
 from tasks.execute import execute, execute_golden
 from tasks.mistake_book import merge_mistake_book, retrieve_replay
@@ -46,9 +51,11 @@ from tracking.runs import make_tracker
 from workspace import resume
 from workspace.lock import WorkspaceLock
 
+log = logging.getLogger("codea1.train")
+
 
 # --------------------------------------------------------------------------------------------------
-# The Prefect flow and the loop (the run's state: flows.process.TrainRun)
+# The Prefect flow and the loop (the run's state: flows.train_run.TrainRun)
 # --------------------------------------------------------------------------------------------------
 @flow(name="train", flow_run_name=flow_run_name, log_prints=True)
 def train_flow(
@@ -57,9 +64,9 @@ def train_flow(
     """Prefect entry point (DVC stage, CLI and the ``train/codea1-train`` deployment): a params file +
     ``key=value`` overrides (``mode=golden``, ...), trained into ``run_dir`` when given (``flows.common``)."""
     cfg = flow_config(params, overrides, run_dir)
-    process.quiet_user_error_tracebacks()  # (also where a deployment runs this flow without the stage entry)
+    console.quiet_user_error_tracebacks()  # (also where a deployment runs this flow without the stage entry)
     record_numerics(cfg, "train")
-    return process.final_state(train(cfg))  # CANCELLED after SIGTERM
+    return guarded.final_state(train(cfg))  # CANCELLED after SIGTERM
 
 
 def train(cfg: Config) -> dict[str, Any]:
@@ -69,10 +76,10 @@ def train(cfg: Config) -> dict[str, Any]:
     # several ranks: rank 0 owns lock, tracking, checkpoints (flows/distributed.py)
     main = dist_train.is_main()
     lock = WorkspaceLock(cfg.orchestration.checkpoint_dir) if main else contextlib.nullcontext()
-    with lock, process.stop_on_sigterm() as stop:
+    with lock, steps.stop_on_sigterm() as stop:
         run = setup(cfg, make_tracker if main else dist_train.null_tracker)
         run.stop = stop
-        with process.ending(run), make_executor(cfg.sandbox) as run.executor:  # the tracker's run ends here
+        with guarded.ending(run), make_executor(cfg.sandbox) as run.executor:  # the tracker's run ends here
             if run.start == 0 and cfg.eval.every > 0 and run.val_set and main:  # validate first (§3 step 16)
                 val = validate(run.code_pol, run.val_set, cfg, run.executor, 0)
                 log_iteration(run.tracker, 0, {"iteration": 0, **val})
@@ -90,7 +97,7 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     """Problems, resume state, tracker, policies (restored from the last checkpoint) and the Mistake Book."""
     from codea1_core.method.mistake_book import starting_book
 
-    process.quiet_console()  # SyntaxWarnings of generated code, progress bars of every load and save
+    console.quiet_console()  # SyntaxWarnings of generated code, progress bars of every load and save
     out_dir = Path(cfg.orchestration.checkpoint_dir)
     train_set, val_set = load_problems(cfg)
     train_set, dropped = drop_overlong_problems(train_set, cfg)
@@ -101,12 +108,12 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     fingerprint = batches.config_fingerprint(cfg.flat())
     state = resume.resume_or_start(out_dir, cfg.orchestration.resume, fingerprint, total, cfg.flat())
     tracker = tracker_factory(cfg, run_id=state["run_id"], run_name=f"train-{run_label(cfg)}")
-    with process.failing(tracker):  # from here a failure ends the MLflow run FAILED (not RUNNING for good)
+    with guarded.failing(tracker):  # from here a failure ends the MLflow run FAILED (not RUNNING for good)
         if dist_train.is_main():
             resume.save_run_info(out_dir, fingerprint, tracker.run_id, cfg.flat())
         for row in state["history"]:  # backfill iterations checkpointed before a kill but not yet logged
             log_iteration.fn(tracker, int(row["iteration"]), row)
-        process.seed_everything(cfg.seed)  # adapter initialisation is part of the run's identity
+        seed_everything(cfg.seed)  # adapter initialisation is part of the run's identity
         policies = {"code": build_policy(cfg.model.code_path, cfg, "code", total)}
         if cfg.mode == "codea1":  # selfplay: one model plays both roles; golden: no Test LLM
             policies["test"] = build_policy(cfg.model.test_path, cfg, "test", total)
@@ -130,7 +137,7 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
     from codea1_core.method.outcomes import plan_golden, plan_problem
 
     cfg, ex, times = run.cfg, run.executor, {}
-    timed = process.timed_steps(call, times, run.stop)  # time/<task>_s; SIGTERM stops before the next task
+    timed = steps.timed_steps(call, times, run.stop)  # time/<task>_s; SIGTERM stops before the next task
     golden, selfplay = cfg.mode == "golden", cfg.mode == "selfplay"
 
     t_iter = time.perf_counter()
@@ -191,13 +198,19 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
     files = {"outcomes": str(parquet), "mistake_book": str(book_out)}
     call(log_iteration, run.tracker, it, row, samples, files)
     # log_prints: the console and Prefect's logs
-    print(process.progress_line(it, run.total, row, run.history))
+    print(console.progress_line(it, run.total, row, run.history))
     return row
 
 
 # --------------------------------------------------------------------------------------------------
 # After the last step: the stage's outputs, export and registration
 # --------------------------------------------------------------------------------------------------
+def fault_point(name: str) -> None:
+    """Test hook: SIGKILL this process at ``name`` when ``$CODEA1_KILL_AT`` says so (tests/flows/test_wedge.py)."""
+    if os.environ.get("CODEA1_KILL_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def finish(run: TrainRun) -> dict[str, Any]:
     """Every output of the stage from the last checkpoint, the final policies exported and registered. Idempotent
     and safe to kill anywhere (DVC deletes non-persistent outs before a re-run, so a resumed run with no step left
@@ -210,7 +223,7 @@ def finish(run: TrainRun) -> dict[str, Any]:
     summary = resume.write_history(run.out_dir, run.history)
     book = run.book if run.book is not None else MistakeBook(enabled=False)
     write_json_atomic(run.out_dir / "mistake_book.json", book.to_dict(), fsync=True)
-    process.fault_point("finish:history")
+    fault_point("finish:history")
     exported = all((final / role).is_dir() for role in run.policies)
     if exported and resume.done_matches(done, run.total, run.tracker.run_id):
         return summary
@@ -221,13 +234,13 @@ def finish(run: TrainRun) -> dict[str, Any]:
     versions = {}
     for role, pol in run.policies.items():
         pol.export(final / role)
-        process.fault_point(f"finish:export_{role}")
+        fault_point(f"finish:export_{role}")
         versions[role] = run.tracker.register(role, final / role, run.total)
-        process.fault_point(f"finish:register_{role}")
+        fault_point(f"finish:register_{role}")
     write_json_atomic(
         done, {"iteration": run.total, "versions": versions, "run_id": run.tracker.run_id}, fsync=True
     )
-    process.fault_point("finish:done")
+    fault_point("finish:done")
     return summary
 
 
@@ -236,12 +249,12 @@ def finish(run: TrainRun) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
     """DVC/CLI entry point (``flows.common.stage_main``): :func:`train_flow` under the lock, after the checks
-    (``flows.process.run_guarded``), with the same ``params`` and ``overrides``."""
+    (``flows.guarded.run_guarded``), with the same ``params`` and ``overrides``."""
     overrides = list(overrides or [])
     cfg = load_config(params, overrides)
     return dist_train.run_ranks(  # nproc_per_node > 1: under torchrun; rank > 0: the loop, no Prefect or tracking
         cfg, ["--params", params, *overrides],
-        main=lambda: process.run_guarded(cfg, lambda: train_flow(params=params, overrides=overrides)),
+        main=lambda: guarded.run_guarded(cfg, lambda: train_flow(params=params, overrides=overrides)),
         other=lambda: train(flow_config(params, overrides)),
     )  # fmt: skip
 

@@ -45,7 +45,7 @@ def test_a_served_run_stopped_by_sigterm_ends_in_one_line_not_an_engine_tracebac
 
     from prefect.states import Cancelled
 
-    from flows.process import quiet_user_error_tracebacks
+    from flows.console import quiet_user_error_tracebacks
 
     quiet_user_error_tracebacks()
     with log_lines("prefect.flow_runs") as lines:

@@ -51,7 +51,7 @@ def locked_error(tmp_path: Path) -> Iterator[BaseException]:
 
 
 def test_mlflow_and_prefect_log_a_locked_store_in_one_line_each(locked_error: BaseException) -> None:
-    from flows.process import STORE_LOCKED_LINE, quiet_user_error_tracebacks
+    from flows.console import STORE_LOCKED_LINE, quiet_user_error_tracebacks
 
     quiet_user_error_tracebacks()
     mlflow_log, prefect_log = (
@@ -81,7 +81,7 @@ def test_mlflow_and_prefect_log_a_locked_store_in_one_line_each(locked_error: Ba
 
 
 def test_other_errors_keep_their_tracebacks() -> None:
-    from flows.process import quiet_user_error_tracebacks
+    from flows.console import quiet_user_error_tracebacks
 
     quiet_user_error_tracebacks()
     with log_lines("mlflow.store.db.utils", fmt=FMT) as lines:
@@ -96,7 +96,7 @@ def test_a_store_locked_through_every_retry_ends_the_stage_in_one_line(
     locked_error: BaseException, tmp_path: Path, capsys
 ) -> None:
     from flows.common import stage_main
-    from flows.process import run_guarded
+    from flows.guarded import run_guarded
 
     def start() -> dict:
         raise locked_error

@@ -31,7 +31,7 @@ def test_headline_without_baseline_keeps_trained_numbers() -> None:
 
 def test_progress_line_format() -> None:
     """Regression: training printed no step counter, rewards or ETA."""
-    from flows.process import progress_line
+    from flows.console import progress_line
 
     history = [{"time/iteration_s": 5.0}, {"time/iteration_s": 5.2}]
     row = {"code/reward_mean": 0.712, "test/reward_mean": 0.17, "mistake_book/size": 412.0}

@@ -335,7 +335,7 @@ def test_history_is_recorded_once_per_iteration_and_derived_once(
 
 def test_missing_prepared_data_is_a_user_error(tmp_path: Path) -> None:
     from flows.common import UserError
-    from flows.train import load_problems
+    from flows.train_run import load_problems
 
     cfg = Config().replace(**{"data.train_sources": ["mbpp"], "data.prepared_dir": str(tmp_path / "nope")})
     with pytest.raises(UserError, match="nope/train.parquet not found"):

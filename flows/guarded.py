@@ -1,0 +1,111 @@
+"""The train stage under guard, and how a training run ends.
+
+What it does: :func:`run_guarded` runs the train flow under the workspace lock (one training run per
+workspace, ``workspace.lock.WorkspaceLock``) after :func:`flows.train_run.preflight`, and turns the failures
+a user can act on (lock held, no intact checkpoint, MLflow store unusable or locked, disk full or read-only)
+into one :class:`~flows.common.UserError` line naming the path, a SIGTERM-stopped run into one line and exit
+143.
+Inside the flow, :func:`ending` ends the MLflow run as what happened (FINISHED, KILLED after SIGTERM, FAILED),
+:func:`failing` ends it FAILED when setup fails, and :func:`final_state` makes a stopped run's flow run
+CANCELLED.
+What it does not: stop a stage's process group (``flows/guard.py``) or decide what a run computes
+(``flows/train.py``).
+
+Tests: ``tests/flows/test_run_endings.py``, ``tests/flows/test_store_locked.py``,
+``tests/workspace/test_disk_full.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from codea1_core.config import Config
+from flows.common import UserError
+from flows.console import DISK_ERRNOS, error_chain, quiet_user_error_tracebacks, store_locked
+from flows.steps import Stopped
+from flows.train_run import preflight
+
+
+def run_guarded(cfg: Config, start: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``start()`` (the train flow) under the workspace lock, after :func:`preflight`; lock, checkpoint, tracking
+    and disk errors become one UserError line, a SIGTERM-stopped run one line and exit 143 (a config that cannot
+    fit its GPU stops first, ``flows.plan``)."""
+    from prefect.exceptions import CancelledRun
+
+    from flows.plan import check_training_fits
+    from tracking.store import TrackingUnavailable
+    from workspace.checkpoints import CheckpointError
+    from workspace.lock import WorkspaceLock, WorkspaceLockedError
+
+    check_training_fits(cfg)
+    quiet_user_error_tracebacks()
+    try:
+        with WorkspaceLock(cfg.orchestration.checkpoint_dir):
+            preflight(cfg)
+            summary = start()
+    except CancelledRun as exc:  # SIGTERM: the flow run ended CANCELLED (final_state)
+        print(f"train: {exc}: run it again to resume", file=sys.stderr)
+        raise SystemExit(143) from None
+    except (WorkspaceLockedError, CheckpointError, TrackingUnavailable) as exc:
+        raise UserError(str(exc)) from None
+    # a disk error anywhere in the chain (a writer may wrap it): one line naming the path
+    except Exception as exc:
+        disk = next((e for e in error_chain(exc) if isinstance(e, OSError) and e.errno in DISK_ERRNOS), None)
+        if disk is None and store_locked(exc):
+            from tracking.store import tracking_uri
+
+            raise UserError(
+                f"the MLflow store ({tracking_uri(cfg)}) stayed locked by another process through "
+                "every retry (sqlite: database is locked); stop the process writing to it and rerun to resume"
+            ) from None
+        if disk is None:
+            raise
+        raise UserError(f"{disk.filename or cfg.orchestration.checkpoint_dir}: {disk.strerror}") from None
+    return summary
+
+
+def final_state(summary: dict[str, Any]) -> Any:
+    """What the train flow returns: its summary, or a CANCELLED state after SIGTERM (Prefect recorded a stopped
+    run as COMPLETED; calling the flow then raises ``CancelledRun`` with this message)."""
+    if not summary.get("stopped"):
+        return summary
+    from prefect.states import Cancelled
+
+    return Cancelled(message=f"stopped by SIGTERM after iteration {summary['iteration']} (checkpointed)")
+
+
+@contextlib.contextmanager
+def ending(run: Any) -> Iterator[None]:
+    """End ``run.tracker``'s run as what happened in the block: FINISHED, KILLED after SIGTERM (:class:`Stopped`
+    is swallowed: ``run.summary`` says ``stopped``), FAILED on any error (re-raised; a re-run resumes the same
+    MLflow run). The history done so far is written either way (``dvc plots`` shows the iterations done)."""
+    from workspace.resume import write_history
+
+    try:
+        yield
+    except Stopped:
+        write_history(run.out_dir, run.history)
+        run.tracker.end("KILLED")
+        run.summary = {"stopped": True, "iteration": int(run.history[-1]["iteration"]) if run.history else 0}
+        return
+    except BaseException:
+        with contextlib.suppress(Exception):  # best effort: never hides the failure itself
+            write_history(run.out_dir, run.history)
+        run.tracker.end("FAILED")
+        raise
+    run.tracker.end("FINISHED")
+
+
+@contextlib.contextmanager
+def failing(tracker: Any) -> Iterator[None]:
+    """Any failure in the block ends ``tracker``'s run FAILED, then propagates (a run reopened during setup
+    must not stay RUNNING when a model does not load)."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):  # best effort: never hides the failure itself
+            tracker.end("FAILED")
+        raise
