@@ -1,8 +1,8 @@
 """The checkpoint task of the train flow: one atomic, verified checkpoint per iteration.
 
 What it does: :func:`checkpoint` (task run ``checkpoint[it=N]``, retried once) writes the iteration's
-checkpoint with :func:`workspace.checkpoints.save_checkpoint` and returns its folder. The Mistake Book comes as
-the file the merge task wrote this step, copied byte for byte (the book is serialised once per step).
+checkpoint with :func:`workspace.checkpoints.save_checkpoint` and returns its folder. The Mistake Book comes
+as the file the merge task wrote this step, copied byte for byte (the book is serialised once per step).
 What it does not: decide when to checkpoint (the train flow does) or how a checkpoint is laid out, verified
 and resumed (:mod:`workspace.checkpoints`, :mod:`workspace.resume`).
 

@@ -1,7 +1,7 @@
-"""The warm start's tasks: build the tiny base model, fine-tune one role on it (task runs of the warmstart flow).
+"""The warm start's tasks: build the tiny base model, fine-tune one role on it (the warmstart flow's steps).
 
-What it does: :func:`build_base` trains the BPE tokenizer on the lab's text and writes a random-init tiny Qwen2
-model (``codea1_core.models.tiny_model``); :func:`sft` fine-tunes a copy into one role (``sft[code]``,
+What it does: :func:`build_base` trains the BPE tokenizer on the lab's text and writes a random-init tiny
+Qwen2 model (``codea1_core.models.tiny_model``); :func:`sft` fine-tunes a copy into one role (``sft[code]``,
 ``sft[test]``; ``codea1_core.models.sft``) for :func:`epochs_of` epochs.
 What it does not: choose the roles, build the examples or place the folders (``flows/warmstart.py`` does).
 

@@ -1,7 +1,7 @@
 """What the stages after training record on MLflow: the evaluation, the register decision, links to runs.
 
-What it does: :func:`log_evaluation` puts the evaluation numbers on the training run (``eval/<key>``) and in an
-``evaluate`` run nested under it (with the report); :func:`log_to_run` logs a decision (metrics + a JSON
+What it does: :func:`log_evaluation` puts the evaluation numbers on the training run (``eval/<key>``) and in
+an ``evaluate`` run nested under it (with the report); :func:`log_to_run` logs a decision (metrics + a JSON
 artifact) to a run without repeating a point a rerun already logged; :func:`training_run_id` is the run whose
 export is evaluated (``final/DONE.json``) and :func:`run_link` its address in the MLflow UI.
 What it does not: decide what is logged (``flows/evaluate.py``, ``flows/register.py``) or track training

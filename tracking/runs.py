@@ -1,9 +1,10 @@
 """The training run's tracker: one MLflow run per training run, and a null stand-in with the same methods.
 
 What it does: a :class:`Tracker` protocol with an MLflow implementation (:class:`MlflowTracker`: one run per
-training run, flattened params, git/DVC tags (:func:`run_tags`), per-iteration metrics with ``step=iteration``,
-artifacts, the final models logged and registered as versions of ``codea1-code`` / ``codea1-test``) and a
-:class:`NullTracker` for tests and ``tracking.backend: null``; :func:`make_tracker` picks one from the config.
+training run, flattened params, git/DVC tags (:func:`run_tags`), per-iteration metrics with
+``step=iteration``, artifacts, the final models logged and registered as versions of ``codea1-code`` /
+``codea1-test``) and a :class:`NullTracker` for tests and ``tracking.backend: null``; :func:`make_tracker`
+picks one from the config.
 What it does not: decide what to log (the train flow does) or when to promote (``flows/register.py``).
 
 Resume safety: MLflow appends duplicate metric points, so the tracker reads the steps already logged under
@@ -190,8 +191,8 @@ class MlflowTracker:
 
     def register(self, role: str, model_dir: str | Path, step: int) -> str | None:
         """Log an exported HF model dir as an MLflow 3 *logged model* (the Models tab; ``transformers`` flavour
-        plus the chat ``python_function`` of :func:`tracking.packaging.add_chat_flavour`), linked to this run, and register it as
-        a version of ``codea1-<role>`` (``mlflow.transformers.load_model("models:/codea1-code@champion")``
+        plus the chat ``python_function`` of :func:`tracking.packaging.add_chat_flavour`), linked to this run,
+        and register it as a version of ``codea1-<role>`` (``mlflow.transformers.load_model("models:/codea1-code@champion")``
         loads it, ``mlflow models serve -m models:/codea1-code@champion`` serves it)."""
         import tempfile
 

@@ -1,14 +1,15 @@
-"""The MLflow store: its URI, a client, the experiment, and a probe that fails fast when the store is unusable.
+"""The MLflow store: its URI, a client, the experiment, and a probe that fails fast when it is unusable.
 
-What it does: :func:`tracking_uri` (``$MLFLOW_TRACKING_URI`` wins over ``tracking.tracking_uri``; the folder of
-a relative sqlite file is created), :func:`client`, :func:`experiment_id` (created with its artifact location
-and the tag MLflow 3's UI reads), :func:`is_number` (what the store takes as a metric), and :func:`probe_store`
-/ :func:`probe_if_used`: a real write into the store and its artifact folder, within seconds, raising
-:class:`TrackingUnavailable` with one line naming the URI or folder.
+What it does: :func:`tracking_uri` (``$MLFLOW_TRACKING_URI`` wins over ``tracking.tracking_uri``; the folder
+of a relative sqlite file is created), :func:`client`, :func:`experiment_id` (created with its artifact
+location and the tag MLflow 3's UI reads), :func:`is_number` (what the store takes as a metric), and
+:func:`probe_store` / :func:`probe_if_used`: a real write into the store and its artifact folder, within
+seconds, raising :class:`TrackingUnavailable` with one line naming the URI or folder.
 What it does not: log anything (``tracking.runs``, ``tracking.results``) or touch the registry
 (``tracking.registry``).
 
-Browse the store with ``mlflow ui --backend-store-uri <uri>`` (``codea1 ui``). Tests: ``pytest tests/tracking``.
+Browse the store with ``mlflow ui --backend-store-uri <uri>`` (``codea1 ui``).
+Tests: ``pytest tests/tracking``.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def experiment_id(mlflow_client: Any, cfg: Config) -> str:
-    """The id of ``tracking.experiment``, created (artifacts under ``tracking.artifact_location``) when missing."""
+    """The id of ``tracking.experiment``; created, with artifacts under ``tracking.artifact_location``, when
+    missing."""
     exp = mlflow_client.get_experiment_by_name(cfg.tracking.experiment)
     if exp is not None:
         if "mlflow.experimentKind" not in (exp.tags or {}):

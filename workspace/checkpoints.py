@@ -1,4 +1,5 @@
-"""Atomic per-iteration checkpoints, verified on resume (docs/method.md §3 step 16; our resume rule: every iteration).
+"""Atomic per-iteration checkpoints, verified on resume (docs/method.md §3 step 16; we checkpoint every
+iteration).
 
 What it does: :func:`save_checkpoint` writes ``<checkpoint_dir>/checkpoints/it_NNNNNN/`` holding both policies
 (``Policy.save``: weights/adapters, optimizer, scheduler, RNG), the Mistake Book JSON (a byte-for-byte copy of
@@ -59,8 +60,8 @@ def save_checkpoint(
 ) -> Path:
     """Write iteration ``iteration`` atomically and move ``LATEST`` to it; returns its folder.
 
-    ``book``: the Mistake Book file of this iteration (``<checkpoint_dir>/mistake_book.json``, as the merge task
-    wrote it), copied in byte for byte; None when the run has no book.
+    ``book``: the Mistake Book file of this iteration (``<checkpoint_dir>/mistake_book.json``, as the merge
+    task wrote it), copied in byte for byte; None when the run has no book.
     """
     import torch
 

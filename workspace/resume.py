@@ -1,11 +1,12 @@
 """Where a training run starts and what it records about itself in the workspace.
 
 What it does: :func:`resume_or_start` decides where a run starts (the newest intact checkpoint of the same
-config, or iteration 0; ``resume: never`` forgets the checkpoints) and :func:`check_step_budget` refuses a step
-budget below it; a changed training config says which keys changed and keeps the old checkpoints in
-``checkpoints.previous`` (:func:`keep_previous`). :func:`save_run_info` / :func:`stored_fingerprint` record the
-config fingerprint and MLflow run id before the first iteration; :func:`done_matches` reads ``final/DONE.json``;
-:func:`write_history` derives ``history.csv`` and ``metrics.json`` from the checkpointed history.
+config, or iteration 0; ``resume: never`` forgets the checkpoints) and :func:`check_step_budget` refuses a
+step budget below it; a changed training config says which keys changed and keeps the old checkpoints in
+``checkpoints.previous`` (:func:`keep_previous`). :func:`save_run_info` / :func:`stored_fingerprint` record
+the config fingerprint and MLflow run id before the first iteration; :func:`done_matches` reads
+``final/DONE.json``; :func:`write_history` derives ``history.csv`` and ``metrics.json`` from the
+checkpointed history.
 What it does not: write or verify checkpoints (:mod:`workspace.checkpoints`) or hold the lock
 (:mod:`workspace.lock`).
 
