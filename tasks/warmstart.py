@@ -5,7 +5,8 @@ Qwen2 model (``codea1_core.models.tiny_model``); :func:`sft` fine-tunes a copy i
 ``sft[test]``; ``codea1_core.models.sft``) for :func:`epochs_of` epochs.
 What it does not: choose the roles, build the examples or place the folders (``flows/warmstart.py`` does).
 
-Tests: ``pytest tests/flows/test_warmstart.py tests/flows/test_stage_task_runs.py``.
+Tests: ``pytest tests/tasks/test_warmstart_tasks.py tests/flows/test_warmstart.py``; the task runs in
+``tests/flows/test_stage_task_runs.py``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ checkpointed history.
 What it does not: write or verify checkpoints (:mod:`workspace.checkpoints`) or hold the lock
 (:mod:`workspace.lock`).
 
-Tests: ``pytest tests/workspace/test_resume.py``.
+Tests: ``pytest tests/workspace/test_resume_history.py tests/workspace/test_checkpoints.py``.
 """
 
 from __future__ import annotations
