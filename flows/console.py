@@ -4,7 +4,7 @@ What it does: :func:`quiet_user_error_tracebacks` installs log filters that drop
 MLflow attach to a user error, a disk error or a locked MLflow store (:func:`store_locked`; one line each
 instead), :func:`quiet_console` keeps generated code's SyntaxWarnings and the Hugging Face progress bars off
 the console, and :func:`progress_line` is the training's one line per iteration.
-What it does not: turn an error into the stage's exit (``flows/guarded.py``) or decide what is logged.
+What it does not: turn an error into the stage's exit (``flows/run_endings.py``) or decide what is logged.
 
 Tests: ``tests/flows/test_store_locked.py``, ``tests/flows/test_run_endings.py``,
 ``tests/flows/test_summary.py``.

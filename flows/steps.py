@@ -5,7 +5,7 @@ What it does: :func:`as_task` runs a step as a task run (``rollout_code[it=3]`` 
 :func:`timed_steps` wraps either so each step's wall time lands in ``time/<step>_s`` and a set stop event
 raises :class:`Stopped` before the next step; :func:`stop_on_sigterm` is where that event comes from: SIGTERM
 sets it (the run stops after its current task, the last checkpoint stands), a second SIGTERM exits at once.
-What it does not: decide the steps (``flows/train.py``) or how a stopped run ends (``flows/guarded.py``).
+What it does not: decide the steps (``flows/train.py``) or how a stopped run ends (``flows/run_endings.py``).
 
 Tests: ``tests/flows/test_fail_fast.py`` (SIGTERM), ``tests/flows/test_train_flow.py`` (task runs).
 """

@@ -8,7 +8,7 @@ policies, validate every ``eval.every`` steps, checkpoint atomically, log to MLf
 from the last complete iteration with the same MLflow run; no step is logged twice.
 What it does not: prepare data, warm-start, evaluate on the benchmarks (other stages); the process side is
 apart: the run's state and the checks before the start ``flows/train_run.py``, task runs and SIGTERM
-``flows/steps.py``, the lock and one-line errors ``flows/guarded.py``, the console ``flows/console.py``, the
+``flows/steps.py``, the lock and one-line errors ``flows/run_endings.py``, the console ``flows/console.py``, the
 ranks ``flows/distributed.py``.
 
 Outputs (``orchestration.checkpoint_dir``, default ``outputs/train``): ``checkpoints/`` (it_N + LATEST),
@@ -35,7 +35,7 @@ from codea1_core.atomic import write_bytes_atomic, write_json_atomic
 from codea1_core.config import Config, load_config
 from codea1_core.method import batches
 from codea1_core.models.loading import build_policy
-from flows import console, guarded, steps
+from flows import console, run_endings, steps
 from flows import distributed as dist_train
 from flows.common import flow_config, flow_run_name, record_numerics, run_label, stage_main
 from flows.steps import as_function, as_task
@@ -66,7 +66,7 @@ def train_flow(
     cfg = flow_config(params, overrides, run_dir)
     console.quiet_user_error_tracebacks()  # (also where a deployment runs this flow without the stage entry)
     record_numerics(cfg, "train")
-    return guarded.final_state(train(cfg))  # CANCELLED after SIGTERM
+    return run_endings.final_state(train(cfg))  # CANCELLED after SIGTERM
 
 
 def train(cfg: Config) -> dict[str, Any]:
@@ -79,7 +79,7 @@ def train(cfg: Config) -> dict[str, Any]:
     with lock, steps.stop_on_sigterm() as stop:
         run = setup(cfg, make_tracker if main else dist_train.null_tracker)
         run.stop = stop
-        with guarded.ending(run), make_executor(cfg.sandbox) as run.executor:  # the tracker's run ends here
+        with run_endings.ending(run), make_executor(cfg.sandbox) as run.executor:  # the tracker's run ends here
             if run.start == 0 and cfg.eval.every > 0 and run.val_set and main:  # validate first (§3 step 16)
                 val = validate(run.code_pol, run.val_set, cfg, run.executor, 0)
                 log_iteration(run.tracker, 0, {"iteration": 0, **val})
@@ -108,7 +108,7 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     fingerprint = batches.config_fingerprint(cfg.flat())
     state = resume.resume_or_start(out_dir, cfg.orchestration.resume, fingerprint, total, cfg.flat())
     tracker = tracker_factory(cfg, run_id=state["run_id"], run_name=f"train-{run_label(cfg)}")
-    with guarded.failing(tracker):  # from here a failure ends the MLflow run FAILED (not RUNNING for good)
+    with run_endings.failing(tracker):  # from here a failure ends the MLflow run FAILED (not RUNNING for good)
         if dist_train.is_main():
             resume.save_run_info(out_dir, fingerprint, tracker.run_id, cfg.flat())
         for row in state["history"]:  # backfill iterations checkpointed before a kill but not yet logged
@@ -249,12 +249,12 @@ def finish(run: TrainRun) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
     """DVC/CLI entry point (``flows.common.stage_main``): :func:`train_flow` under the lock, after the checks
-    (``flows.guarded.run_guarded``), with the same ``params`` and ``overrides``."""
+    (``flows.run_endings.run_guarded``), with the same ``params`` and ``overrides``."""
     overrides = list(overrides or [])
     cfg = load_config(params, overrides)
     return dist_train.run_ranks(  # nproc_per_node > 1: under torchrun; rank > 0: the loop, no Prefect or tracking
         cfg, ["--params", params, *overrides],
-        main=lambda: guarded.run_guarded(cfg, lambda: train_flow(params=params, overrides=overrides)),
+        main=lambda: run_endings.run_guarded(cfg, lambda: train_flow(params=params, overrides=overrides)),
         other=lambda: train(flow_config(params, overrides)),
     )  # fmt: skip
 

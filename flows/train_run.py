@@ -6,7 +6,7 @@ lab-only config has none), :func:`training_steps` is the run's number of steps, 
 seeds Python, NumPy and torch; :func:`preflight` checks what would fail later (checkpoints, the MLflow
 store, the model folders) so a bad input is one line before any work.
 What it does not: build the run (``flows/train.py``'s ``setup``) or map errors to lines
-(``flows/guarded.py``).
+(``flows/run_endings.py``).
 
 Tests: ``tests/flows/test_train_inputs.py``, ``tests/flows/test_resume_guards.py``,
 ``tests/flows/test_fail_fast.py``.
@@ -107,7 +107,7 @@ def load_problems(cfg: Config) -> tuple[list[Any], list[Any]]:
 def preflight(cfg: Config) -> None:
     """What would fail later, checked before the flow starts: checkpoints (verified, with fallback; a step budget
     below the last one), the MLflow store (probed, <= 10 s) and the model folders. Raises the workspace's and
-    tracking's errors; ``flows.guarded.run_guarded`` turns them into one line."""
+    tracking's errors; ``flows.run_endings.run_guarded`` turns them into one line."""
     from tracking.store import probe_store
     from workspace.checkpoints import checkpoint_iteration, select_checkpoint
     from workspace.resume import check_step_budget, stored_fingerprint

@@ -96,7 +96,7 @@ def test_a_store_locked_through_every_retry_ends_the_stage_in_one_line(
     locked_error: BaseException, tmp_path: Path, capsys
 ) -> None:
     from flows.common import stage_main
-    from flows.guarded import run_guarded
+    from flows.run_endings import run_guarded
 
     def start() -> dict:
         raise locked_error

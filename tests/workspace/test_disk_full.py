@@ -55,9 +55,9 @@ def test_torch_save_on_a_full_disk_is_an_oserror_naming_the_checkpoint(small_dis
 
 
 def test_a_full_disk_under_the_stage_entry_is_one_line(small_disk: Path, tmp_path: Path, capsys) -> None:
-    """The stage wrapper (``flows.guarded.run_guarded``) turns whatever the write raised into the one line."""
+    """The stage wrapper (``flows.run_endings.run_guarded``) turns whatever the write raised into the one line."""
     from flows.common import stage_main
-    from flows.guarded import run_guarded
+    from flows.run_endings import run_guarded
     from workspace import checkpoints
 
     def start() -> dict:
