@@ -28,12 +28,12 @@ from typing import Any
 from prefect import flow
 
 from codea1_core.atomic import write_bytes_atomic, write_json_atomic
-from codea1_core.config import Config, load_config
+from codea1_core.config import Config
 from codea1_core.method import batches
 from codea1_core.models.loading import build_policy
 from flows import distributed as dist_train
 from flows import process
-from flows.common import flow_config, flow_run_name, record_numerics, run_label, stage_main
+from flows.common import flow_config, flow_run_name, record_numerics, run_label, stage_config, stage_main
 from flows.process import TrainRun, as_function, as_task, load_problems, log, training_steps  # noqa: F401 (bench)
 from tasks import checkpoint as ckpt
 from tasks.execute import execute, execute_golden
@@ -234,7 +234,7 @@ def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict
     """DVC/CLI entry point (``flows.common.stage_main``): :func:`train_flow` under the lock, after the checks
     (``flows.process.run_guarded``), with the same ``params`` and ``overrides``."""
     overrides = list(overrides or [])
-    cfg = load_config(params, overrides)
+    cfg = stage_config(params, overrides)
     return dist_train.run_ranks(  # nproc_per_node > 1: under torchrun; rank > 0: the loop, no Prefect or tracking
         cfg, ["--params", params, *overrides],
         main=lambda: process.run_guarded(cfg, lambda: train_flow(params=params, overrides=overrides)),
