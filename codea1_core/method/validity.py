@@ -25,6 +25,7 @@ How to test: ``pytest tests/core/method/test_validity.py``.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import unicodedata
 from collections.abc import Sequence
@@ -78,6 +79,7 @@ def _names_reason(source: str, tree: ast.AST, prefix: str) -> str:
     return OK
 
 
+@functools.lru_cache(maxsize=4096)  # the suites written for one problem repeat calls; the code is pure
 def call_reason(call: str, entry_point: str, any_function: bool = False) -> str:
     """Reason code of one call source (``ok`` when acceptable).
 
