@@ -769,25 +769,34 @@ def _duplicate_key(node: Any, path: str = "") -> str | None:
     return None
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping with errors that name the file."""
-    import yaml
-
+def read_params(path: str | Path) -> str:
+    """The text of a params file, with errors that name the file."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def parse_params(text: str, path: str | Path) -> dict[str, Any]:
+    """A params file's text as a YAML mapping, parsed once (the duplicate-key check reads the same node tree
+    the values are built from); errors name ``path``."""
+    import yaml
+
+    loader = yaml.SafeLoader(text)
     try:
-        duplicate = _duplicate_key(yaml.compose(text, Loader=yaml.SafeLoader))
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()
+        duplicate = _duplicate_key(node)
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+    finally:
+        loader.dispose()
     if duplicate:
         raise ConfigError(f"{path}: {duplicate}: keep one")
     if data is None or data == {}:
@@ -797,9 +806,16 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_config(path: str | Path = "params.yaml", overrides: list[str] | None = None) -> Config:
-    """Load ``params.yaml`` (or another file) and apply ``key=value`` overrides."""
-    cfg = Config.from_dict(load_yaml(path), source=str(path))
+def load_config(
+    path: str | Path = "params.yaml", overrides: list[str] | None = None, *, text: str | None = None
+) -> Config:
+    """Load ``params.yaml`` (or another file) and apply ``key=value`` overrides.
+
+    ``text``: the file's content when the caller has read it already (:func:`read_params`); errors still name
+    ``path``.
+    """
+    data = parse_params(read_params(path) if text is None else text, Path(path))
+    cfg = Config.from_dict(data, source=str(path))
     return apply_overrides(cfg, overrides) if overrides else cfg
 
 

@@ -117,6 +117,10 @@ class ParsedSuite:
     """One snake_case reason code per invalid assert (``not_equality``, ``no_call``, ``syntax_error``, ...)."""
     nonprintable: float = 0.0
     """np: share of characters of the response outside ``string.printable`` (§5.2, §7.3)."""
+    checks: tuple[str, ...] = ()
+    """The generated-test gate's reason code of each accepted test (``ok``, ``dunder``, ``duplicate``, ...;
+    D5), from ``codea1_core.method.validity.suite_checks``; the gate rejects the tests whose code is not
+    ``ok``."""
 
 
 # --------------------------------------------------------------------------------------------------

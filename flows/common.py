@@ -7,7 +7,8 @@ never a traceback.
 One flow signature: every Prefect flow takes ``params`` (a params file) and ``overrides`` (``key=value``
 strings) and loads its config itself with :func:`flow_config`, so the flow a DVC stage runs, the one the CLI
 runs and the one a deployment schedules are the same function, with JSON-friendly parameters the Prefect UI
-shows. Flows that write outputs also take ``run_dir`` (``""``: the DVC workspace; ``"auto"``: a new
+shows. One parse per stage: the entry's check, the stage's ``run``, the flow run's name and the flow's body all
+get their config from :func:`stage_config`, which parses a params file once per process. Flows that write outputs also take ``run_dir`` (``""``: the DVC workspace; ``"auto"``: a new
 ``runs/<flow run name>-<id>/``, what deployments default to; else that folder). :func:`flow_run_name` names
 every flow run ``<flow>-<mode>-seed<seed>[-alpha..][-no-book][-<other overrides>]``.
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from codea1_core.atomic import write_json_atomic
-from codea1_core.config import Config, ConfigError, load_config
+from codea1_core.config import Config, ConfigError, load_config, read_params
 from flows.environment import pin_numerics
 
 RUNS_DIR = Path("runs")
@@ -57,10 +58,35 @@ def parse_stage_args(
     return args.params, list(args.overrides)
 
 
+_LOADED: dict[tuple[str, tuple[str, ...]], tuple[str, Config]] = {}
+"""(resolved params path, overrides) -> (the file's text, its Config): what :func:`stage_config` parsed."""
+_LOADED_MAX = 16
+
+
+def stage_config(params: str | Path, overrides: list[str] | None = None) -> Config:
+    """``params`` + ``overrides`` as a validated :class:`Config`, parsed and validated once per process.
+
+    A stage needs its config in several places (the entry's check before any Prefect run, the stage's ``run``,
+    the flow run's name, the flow's body); each gets the same Config. The file is read every time, so an edited
+    file (a worker serving several deployment runs) is parsed again; a file that does not load raises its
+    ConfigError every time (nothing is kept for it).
+    """
+    text = read_params(params)
+    key = (str(Path(params).resolve()), tuple(overrides or ()))
+    kept = _LOADED.get(key)
+    if kept is not None and kept[0] == text:
+        return kept[1]
+    cfg = load_config(params, list(overrides or ()), text=text)
+    if len(_LOADED) >= _LOADED_MAX:
+        _LOADED.clear()
+    _LOADED[key] = (text, cfg)
+    return cfg
+
+
 def load_stage_config(params: str, overrides: list[str]) -> Config:
     """Load and validate params (ConfigError with a one-line message) and pin torch's CPU threads
     (:func:`pin_cpu_threads`): the CLI commands that run models outside a flow (``solve``, ``attack``) load here."""
-    cfg = load_config(params, overrides)
+    cfg = stage_config(params, overrides)
     pin_numerics(cfg.model.cpu_numerics)
     pin_cpu_threads(cfg)
     return cfg
@@ -199,7 +225,7 @@ def flow_config(
     ``keep_train_dir``: with ``run_dir="auto"`` the training folder stays the workspace's (a new run folder has
     nothing trained in it: the evaluate deployment evaluates the workspace's models into the new folder).
     """
-    cfg = load_config(params, list(overrides or []))
+    cfg = stage_config(params, overrides)
     pin_numerics(cfg.model.cpu_numerics)  # before torch's first CPU kernel: the kernel levels
     pin_cpu_threads(cfg)  # before any model work: the thread count is part of what a seed reproduces
     folder = resolve_run_dir(run_dir)
@@ -246,7 +272,7 @@ def flow_run_name() -> str:
     flow_name = flow_run.get_flow_name() or "run"
     overrides = list(p.get("overrides") or [])
     try:
-        cfg = load_config(p.get("params") or "params.yaml", overrides)
+        cfg = stage_config(p.get("params") or "params.yaml", overrides)
     except Exception:  # a bad parameter fails in the flow itself, with its own message
         return f"{flow_name}-invalid-config"
     keys = [o for o in overrides if not o.startswith(NAMED_OVERRIDES)]

@@ -131,11 +131,11 @@ def register(cfg: Config, eval_path: Path | None = None, out_path: Path = DECISI
 def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
     """DVC/CLI entry point: one line per role with its metric, the numbers compared and the decision (the MLflow
     store probed first: an unusable one is one line, not minutes of retries)."""
-    from codea1_core.config import load_config
+    from flows.common import stage_config
     from tracking.store import TrackingUnavailable, probe_if_used
 
     try:
-        probe_if_used(load_config(params, list(overrides or [])))
+        probe_if_used(stage_config(params, overrides))
     except TrackingUnavailable as exc:
         raise UserError(str(exc)) from None
     decision = register_flow(params=params, overrides=list(overrides or []))

@@ -32,12 +32,12 @@ from typing import Any
 from prefect import flow
 
 from codea1_core.atomic import write_bytes_atomic, write_json_atomic
-from codea1_core.config import Config, load_config
+from codea1_core.config import Config
 from codea1_core.method import batches
 from codea1_core.models.loading import build_policy
 from flows import console, run_endings, steps
 from flows import distributed as dist_train
-from flows.common import flow_config, flow_run_name, record_numerics, run_label, stage_main
+from flows.common import flow_config, flow_run_name, record_numerics, run_label, stage_config, stage_main
 from flows.steps import as_function, as_task
 from flows.train_run import TrainRun, load_problems, seed_everything, training_steps
 from tasks.checkpoint import checkpoint
@@ -79,7 +79,8 @@ def train(cfg: Config) -> dict[str, Any]:
     with lock, steps.stop_on_sigterm() as stop:
         run = setup(cfg, make_tracker if main else dist_train.null_tracker)
         run.stop = stop
-        with run_endings.ending(run), make_executor(cfg.sandbox) as run.executor:  # the tracker's run ends here
+        # the tracker's run ends with this block
+        with run_endings.ending(run), make_executor(cfg.sandbox) as run.executor:
             if run.start == 0 and cfg.eval.every > 0 and run.val_set and main:  # validate first (§3 step 16)
                 val = validate(run.code_pol, run.val_set, cfg, run.executor, 0)
                 log_iteration(run.tracker, 0, {"iteration": 0, **val})
@@ -108,7 +109,8 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     fingerprint = batches.config_fingerprint(cfg.flat())
     state = resume.resume_or_start(out_dir, cfg.orchestration.resume, fingerprint, total, cfg.flat())
     tracker = tracker_factory(cfg, run_id=state["run_id"], run_name=f"train-{run_label(cfg)}")
-    with run_endings.failing(tracker):  # from here a failure ends the MLflow run FAILED (not RUNNING for good)
+    # from here a failure ends the MLflow run FAILED (not RUNNING for good)
+    with run_endings.failing(tracker):
         if dist_train.is_main():
             resume.save_run_info(out_dir, fingerprint, tracker.run_id, cfg.flat())
         for row in state["history"]:  # backfill iterations checkpointed before a kill but not yet logged
@@ -251,7 +253,7 @@ def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict
     """DVC/CLI entry point (``flows.common.stage_main``): :func:`train_flow` under the lock, after the checks
     (``flows.run_endings.run_guarded``), with the same ``params`` and ``overrides``."""
     overrides = list(overrides or [])
-    cfg = load_config(params, overrides)
+    cfg = stage_config(params, overrides)
     return dist_train.run_ranks(  # nproc_per_node > 1: under torchrun; rank > 0: the loop, no Prefect or tracking
         cfg, ["--params", params, *overrides],
         main=lambda: run_endings.run_guarded(cfg, lambda: train_flow(params=params, overrides=overrides)),

@@ -28,9 +28,9 @@ from typing import Any
 from prefect import flow
 
 from codea1_core.atomic import replace_dir, temp_dir_for, write_json_atomic
-from codea1_core.config import Config, load_config
+from codea1_core.config import Config
 from codea1_core.types import Problem
-from flows.common import flow_config, flow_run_name, record_numerics, stage_main, stage_task
+from flows.common import flow_config, flow_run_name, record_numerics, stage_config, stage_main, stage_task
 from tasks.warmstart import build_base, sft
 
 log = logging.getLogger("codea1.warmstart")
@@ -140,7 +140,7 @@ def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict
     """DVC/CLI entry point (``flows.common.stage_main``): run the flow, print a summary."""
     from codea1_core.data.lab import check_lab_config
 
-    cfg = load_config(params, list(overrides or []))
+    cfg = stage_config(params, overrides)
     if role_dirs(cfg):
         check_lab_config(cfg.lab)  # a bad lab.* value: one line before any Prefect run starts
     metrics = warmstart_flow(params=params, overrides=list(overrides or []))

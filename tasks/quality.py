@@ -5,12 +5,14 @@ What it does:
     ids, non-empty prompt / reference, an identifier entry point, golden tests present and the
     ``passing`` flag (``metadata["reference_passes"]``, set by ``prepare`` after the reference passed
     every golden test in the sandbox). Any failure raises :class:`DataQualityError` naming the ids.
-  * :func:`gx_gate_tests` screens generated tests ``(problem_id, suite_id, call, answer, entry_point)``
-    before they reach the sandbox. Per-row check columns are the reason codes of
-    :mod:`codea1_core.method.validity` (the rules the parser applies too; memoised per distinct source); GX
-    expectations over the frame decide, and each failed expectation is a reason code:
+  * :func:`gx_gate_tests` screens generated tests before they reach the sandbox: one row per test the
+    parser kept, ``(problem_id, suite_id, call, answer, entry_point, check)`` (:func:`gate_columns` builds
+    the columns from parsed suites), where ``check`` is the reason code the parser recorded
+    (``codea1_core.method.validity.suite_checks``, ``ParsedSuite.checks``). GX expectations over that frame
+    decide, and each failed expectation is a reason code (the first, in this order, is a row's reason):
 
     ``missing_field``  a key column is null               ``call_too_long`` / ``answer_too_long``
+    then the row's ``check`` when it is not ``ok``:
     ``call_syntax``    not one Python expression          ``not_a_call``     top node is not a call
     ``wrong_function`` calls something else than the entry point (strict parse mode only)
     ``dunder``         a ``__name__`` or ``.__attr__``      ``forbidden_name`` eval/exec/open/import...
@@ -25,17 +27,18 @@ What it does:
     are data quality, **not** security: untrusted code is contained by the sandbox only.
     Rejected share > ``tests.max_rejected_frac`` raises :class:`DataQualityError` with the report path.
 
-What it does not: run code or parse model responses (``codea1_core.method.parsing`` does that).
+What it does not: run code, parse model responses or apply a test-validity rule in Python
+(``codea1_core.method.parsing`` and ``codea1_core.method.validity`` do that, once per test).
 GX runs on one ephemeral context created on first use and reused (progress bars off).
-How to run: ``gx_gate_tests.fn(rows, cfg.tests, report_path)``; ``pytest tests/tasks/test_quality.py``;
-``python -m bench.gate_bench`` times 20,000 rows.
+How to run: ``gx_gate_tests.fn(gate_columns(problems, suites), cfg.tests, report_path)``;
+``pytest tests/tasks/test_quality.py``; ``python -m bench.gate_bench`` times the parse-and-gate step.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,12 +50,12 @@ from prefect.cache_policies import NO_CACHE
 
 from codea1_core.atomic import write_json_atomic
 from codea1_core.config import TestsConfig
-from codea1_core.method.validity import OK, answer_reason, call_reason
-from codea1_core.types import Problem
+from codea1_core.method.validity import OK
+from codea1_core.types import ParsedSuite, Problem
 
 DEFAULT_REPORT_DIR = Path("outputs/quality")
 _KEY_COLUMNS = ("problem_id", "suite_id", "call", "answer", "entry_point")
-_OK, _NOT_CHECKED = OK, "not_checked"
+_COLUMNS = (*_KEY_COLUMNS, "check")
 
 
 class DataQualityError(Exception):
@@ -206,45 +209,39 @@ def validate_problems(problems: list[Problem], report_path: str | Path | None = 
 # --------------------------------------------------------------------------------------------------
 
 
-def _test_frame(rows: pd.DataFrame | list[dict[str, Any]], cfg: TestsConfig) -> pd.DataFrame:
-    frame = pd.DataFrame(rows, columns=list(_KEY_COLUMNS)).reset_index(drop=True)
-    frame = frame.astype(object).where(frame.notna(), None)
-    call_memo: dict[tuple[str, str], str] = {}
-    answer_memo: dict[tuple[str, str], str] = {}
-    call_check, answer_check = [], []
-    for call, ep, answer in zip(frame["call"], frame["entry_point"], frame["answer"], strict=True):
-        if not isinstance(call, str) or not isinstance(ep, str) or len(call) > cfg.max_call_chars:
-            call_check.append(_NOT_CHECKED)  # the null / length expectations report these rows
-        else:
-            key = (call, ep)
-            if key not in call_memo:
-                call_memo[key] = call_reason(call.strip(), ep, cfg.parse_mode == "official")
-            call_check.append(call_memo[key])
-        if not isinstance(answer, str) or len(answer) > cfg.max_answer_chars:
-            answer_check.append(_NOT_CHECKED)
-        else:
-            akey = (answer, ep if isinstance(ep, str) else "")
-            if akey not in answer_memo:
-                answer_memo[akey] = answer_reason(answer.strip(), akey[1], cfg.literal_answers)
-            answer_check.append(answer_memo[akey])
-    frame["call_check"], frame["answer_check"] = call_check, answer_check
-    # Calls arrive normalized by codea1_core.method.parsing (ast.unparse), so equal source = same call.
-    keys = pd.DataFrame(
-        {
-            "p": frame["problem_id"].astype(str),
-            "s": frame["suite_id"].astype(str),
-            "c": frame["call"].astype(str).str.strip(),
-        }
-    )
-    frame["is_repeat"] = (frame["call_check"] == _OK) & keys[frame["call_check"] == _OK].duplicated(
-        keep="first"
-    ).reindex(frame.index, fill_value=False)
-    return frame
+def gate_columns(
+    problems: Sequence[Problem], suites: Sequence[Sequence[Sequence[ParsedSuite]]]
+) -> dict[str, list]:
+    """The gate's columns for ``suites[b][m][n]`` (tests of ``problems[b]``): one row per kept test, in
+    (b, m, n, test) order, with the parser's reason code as ``check``; ``suite_id`` is ``"b/m/n"``."""
+    table: dict[str, list] = {column: [] for column in _COLUMNS}
+    for b, (problem, per_problem) in enumerate(zip(problems, suites, strict=True)):
+        for m, per_code in enumerate(per_problem):
+            for n, suite in enumerate(per_code):
+                if len(suite.checks) != len(suite.tests):
+                    raise ValueError(
+                        f"suite {b}/{m}/{n}: {len(suite.checks)} checks for {len(suite.tests)} tests"
+                    )
+                k = len(suite.tests)
+                table["problem_id"] += [problem.id] * k
+                table["suite_id"] += [f"{b}/{m}/{n}"] * k
+                table["call"] += [t.call for t in suite.tests]
+                table["answer"] += [t.answer for t in suite.tests]
+                table["entry_point"] += [problem.entry_point] * k
+                table["check"] += suite.checks
+    return table
+
+
+def _test_frame(rows: pd.DataFrame | dict[str, list] | list[dict[str, Any]]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows)
+    if len(frame) and ("check" not in frame.columns or frame["check"].isna().any()):
+        raise ValueError("gx_gate_tests: every row needs its 'check' code (the parser's ParsedSuite.checks)")
+    frame = frame.reindex(columns=list(_COLUMNS)).reset_index(drop=True)
+    return frame.astype(object).where(frame.notna(), None)
 
 
 def _test_expectations(cfg: TestsConfig) -> list[tuple[str, Any]]:
     e = _gx().gx.expectations
-    ok = [_OK, _NOT_CHECKED]
     return [
         *[("missing_field", e.ExpectColumnValuesToNotBeNull(column=c)) for c in _KEY_COLUMNS],
         ("call_too_long", e.ExpectColumnValueLengthsToBeBetween(column="call", max_value=cfg.max_call_chars)),
@@ -252,44 +249,43 @@ def _test_expectations(cfg: TestsConfig) -> list[tuple[str, Any]]:
             "answer_too_long",
             e.ExpectColumnValueLengthsToBeBetween(column="answer", max_value=cfg.max_answer_chars),
         ),
-        ("call_check", e.ExpectColumnValuesToBeInSet(column="call_check", value_set=ok)),
-        ("answer_check", e.ExpectColumnValuesToBeInSet(column="answer_check", value_set=ok)),
-        ("duplicate", e.ExpectColumnValuesToBeInSet(column="is_repeat", value_set=[False])),
+        ("check", e.ExpectColumnValuesToBeInSet(column="check", value_set=[OK])),
     ]
 
 
 @task(name="gx_gate_tests", cache_policy=NO_CACHE)
 def gx_gate_tests(
-    rows: pd.DataFrame | list[dict[str, Any]], cfg: TestsConfig, report_path: str | Path | None = None
+    rows: pd.DataFrame | dict[str, list] | list[dict[str, Any]],
+    cfg: TestsConfig,
+    report_path: str | Path | None = None,
 ) -> GateResult:
     """Screen generated tests with GX; the first failed check (in the order above) is a row's reason.
 
     Args:
-        rows: ``problem_id, suite_id, call, answer, entry_point`` per test (frame or dicts).
+        rows: ``problem_id, suite_id, call, answer, entry_point, check`` per test: columns
+            (:func:`gate_columns`), a frame or dicts.
         cfg: The ``tests`` config section (length limits, ``max_rejected_frac``).
         report_path: Where the JSON report goes (written atomically). None: written only when the gate
             raises, to ``outputs/quality/gate_tests.json``.
 
     Raises:
         DataQualityError: The rejected share exceeds ``cfg.max_rejected_frac``.
+        ValueError: A row without its ``check`` code.
     """
-    frame = _test_frame(rows, cfg)
+    frame = _test_frame(rows)
     n = len(frame)
-    reasons = np.full(n, _OK, dtype=object)
+    reasons = np.full(n, OK, dtype=object)
     if n:
         failed = _gx().run(
             f"tests-{cfg.max_call_chars}-{cfg.max_answer_chars}", _test_expectations(cfg), frame
         )
+        checks = frame["check"].to_numpy()
         for code, positions in reversed(list(failed.items())):  # earlier checks win: write them last
             if positions:
                 idx = np.asarray(positions, dtype=int)
-                reasons[idx] = (
-                    frame["call_check"].to_numpy()[idx]
-                    if code == "call_check"
-                    else (frame["answer_check"].to_numpy()[idx] if code == "answer_check" else code)
-                )
-    accepted = reasons == _OK
-    counts = dict(Counter(r for r in reasons if r != _OK))
+                reasons[idx] = checks[idx] if code == "check" else code
+    accepted = reasons == OK
+    counts = dict(Counter(r for r in reasons if r != OK))
     rate = float((~accepted).sum() / n) if n else 0.0
     report = {
         "n_rows": n, "accepted": int(accepted.sum()), "rejected_rate": rate, "counts": counts,

@@ -107,16 +107,20 @@ def gate_tests(
 ) -> tuple[list[list[list[Any]]], dict[str, float]]:
     """Parse every suite (§5.2, D5) and drop the tests the GX gate rejects; a rejected test counts invalid.
 
+    The parser records each kept test's reason code (``ParsedSuite.checks``); the gate validates the columns
+    of those tests (``tasks.quality.gate_columns``) and gives one verdict per row, in the suites' order.
     Returns ``suites[b][m][n]`` (``ParsedSuite``) and gate metrics (``test/rejected_rate``, per reason).
     """
     from codea1_core.method.parsing import extract_tests
-    from tasks.quality import gx_gate_tests
+    from codea1_core.method.validity import OK
+    from tasks.quality import gate_columns, gx_gate_tests
 
+    tests_cfg = cfg.tests
     suites = [
         [
             [
                 extract_tests(
-                    c.text, p.entry_point, cfg.tests.parse_mode, literal_answers=cfg.tests.literal_answers
+                    c.text, p.entry_point, tests_cfg.parse_mode, literal_answers=tests_cfg.literal_answers
                 )
                 for c in per_code
             ]
@@ -124,29 +128,24 @@ def gate_tests(
         ]
         for p, per_problem in zip(problems, completions, strict=True)
     ]
-    rows, where = [], []
-    for b, p in enumerate(problems):
-        for m, per_code in enumerate(suites[b]):
-            for n, suite in enumerate(per_code):
-                for t, test in enumerate(suite.tests):
-                    suite_id = f"{b}/{m}/{n}"
-                    rows.append(
-                        {"problem_id": p.id, "suite_id": suite_id, "call": test.call, "answer": test.answer,
-                         "entry_point": p.entry_point}
-                    )  # fmt: skip
-                    where.append((b, m, n, t))
-    if not rows:
+    table = gate_columns(problems, suites)
+    n_rows = len(table["call"])
+    if not n_rows:
         return suites, {"test/rejected_rate": 0.0}
-    gate = gx_gate_tests.fn(rows, cfg.tests)  # inside this task: the GX gate's body, not a nested task run
-    rejected: dict[tuple[int, int, int], dict[int, str]] = {}
-    for (b, m, n, t), ok, reason in zip(where, gate.accepted_mask, gate.reasons, strict=True):
-        if not ok:
-            rejected.setdefault((b, m, n), {})[t] = f"gate_{reason}"
-    for (b, m, n), drop in rejected.items():
-        suite = suites[b][m][n]
-        kept = tuple(t for i, t in enumerate(suite.tests) if i not in drop)
-        reasons = (*suite.reasons, *drop.values())
-        suites[b][m][n] = dataclasses.replace(
-            suite, tests=kept, invalid=suite.invalid + len(drop), reasons=reasons
-        )
-    return suites, {**gate.metrics(), "test/gate_rows": float(len(rows))}
+    gate = gx_gate_tests.fn(table, tests_cfg)  # inside this task: the GX gate's body, not a nested task run
+    verdicts = iter(gate.reasons)  # one per row, rows in (b, m, n, test) order
+    for per_problem in suites:
+        for per_code in per_problem:
+            for n, suite in enumerate(per_code):
+                reasons = [next(verdicts) for _ in suite.tests]
+                drop = [f"gate_{r}" for r in reasons if r != OK]
+                if drop:
+                    kept = [i for i, r in enumerate(reasons) if r == OK]
+                    per_code[n] = dataclasses.replace(
+                        suite,
+                        tests=tuple(suite.tests[i] for i in kept),
+                        checks=tuple(suite.checks[i] for i in kept),
+                        invalid=suite.invalid + len(drop),
+                        reasons=(*suite.reasons, *drop),
+                    )
+    return suites, {**gate.metrics(), "test/gate_rows": float(n_rows)}

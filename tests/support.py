@@ -435,3 +435,30 @@ def make_repo(repo: Path, model: Path, repo_root: Path) -> dict[str, str]:
     env.pop("MLFLOW_TRACKING_URI", None)
     subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=repo, env=env, check=True)
     return env
+
+
+# ------------------------------------------------------------------------------------------------
+# Generated-test gate rows: rows with the reason code the parser records for each kept test
+# ------------------------------------------------------------------------------------------------
+
+
+def checked_rows(rows: list[dict], parse_mode: str = "strict", literal_answers: bool = True) -> list[dict]:
+    """``rows`` (``problem_id, suite_id, call, answer, entry_point``) with the ``check`` code the parser
+    records (``codea1_core.method.validity.suite_checks`` over each (problem, suite) group in row order), as
+    ``tasks.quality.gx_gate_tests`` takes them; a row with a missing call, answer or entry point gets ``ok``
+    (the gate's null expectation reports it)."""
+    from codea1_core.method.validity import OK, suite_checks
+    from codea1_core.types import ParsedTest
+
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, row in enumerate(rows):
+        if all(isinstance(row[k], str) for k in ("call", "answer", "entry_point")):
+            groups.setdefault((str(row["problem_id"]), str(row["suite_id"])), []).append(i)
+    out = [{**row, "check": OK} for row in rows]
+    for members in groups.values():
+        ep = rows[members[0]]["entry_point"]
+        tests = [ParsedTest(rows[i]["call"], rows[i]["answer"]) for i in members]
+        codes = suite_checks(tests, ep, any_function=parse_mode == "official", literal=literal_answers)
+        for i, code in zip(members, codes, strict=True):
+            out[i]["check"] = code
+    return out

@@ -20,11 +20,16 @@ Modes (``tests.parse_mode``):
 Expected values must be plain data (``tests.literal_answers``, ours, default on, in both modes): an answer
 that is not a literal of the value codec (``codea1_core.types.literal_value``: numbers, strings, bytes,
 containers, ``float('nan')``, ``set()``...) or that names the entry point counts invalid with reason
-``expected_not_literal`` (the rule is :func:`codea1_core.method.validity.is_plain_literal`, which the
-generated-test gate applies too). Why: the predicted answer is evaluated next to the reference (§6.2), so
-``assert f(2) == f(2)``, ``y = f(2)`` ... ``== y`` or ``== sorted(f(2))`` always "predict" correctly — a
-tautology that earns full validity and that RL finds. The official parser accepts any expression here;
-``literal_answers: false`` restores that (and its numbers).
+``expected_not_literal`` (the rule is :func:`codea1_core.method.validity.is_plain_literal`). Why: the
+predicted answer is evaluated next to the reference (§6.2), so ``assert f(2) == f(2)``, ``y = f(2)`` ...
+``== y`` or ``== sorted(f(2))`` always "predict" correctly — a tautology that earns full validity and that RL
+finds. The official parser accepts any expression here; ``literal_answers: false`` restores that (and its
+numbers).
+
+Every accepted test also gets the generated-test gate's reason code (``ParsedSuite.checks``, from
+:func:`codea1_core.method.validity.suite_checks`: call and answer forms, duplicates): the gate
+(``tasks.quality.gx_gate_tests``, D5) rejects the tests whose code is not ``ok`` and does not check them
+again. Callers that do not gate (evaluation) ignore the codes.
 
 How to run: ``tests/core/method/test_parsing.py`` (includes hypothesis property tests).
 """
@@ -39,7 +44,7 @@ import textwrap
 import warnings
 from typing import Literal
 
-from codea1_core.method.validity import is_plain_literal
+from codea1_core.method.validity import is_plain_literal, suite_checks
 from codea1_core.types import ParsedSuite, ParsedTest
 
 ParseMode = Literal["strict", "official"]
@@ -424,7 +429,8 @@ def extract_tests(
         literal_answers: answers that are not plain data count invalid (``expected_not_literal``).
 
     Returns:
-        The accepted tests in document order, the invalid count with one reason code each, and np.
+        The accepted tests in document order with the gate's reason code of each, the invalid count with one
+        reason code each, and np.
     """
     if mode not in ("strict", "official"):
         raise ValueError(f"tests.parse_mode must be 'strict' or 'official', got {mode!r}")
@@ -435,9 +441,18 @@ def extract_tests(
             collector.add_block(block)
     else:  # case B
         collector.add_lines(text)
+    tests = tuple(collector.tests)
+    checks = suite_checks(
+        tests,
+        entry_point,
+        any_function=mode == "official",
+        literal=literal_answers,
+        plain_answers=literal_answers,
+    )  # literal_answers: every kept answer passed is_plain_literal above
     return ParsedSuite(
-        tests=tuple(collector.tests),
+        tests=tests,
         invalid=len(collector.reasons),
         reasons=tuple(collector.reasons),
         nonprintable=nonprintable_ratio(text),
+        checks=checks,
     )

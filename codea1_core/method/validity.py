@@ -1,31 +1,39 @@
 """The test-validity rules, in one place: what makes a generated test's call and predicted answer acceptable.
 
-What it does: the per-test checks that both the parser (:mod:`codea1_core.method.parsing`, when it turns an
-``assert`` into a test) and the generated-test gate (``tasks.quality.gx_gate_tests``, which turns them into
-GX check columns) apply, each returning a reason code (``"ok"`` when acceptable):
+What it does: the per-test checks, each returning a reason code (``"ok"`` when acceptable). The parser
+(:mod:`codea1_core.method.parsing`) applies every one of them, once per test, when it turns an ``assert``
+into a test:
 
 * :func:`is_plain_literal` — the predicted answer is plain data (``codea1_core.types.literal_value``) that
-  names no entry point (``tests.literal_answers``; reason ``expected_not_literal``);
-* :func:`call_reason` — one call source: ``call_syntax``, ``not_a_call``, ``wrong_function`` (strict parse mode),
-  ``dunder``, ``forbidden_name``, ``walrus``;
-* :func:`answer_reason` — one answer source: ``answer_syntax``, ``answer_dunder``, ``answer_forbidden_name``,
-  ``answer_walrus``, ``expected_not_literal``.
+  names no entry point (``tests.literal_answers``; reason ``expected_not_literal``). The parser rejects
+  such an assert itself (counted invalid).
+* :func:`suite_checks` — the code of every test the parser kept, carried in ``ParsedSuite.checks`` for the
+  generated-test gate (``tasks.quality.gx_gate_tests``, whose GX expectations reject what is not ``ok``):
+  the first that applies of :func:`call_reason` (``call_syntax``, ``not_a_call``, ``wrong_function`` in
+  strict parse mode, ``dunder``, ``forbidden_name``, ``walrus``), :func:`answer_reason` (``answer_syntax``,
+  ``answer_dunder``, ``answer_forbidden_name``, ``answer_walrus``, ``expected_not_literal``) and
+  ``duplicate`` (the same call source as an earlier test of the suite).
 
 Sources are NFKC-normalised before the call and answer checks, as Python does for identifiers
 (``ｅｖａｌ`` is ``eval``). These checks are data quality, **not** security: untrusted code is contained by the
 sandbox only.
-What it does not: parse model responses (``parsing``) or decide a batch (the gate's GX expectations do).
+What it does not: parse model responses (``parsing``), check lengths or missing fields (the gate's GX
+expectations do), or decide a batch (the gate does).
+How to test: ``pytest tests/core/method/test_validity.py``.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import unicodedata
+from collections.abc import Sequence
 
-from codea1_core.types import literal_value
+from codea1_core.types import ParsedTest, literal_value
 
 OK = "ok"
+DUPLICATE = "duplicate"
 FORBIDDEN_NAMES = frozenset(
     {"eval", "exec", "compile", "open", "input", "breakpoint", "globals", "locals", "vars", "getattr",
      "setattr", "delattr", "exit", "quit", "importlib", "help", "memoryview"}
@@ -71,6 +79,7 @@ def _names_reason(source: str, tree: ast.AST, prefix: str) -> str:
     return OK
 
 
+@functools.lru_cache(maxsize=4096)  # the suites written for one problem repeat calls; the code is pure
 def call_reason(call: str, entry_point: str, any_function: bool = False) -> str:
     """Reason code of one call source (``ok`` when acceptable).
 
@@ -90,20 +99,59 @@ def call_reason(call: str, entry_point: str, any_function: bool = False) -> str:
     return _names_reason(call, tree, "")
 
 
-def answer_reason(answer: str, entry_point: str, literal: bool = True) -> str:
-    """Reason code of one predicted answer; ``literal``: it must be plain data (``tests.literal_answers``)."""
+def answer_reason(answer: str, entry_point: str, literal: bool = True, *, plain: bool = False) -> str:
+    """Reason code of one predicted answer; ``literal``: it must be plain data (``tests.literal_answers``).
+
+    ``plain``: :func:`is_plain_literal` already holds for ``answer`` as written (the parser applied it).
+    Such an answer names nothing the name checks flag (plain data has no attribute, walrus or other name
+    than ``float``, ``set`` and ``frozenset``), so it is acceptable as it is unless NFKC normalisation
+    changes it.
+    """
     if _SIMPLE_LITERAL.fullmatch(answer):  # fast path: a number, bool, None, plain string or flat int list
         return OK
-    answer = unicodedata.normalize("NFKC", answer)
+    normal, normal_ep = unicodedata.normalize("NFKC", answer), unicodedata.normalize("NFKC", entry_point)
+    if plain and normal == answer and normal_ep == entry_point:
+        return OK
     try:
-        tree = ast.parse(answer, mode="eval")
+        tree = ast.parse(normal, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return "answer_syntax"
-    names = _names_reason(answer, tree, "answer_")
-    if (
-        names == OK
-        and literal
-        and not is_plain_literal(answer, unicodedata.normalize("NFKC", entry_point), tree)
-    ):
+    names = _names_reason(normal, tree, "answer_")
+    if names == OK and literal and not is_plain_literal(normal, normal_ep, tree):
         return "expected_not_literal"
     return names
+
+
+def suite_checks(
+    tests: Sequence[ParsedTest],
+    entry_point: str,
+    *,
+    any_function: bool,
+    literal: bool,
+    plain_answers: bool = False,
+) -> tuple[str, ...]:
+    """The reason code of every test of one suite, in order (``ok`` when acceptable).
+
+    A test's code is the first that applies of :func:`call_reason`, :func:`answer_reason` and ``duplicate``:
+    the same call source (stripped; the parser's calls come ``ast.unparse``-normalized, so equal source is
+    the same call) as an earlier test of the suite whose call is acceptable.
+
+    Args:
+        tests: One suite's tests in document order.
+        entry_point: Name of the function under test.
+        any_function: ``tests.parse_mode: official``: a call of any function is a test (:func:`call_reason`).
+        literal: ``tests.literal_answers``.
+        plain_answers: Every answer already passed :func:`is_plain_literal` (``answer_reason``'s ``plain``).
+    """
+    codes: list[str] = []
+    calls_ok: set[str] = set()
+    for test in tests:
+        call = test.call.strip()
+        code = call_reason(call, entry_point, any_function)
+        if code == OK:
+            code = answer_reason(test.answer.strip(), entry_point, literal, plain=plain_answers)
+            if code == OK and call in calls_ok:
+                code = DUPLICATE
+            calls_ok.add(call)
+        codes.append(code)
+    return tuple(codes)

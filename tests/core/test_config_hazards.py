@@ -48,3 +48,21 @@ def test_the_shipped_params_and_configs_pass_the_cross_field_checks(repo_root: P
             load_config(path)
         except ConfigError as exc:
             assert "above" not in str(exc) and "duplicate" not in str(exc), exc
+
+
+def test_a_params_file_is_parsed_once_with_its_duplicate_key_check(tmp_path: Path, monkeypatch) -> None:
+    """The duplicate-key check reads the node tree the values are built from: no second YAML pass."""
+    import yaml
+
+    def second_pass(*args, **kwargs):
+        raise AssertionError("a second YAML parse of the params file")
+
+    monkeypatch.setattr(yaml, "compose", second_pass)
+    monkeypatch.setattr(yaml, "safe_load", second_pass)
+    params = tmp_path / "params.yaml"
+    params.write_text("reward:\n  alpha: 0.25\nseed: 3\n")
+    cfg = load_config(params)
+    assert (cfg.reward.alpha, cfg.seed) == (0.25, 3)
+    params.write_text("reward:\n  alpha: 0.25\nreward:\n  k: 4\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'reward' at line 3 \(first at line 1\)"):
+        load_config(params)

@@ -6,10 +6,11 @@ import json
 
 import pandas as pd
 import pytest
+from support import checked_rows
 
 from codea1_core import config as config_mod
-from codea1_core.types import Problem, TestCase
-from tasks.quality import DataQualityError, gx_gate_tests, validate_problems
+from codea1_core.types import ParsedSuite, ParsedTest, Problem, TestCase
+from tasks.quality import DataQualityError, gate_columns, gx_gate_tests, validate_problems
 
 
 def _problem(pid: str, **kw) -> Problem:
@@ -98,7 +99,7 @@ CASES = [
 
 def test_gate_tests_reason_per_row_counts_and_metrics(tmp_path):
     cfg = config_mod.TestsConfig(max_call_chars=45, max_answer_chars=45, max_rejected_frac=0.9)
-    result = gx_gate_tests.fn([row for row, _ in CASES], cfg, tmp_path / "gate.json")
+    result = gx_gate_tests.fn(checked_rows([row for row, _ in CASES]), cfg, tmp_path / "gate.json")
     assert result.reasons == [reason for _, reason in CASES]
     assert result.accepted_mask.tolist() == [reason == "ok" for _, reason in CASES]
     rejected = sum(reason != "ok" for _, reason in CASES)
@@ -112,7 +113,7 @@ def test_gate_tests_reason_per_row_counts_and_metrics(tmp_path):
 
 
 def test_gate_tests_accepts_a_dataframe_and_empty_input(tmp_path):
-    frame = pd.DataFrame([_row("f(1)"), _row("f(2)")])
+    frame = pd.DataFrame(checked_rows([_row("f(1)"), _row("f(2)")]))
     result = gx_gate_tests.fn(frame, config_mod.TestsConfig())
     assert result.accepted_mask.tolist() == [True, True] and result.report_path is None
     empty = gx_gate_tests.fn([], config_mod.TestsConfig())
@@ -120,7 +121,7 @@ def test_gate_tests_accepts_a_dataframe_and_empty_input(tmp_path):
 
 
 def test_gate_tests_raises_with_report_path_above_max_rejected_frac(tmp_path):
-    rows = [_row("g(1)"), _row("g(2)"), _row("f(3)")]
+    rows = checked_rows([_row("g(1)"), _row("g(2)"), _row("f(3)")])
     path = tmp_path / "gate.json"
     with pytest.raises(DataQualityError, match=r"66\.7% of 3 rows rejected") as info:
         gx_gate_tests.fn(rows, config_mod.TestsConfig(max_rejected_frac=0.5), path)
@@ -136,7 +137,42 @@ def test_gate_follows_the_official_parse_mode_on_other_functions():
     """§5.2 official: any call on the left is a test (``len(f(1))`` is valid); strict (D5) rejects it."""
     calls = ["g(1)", "len(f(1))", "obj.f(1)", "f(1)", "__import__('os').f(1)", "f(1) + 1"]
     rows = [_row(c) for c in calls]
-    official = gx_gate_tests.fn(rows, config_mod.TestsConfig(parse_mode="official", max_rejected_frac=0.9))
+    official = gx_gate_tests.fn(
+        checked_rows(rows, parse_mode="official"),
+        config_mod.TestsConfig(parse_mode="official", max_rejected_frac=0.9),
+    )
     assert official.reasons == ["ok", "ok", "ok", "ok", "dunder", "not_a_call"]
-    strict = gx_gate_tests.fn(rows, config_mod.TestsConfig(max_rejected_frac=0.9))
+    strict = gx_gate_tests.fn(checked_rows(rows), config_mod.TestsConfig(max_rejected_frac=0.9))
     assert strict.reasons[:3] == ["wrong_function"] * 3 and strict.reasons[3] == "ok"
+
+
+def test_gate_takes_the_parsers_codes_and_refuses_rows_without_them():
+    """The gate applies no rule in Python: a row's ``check`` (the parser's code) decides, whatever the call
+    says; rows without one are refused."""
+    rows = [
+        {**_row("f(1)"), "check": "ok"},
+        {**_row("f(().__class__)"), "check": "ok"},
+        {**_row("f(2)"), "check": "dunder"},
+    ]
+    result = gx_gate_tests.fn(rows, config_mod.TestsConfig(max_rejected_frac=0.9))
+    assert result.reasons == ["ok", "ok", "dunder"]
+    for bad in ([_row("f(1)")], [{**_row("f(1)"), "check": "ok"}, {**_row("f(3)"), "check": None}]):
+        with pytest.raises(ValueError, match="'check' code"):
+            gx_gate_tests.fn(bad, config_mod.TestsConfig())
+
+
+def test_gate_columns_lay_out_every_kept_test_in_suite_order():
+    problems = [_problem("a"), _problem("b", entry_point="g")]
+    suite = ParsedSuite(tests=(ParsedTest("f(1)", "1"), ParsedTest("f(2)", "2")), checks=("ok", "duplicate"))
+    empty, other = ParsedSuite(), ParsedSuite(tests=(ParsedTest("g(0)", "0"),), checks=("ok",))
+    table = gate_columns(problems, [[[suite, empty]], [[empty], [other]]])
+    assert table == {
+        "problem_id": ["a", "a", "b"],
+        "suite_id": ["0/0/0", "0/0/0", "1/1/0"],
+        "call": ["f(1)", "f(2)", "g(0)"],
+        "answer": ["1", "2", "0"],
+        "entry_point": ["f", "f", "g"],
+        "check": ["ok", "duplicate", "ok"],
+    }
+    with pytest.raises(ValueError, match="0 checks for 1 tests"):
+        gate_columns(problems[:1], [[[ParsedSuite(tests=(ParsedTest("f(1)", "1"),))]]])

@@ -9,6 +9,7 @@ the reason ``expected_not_literal``; gate rows are NFKC-normalised before the na
 from __future__ import annotations
 
 import pytest
+from support import checked_rows
 
 import sandbox
 from codea1_core.config import RewardConfig, TestsConfig
@@ -82,7 +83,9 @@ def test_the_tautological_suite_scores_invalid_and_the_honest_one_is_unchanged()
 
 def gate(rows, **cfg):
     rows = [dict(problem_id="p", suite_id=f"s{i}", entry_point="f", **r) for i, r in enumerate(rows)]
-    return gx_gate_tests.fn(rows, TestsConfig(max_rejected_frac=1.0, **cfg)).reasons
+    tests_cfg = TestsConfig(max_rejected_frac=1.0, **cfg)
+    rows = checked_rows(rows, tests_cfg.parse_mode, tests_cfg.literal_answers)
+    return gx_gate_tests.fn(rows, tests_cfg).reasons
 
 
 def test_the_gate_rejects_non_literal_answers_given_directly():

@@ -1,5 +1,6 @@
-"""One home for the test-validity rules: the parser and the generated-test gate apply the same
-function, ``codea1_core.method.validity``, and agree on every answer.
+"""One home for the test-validity rules: ``codea1_core.method.validity``. The parser applies them, once per
+test, and records the generated-test gate's code of each kept test; the gate decides from those codes and
+applies no rule itself; parser, gate and rule agree on every answer.
 
 How to run: ``pytest tests/core/method/test_validity.py`` (a few seconds: one GX gate run).
 """
@@ -10,9 +11,11 @@ import ast
 from pathlib import Path
 
 import pytest
+from support import checked_rows
 
 from codea1_core import config as config_mod
 from codea1_core.method import parsing, validity
+from codea1_core.types import ParsedTest
 from tasks import quality
 
 ANSWERS = [
@@ -49,7 +52,7 @@ def _gate_says_literal(answers: list[str]) -> list[bool]:
         {"problem_id": "p", "suite_id": i, "call": f"f({i})", "answer": a, "entry_point": "f"}
         for i, a in enumerate(answers)
     ]
-    result = quality.gx_gate_tests.fn(rows, config_mod.TestsConfig(max_rejected_frac=1.0))
+    result = quality.gx_gate_tests.fn(checked_rows(rows), config_mod.TestsConfig(max_rejected_frac=1.0))
     return [r != "expected_not_literal" for r in result.reasons]
 
 
@@ -82,6 +85,82 @@ def test_neither_the_parser_nor_the_gate_keeps_its_own_copy_of_a_rule(repo_root:
     ]
 
 
-def test_the_parser_and_the_gate_call_the_same_function() -> None:
+def test_the_parser_applies_the_rules_and_the_gate_none() -> None:
+    """The parser calls the rules of ``validity`` (the literal check while parsing, the gate's codes after);
+    the gate (``tasks/quality.py``) calls none of them and imports nothing of ``validity`` but ``OK``."""
     assert parsing.is_plain_literal is validity.is_plain_literal
-    assert quality.call_reason is validity.call_reason and quality.answer_reason is validity.answer_reason
+    assert parsing.suite_checks is validity.suite_checks
+    rules = {"is_plain_literal", "call_reason", "answer_reason", "suite_checks", "literal_value"}
+    tree = ast.parse(Path(quality.__file__).read_text(encoding="utf-8"))
+    called = {
+        getattr(c.func, "id", getattr(c.func, "attr", None))
+        for c in ast.walk(tree)
+        if isinstance(c, ast.Call)
+    }
+    assert called.isdisjoint(rules)
+    from_validity = [
+        n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and "validity" in (n.module or "")
+    ]
+    imported = {alias.name for node in from_validity for alias in node.names}
+    assert imported == {"OK"}
+
+
+# --------------------------------------------------------------------------------------------------
+# suite_checks: the code of every kept test, as the gate reads it
+# --------------------------------------------------------------------------------------------------
+
+
+def _codes(pairs: list[tuple[str, str]], **kw) -> tuple[str, ...]:
+    kw = {"any_function": False, "literal": True, **kw}
+    return validity.suite_checks([ParsedTest(c, a) for c, a in pairs], "f", **kw)
+
+
+def test_suite_checks_take_the_call_then_the_answer_then_duplicates() -> None:
+    cases = [
+        ("f(1)", "1", "ok"),
+        ("f(1)", "2", "duplicate"),  # same call as an acceptable earlier one
+        ("f(().__class__)", "1", "dunder"),
+        ("f(().__class__)", "1", "dunder"),  # the call's own code wins over duplicate
+        ("f(2)", "().__class__", "answer_dunder"),  # a bad answer: its code; the call still counts as seen
+        ("f(2)", "3", "duplicate"),
+        ("f(2)", "f(2)", "expected_not_literal"),  # the answer's code before duplicate
+        (" f(3) ", " 4 ", "ok"),  # sources are stripped
+        ("f(3)", "4", "duplicate"),
+    ]
+    assert _codes([(c, a) for c, a, _ in cases]) == tuple(code for _, _, code in cases)
+    assert _codes([("g(1)", "1"), ("len(f(1))", "1")]) == ("wrong_function", "wrong_function")
+    assert _codes([("g(1)", "1"), ("len(f(1))", "1")], any_function=True) == ("ok", "ok")
+    assert _codes([("f(1)", "f(2)")], literal=False) == ("ok",)
+
+
+PLAIN_CANDIDATES = [
+    *ANSWERS,
+    "float('inf')",
+    "frozenset({1, 2})",
+    "{'k': [1.5, None, (True,)]}",
+    "['\uff3c']",  # fullwidth backslash in a string: NFKC turns it into a backslash, the source breaks
+    "('\uff07',)",  # fullwidth apostrophe: NFKC closes the string early
+    "['\uff45\uff56\uff41\uff4c']",  # fullwidth letters in a string: NFKC changes the text, still plain
+    "-1.5e+300",
+]
+
+
+@pytest.mark.parametrize("answer", PLAIN_CANDIDATES)
+@pytest.mark.parametrize("literal", [True, False])
+def test_the_plain_shortcut_gives_the_full_checks_code(answer: str, literal: bool) -> None:
+    """``plain=True`` (what the parser passes after its literal check) skips work, never changes a code."""
+    if validity.is_plain_literal(answer, "f"):
+        assert validity.answer_reason(answer, "f", literal, plain=True) == validity.answer_reason(
+            answer, "f", literal
+        )
+
+
+def test_the_parser_records_one_code_per_kept_test() -> None:
+    text = (
+        "```python\nassert f(1) == 1\nassert f(1) == 2\nassert f(().__class__) == 3\nassert f(4) == f(4)\n```"
+    )
+    suite = parsing.extract_tests(text, "f")
+    assert [t.call for t in suite.tests] == ["f(1)", "f(1)", "f(().__class__)"]
+    assert suite.checks == ("ok", "duplicate", "dunder") and suite.reasons == ("expected_not_literal",)
+    official = parsing.extract_tests("```python\nassert len(f(1)) == 1\n```", "f", "official")
+    assert official.checks == ("ok",)  # official: any call on the left is a test
