@@ -1,4 +1,4 @@
-# codea1 — the README's two commands are `make run` and `make test`.
+# codea1 — the README's two commands are `make run` and `make test` (`make test-fast` while changing one module).
 SHELL := /bin/bash
 # The first interpreter found of 3.11 (preferred: a CPU torch wheel for it is on disk here), 3.12, 3.13.
 PYTHON ?= $(firstword $(foreach p,python3.11 python3.12 python3.13,$(shell $(p) -c 'import sys' >/dev/null 2>&1 && echo $(p))))
@@ -8,11 +8,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.codea1-installed
 TEST_STAMP := $(VENV)/.codea1-test-extras
-# `make test` runs the suite in this many pytest-xdist processes: most of its time is spent in tests that wait on
-# subprocesses, servers and stages, so 2 overlap well even on 2 cores (docs/benchmarks.md); 1 runs it serially.
+# `make test` and `make test-fast` run in this many pytest-xdist processes: most of the suite's time is spent in
+# tests that wait on subprocesses, servers and stages, so 2 overlap well even on 2 cores (docs/benchmarks.md);
+# 1 runs it serially.
 TEST_WORKERS ?= 2
 
-.PHONY: setup run test test-slow test-gpu ui lint format lab-compare readme-numbers clean
+.PHONY: setup run test test-fast test-slow test-gpu ui lint typecheck format lab-compare readme-numbers clean
 
 ## setup: create .venv (idempotent); CPU torch first where there is no CUDA, then the project with constraints
 setup: $(STAMP)
@@ -47,13 +48,19 @@ run: setup
 	@test -d .dvc || $(BIN)/dvc init -q
 	@$(BIN)/python -m flows.pipeline
 
-## test: the test suite without the opt-in gpu/slow markers (installs the optional `ray` extra its tests need)
+## test: the test suite without the opt-in gpu/slow markers (installs the optional `ray` extra its tests need);
+##       run it before a commit or a stop
 $(TEST_STAMP): $(STAMP)
 	@$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,ray]'
 	@touch $(TEST_STAMP)
 
 test: setup $(TEST_STAMP)
 	@$(BIN)/python -m pytest -m "not gpu and not slow" $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS))
+
+## test-fast: the suite without the `e2e` tests too (no server, DVC, torchrun, stage or CLI subprocess), for the
+##            edit-test loop while changing one module (its wall time: docs/benchmarks.md)
+test-fast: setup $(TEST_STAMP)
+	@$(BIN)/python -m pytest -m "not gpu and not slow and not e2e" $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
 test-slow: setup $(TEST_STAMP)
 	@$(BIN)/python -m pytest -m slow
@@ -65,8 +72,13 @@ test-gpu: setup
 ui: setup
 	@$(BIN)/codea1 ui
 
+## lint: ruff's rules and formatting over the repo, then the type check (what .ci/run checks before the tests)
 lint: setup
-	@$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	@$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
+
+## typecheck: mypy on codea1_core/ (its settings, each with its reason, are [tool.mypy] in pyproject.toml)
+typecheck: setup
+	@$(BIN)/mypy
 
 format: setup
 	@$(BIN)/ruff check --fix . && $(BIN)/ruff format .

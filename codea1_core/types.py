@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 CallStatus = Literal["ok", "error", "timeout", "memory", "unsupported_output", "program_error", "infra_error"]
 CALL_STATUSES: tuple[str, ...] = (
@@ -168,8 +168,8 @@ def literal_value(source: str) -> Any:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
             name, args = node.func.id, node.args
             if name == "float" and len(args) == 1 and isinstance(args[0], ast.Constant):
-                if str(args[0].value).lower() in _FLOAT_WORDS:
-                    return float(args[0].value)
+                if str(args[0].value).lower() in _FLOAT_WORDS:  # a str, or a float literal that overflowed
+                    return float(cast("str | float", args[0].value))
             if name in ("set", "frozenset") and len(args) <= 1:
                 items = conv(args[0]) if args else ()
                 return set(items) if name == "set" else frozenset(items)

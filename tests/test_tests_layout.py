@@ -15,8 +15,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-TOP_LEVEL = {"test_imports.py", "test_layout.py", "test_tests_layout.py", "test_citations.py"}
-"""Tests of the repository as a whole (import graph, layout, citations, this file)."""
+TOP_LEVEL = {"test_imports.py", "test_layout.py", "test_tests_layout.py", "test_citations.py", "test_docs.py"}
+"""Tests of the repository as a whole (import graph, layout, citations, doc paths, this file)."""
 MIRRORS = {
     "core": "codea1_core",
     "sandbox": "sandbox",

@@ -372,7 +372,8 @@ def _kodcode_problem(row: dict[str, Any], test_key: str, where: str) -> Problem:
     best: tuple[list[TestCase], list[dict[str, str]], dict[str, Any]] | None = None
     for info in infos:
         name = info.get("function_name") or ""
-        tests, skipped = [], []
+        tests: list[TestCase] = []
+        skipped: list[dict[str, str]] = []
         for fn in functions:
             t, s = parse_asserts(fn.body, name, name, names[0])
             tests += [c for c in t if c.call not in {x.call for x in tests}]

@@ -26,6 +26,7 @@ import ast
 import builtins
 import copy
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from codea1_core.data.dataset_types import DatasetError, Pending
@@ -39,7 +40,7 @@ _BUILTINS = frozenset(dir(builtins))
 # --------------------------------------------------------------------------------------------------
 
 
-def top_level_function(source: str, name: str, where: str) -> ast.FunctionDef:
+def top_level_function(source: str, name: str, where: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
     """The top-level ``def name`` of ``source``; a :class:`DatasetError` (naming ``where``) otherwise."""
     try:
         tree = ast.parse(source)
@@ -51,7 +52,7 @@ def top_level_function(source: str, name: str, where: str) -> ast.FunctionDef:
     raise DatasetError(f"{where}: no top-level function {name!r}")
 
 
-def signature_line(fn: ast.FunctionDef, annotations: bool = True) -> str:
+def signature_line(fn: ast.FunctionDef | ast.AsyncFunctionDef, annotations: bool = True) -> str:
     """The ``def ...:`` line of ``fn`` without decorators (and without type hints unless ``annotations``)."""
     stub = copy.deepcopy(fn)
     stub.body, stub.decorator_list = [ast.Pass()], []
@@ -65,7 +66,8 @@ def signature_line(fn: ast.FunctionDef, annotations: bool = True) -> str:
 def top_level_names(source: str) -> tuple[set[str], tuple[str, ...]]:
     """Names defined or imported at the top level of ``source``, and its import lines."""
     tree = ast.parse(source)
-    names, imports = set(), []
+    names: set[str] = set()
+    imports: list[str] = []
     for node in tree.body:
         if isinstance(node, ast.Import | ast.ImportFrom):
             imports.append(ast.unparse(node))
@@ -151,7 +153,8 @@ def call_source(entry_point: str, args: list[Any]) -> str:
 
 
 def _free_names(node: ast.AST) -> set[str]:
-    loads, bound = set(), set()
+    loads: set[str] = set()
+    bound: set[str] = set()
     for sub in ast.walk(node):
         if isinstance(sub, ast.Name):
             (loads if isinstance(sub.ctx, ast.Load) else bound).add(sub.id)
@@ -175,10 +178,9 @@ class _Rewrite(ast.NodeTransformer):
 
 
 def _unwrap_approx(node: ast.expr) -> ast.expr:
-    is_approx = (
-        isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "approx"
-    )
-    return node.args[0] if is_approx and node.args else node
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "approx":
+        return node.args[0] if node.args else node
+    return node
 
 
 def parse_assert(
@@ -224,14 +226,16 @@ def parse_assert(
 
 
 def parse_asserts(
-    statements: list[ast.stmt], called: str, entry_point: str, ref_names: set[str]
+    statements: Sequence[ast.stmt], called: str, entry_point: str, ref_names: set[str]
 ) -> tuple[list[TestCase], list[dict[str, str]]]:
     """The top-level asserts of ``statements`` -> (tests, skipped ``{"assert", "reason"}``).
 
     Simple assignments bind names for later asserts (D5); asserts nested in other statements are
     skipped; a call already seen is kept once. Arguments as in :func:`parse_assert`.
     """
-    tests, skipped, env = [], [], {}
+    tests: list[TestCase] = []
+    skipped: list[dict[str, str]] = []
+    env: dict[str, ast.expr] = {}
     for st in statements:
         if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
             env[st.targets[0].id] = _Rewrite({}, env).visit(copy.deepcopy(st.value))

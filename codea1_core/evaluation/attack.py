@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from codea1_core.evaluation.verdicts import reference_exprs
-from codea1_core.method.parsing import extract_tests
+from codea1_core.method.parsing import ParseMode, extract_tests
 from codea1_core.types import CallOutcome, ParsedTest, Problem
 from codea1_core.values import values_equal
 
@@ -100,7 +100,7 @@ def _ranked(findings: list[Finding]) -> tuple[Finding, ...]:
     return tuple(sorted(findings, key=lambda f: -f.support))
 
 
-def plan_attack(problem: Problem, texts: Sequence[str], parse_mode: str) -> AttackPlan:
+def plan_attack(problem: Problem, texts: Sequence[str], parse_mode: ParseMode) -> AttackPlan:
     """Parse ``texts`` (one response per sampled suite) into distinct tests with their support."""
     tests: dict[tuple[str, str], ParsedTest] = {}
     support: dict[tuple[str, str], int] = {}

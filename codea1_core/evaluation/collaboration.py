@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from codea1_core.evaluation.verdicts import benchmark_calls, judge_sample
 from codea1_core.method.outcomes import candidate_program
-from codea1_core.method.parsing import extract_tests
+from codea1_core.method.parsing import ParseMode, extract_tests
 from codea1_core.method.prompts import test_messages
 from codea1_core.types import CallOutcome, Problem
 from codea1_core.values import values_equal
@@ -153,7 +153,7 @@ class SolvePlan:
         problems: Sequence[Problem],
         distinct: Sequence[Sequence[str]],
         texts: Sequence[str],
-        parse_mode: str,
+        parse_mode: ParseMode,
     ):
         self._jobs: list[Job] = []
         self._votes: list[_ProblemVote] = []
@@ -207,7 +207,10 @@ class SolvePlan:
 
 
 def plan_solve(
-    problems: Sequence[Problem], distinct: Sequence[Sequence[str]], texts: Sequence[str], parse_mode: str
+    problems: Sequence[Problem],
+    distinct: Sequence[Sequence[str]],
+    texts: Sequence[str],
+    parse_mode: ParseMode,
 ) -> SolvePlan:
     """Plan a collaboration batch: ``texts`` are the suites of :func:`suite_prompts`, in that order."""
     return SolvePlan(problems, distinct, texts, parse_mode)

@@ -18,7 +18,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 SPARSE = "lab.golden_tests=sparse"
 """The data every learning arm trains on: scarce golden tests, as in real datasets (the paper's premise)."""
@@ -119,7 +119,7 @@ def parse_history(text: str) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------------------
 
 
-def _num(value: Any) -> bool:
+def _num(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -141,6 +141,7 @@ def row_values(result: RunResult) -> dict[str, float | None]:
     return out
 
 
+_T975: tuple[float, ...]
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145)
 _T975 += (2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048)
 _T975 += (2.045, 2.042)
@@ -260,7 +261,8 @@ def _per_seed_lines(results: Sequence[RunResult]) -> list[str]:
     lines += ["| mode | seed | warm start | trained | Δ |", "|---|---|---|---|---|"]
     for res in rows:
         v = row_values(res)
-        delta = v[HEADLINE] - v[start] if v[HEADLINE] is not None and v[start] is not None else None
+        trained, warm = v[HEADLINE], v[start]
+        delta = trained - warm if trained is not None and warm is not None else None
         lines.append(
             f"| {res.experiment.mode} | {res.experiment.seed} | {_fmt(v[start])} | {_fmt(v[HEADLINE])} "
             f"| {_fmt(delta, signed=True)} |"

@@ -21,6 +21,7 @@ import ast
 import random
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 from cosmic_ray.ast import ast_nodes, get_ast
 from cosmic_ray.exceptions import CosmicRayTestingException
@@ -50,7 +51,7 @@ class Mutant:
     source: str
 
 
-def _operators() -> list[tuple[str, object]]:
+def _operators() -> list[tuple[str, Any]]:
     """Instances of every argument-free Cosmic-Ray core operator, in the provider's (stable) order."""
     provider = OperatorProvider()
     out = []
@@ -62,10 +63,10 @@ def _operators() -> list[tuple[str, object]]:
     return out
 
 
-def _candidates(source: str) -> list[tuple[str, object, int]]:
+def _candidates(source: str) -> list[tuple[str, Any, int]]:
     """All (operator name, operator, occurrence) pairs that apply to ``source``."""
     nodes = list(ast_nodes(get_ast(source)))
-    out = []
+    out: list[tuple[str, Any, int]] = []
     for name, operator in _operators():
         count = sum(len(list(operator.mutation_positions(node))) for node in nodes)
         out.extend((name, operator, i) for i in range(count))
@@ -82,7 +83,7 @@ def _ast_key(source: str) -> str | None:
             return None
 
 
-def _apply(source: str, name: str, operator: object, occurrence: int) -> str | None:
+def _apply(source: str, name: str, operator: Any, occurrence: int) -> str | None:
     """One mutation, in memory (``cosmic_ray.mutating.mutate_code``); None when it does not apply."""
     try:
         mutated = mutate_code(source, operator, occurrence)
@@ -125,7 +126,7 @@ def generate_mutants(source: str, max_mutants: int = 30, seed: int = 0) -> list[
         name, operator, occurrence = candidates[idx]
         mutated = _apply(source, name, operator, occurrence)
         key = _ast_key(mutated) if mutated is not None else None
-        if key is None or key in seen:
+        if mutated is None or key is None or key in seen:
             continue
         seen.add(key)
         kept.append(idx)

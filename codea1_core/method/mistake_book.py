@@ -91,7 +91,8 @@ def canonical_value_bytes(value: Any) -> bytes:
             parts = [canonical_value_bytes(v) for v in value]
             if kind in (set, frozenset):
                 parts.sort()
-        tag = {set: b"S", frozenset: b"Z", dict: b"d", list: b"l", tuple: b"t"}[kind]
+        tags: dict[type, bytes] = {set: b"S", frozenset: b"Z", dict: b"d", list: b"l", tuple: b"t"}
+        tag = tags[kind]
         return tag + len(parts).to_bytes(4, "big") + b"".join(parts)
     return values.encode(value)
 

@@ -17,7 +17,7 @@ registration: :func:`tracking.packaging.add_chat_flavour`), not from here.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 
 DEFAULT_PARAMS = {"max_new_tokens": 256, "temperature": 0.0}
 _FENCE = re.compile(r"(`{3,})[ \t]*([\w+-]*)[^\n]*\n(.*?)\n?\1", re.DOTALL)
@@ -88,14 +88,17 @@ class ChatModel:
             prompt = render(self.tokenizer, role_messages(msgs, self.config), self.config.get("chat", True))
             ids = self.tokenizer(prompt, return_tensors="pt")
             sample = float(p["temperature"]) > 0
-            kwargs = {"do_sample": sample, "max_new_tokens": int(p["max_new_tokens"])}
+            kwargs: dict[str, Any] = {"do_sample": sample, "max_new_tokens": int(p["max_new_tokens"])}
             if sample:
                 kwargs["temperature"] = float(p["temperature"])
             with torch.no_grad():
                 out = self.model.generate(
                     **ids, **kwargs, pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id
                 )
-            text = self.tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+            # one sequence of ids decodes to one str
+            text = cast(
+                str, self.tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+            )
             answers.append({"text": text, "code": first_code_block(text)})
         return answers
 

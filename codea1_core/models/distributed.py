@@ -38,7 +38,7 @@ import datetime
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -186,7 +186,7 @@ class LogprobModule(torch.nn.Module):
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks of an HF causal LM (through a peft wrapper): FSDP2's sharding units."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = cast(Any, model).get_base_model() if hasattr(model, "get_base_model") else model
     inner = getattr(base, "model", base)
     layers = getattr(inner, "layers", None)
     if layers is None:

@@ -28,7 +28,7 @@ def build_policy(
     """
     from codea1_core.models.policy import Policy
 
-    policy = Policy(model_path, cfg, role=role, total_steps=total_steps)
+    policy: Any = Policy(model_path, cfg, role=role, total_steps=total_steps)  # or the VllmPolicy around it
     if cfg.rollout.backend == "vllm":
         from codea1_core.models import vllm_engine
 

@@ -68,7 +68,7 @@ def restore_policy(pol: Any, path: Path) -> None:
         from safetensors.torch import load_file
 
         weights = load_file(str(path / "model" / "adapter_model.safetensors"), device=str(pol.device))
-        result = set_peft_model_state_dict(pol.whole, weights)  # FSDP2: into the copy, then sliced
+        result: Any = set_peft_model_state_dict(pol.whole, weights)  # FSDP2: into the copy, then sliced
         if result.unexpected_keys:
             raise ValueError(f"{path}: adapter keys do not match this model: {result.unexpected_keys[:3]}")
         whole = dict(pol.whole.named_parameters())

@@ -20,7 +20,7 @@ import logging
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 log = logging.getLogger("codea1.sft")
 
@@ -57,7 +57,7 @@ def progress_callback(label: str) -> Any:
     return Progress()
 
 
-def _checkpointing_kwargs(config_cls: type) -> dict[str, bool]:
+def _checkpointing_kwargs(config_cls: type) -> dict[str, Any]:
     """TRL's default (checkpointing on) under the name the installed transformers wants.
 
     transformers 5 renamed ``gradient_checkpointing`` to ``activation_checkpointing`` and warns on every run
@@ -77,7 +77,7 @@ def _to_prompt_completion(examples: list[dict], tokenizer: Any) -> list[dict]:
     """Validate examples and convert them to TRL prompt-completion rows (conversational or plain)."""
     from codea1_core.method.prompts import render_plain
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     use_template = bool(getattr(tokenizer, "chat_template", None))
     for i, ex in enumerate(examples):
         msgs = ex.get("messages") if isinstance(ex, dict) else None
@@ -180,7 +180,7 @@ def supervised_finetune(
             if not bars_were_off:
                 datasets.enable_progress_bars()
         with atomic_dir(out_dir) as tmp:
-            trainer.model.save_pretrained(tmp)
+            cast(Any, trainer.model).save_pretrained(tmp)  # the trained model (peft-wrapped for LoRA)
             tokenizer.padding_side = "left"
             tokenizer.save_pretrained(tmp)
     metrics = {

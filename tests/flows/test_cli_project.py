@@ -77,6 +77,7 @@ def test_project_dir_rules(tmp_path: Path) -> None:
     assert project_dir(["--params", str(elsewhere / "p.yaml")], root) is None  # not a project: stay
 
 
+@pytest.mark.e2e  # the CLI in a subprocess
 def test_absolute_params_from_another_folder_reads_the_projects_paths(tmp_path: Path) -> None:
     root = _project(tmp_path / "proj")
     elsewhere = tmp_path / "elsewhere"

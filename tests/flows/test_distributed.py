@@ -55,6 +55,7 @@ def two_rank_steps(tmp_path_factory, tiny_model_dir):
     return out
 
 
+@pytest.mark.e2e  # torchrun (two_rank_steps)
 @pytest.mark.parametrize("finetune", ["full", "lora"])
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 @pytest.mark.parametrize("role", ["code", "test"])
@@ -83,6 +84,7 @@ def _worst(two: dict, one: dict) -> tuple[str, float]:
     return max(((k, r) for k, r in rel.items() if not k.endswith("k_proj.bias")), key=lambda kr: kr[1])
 
 
+@pytest.mark.e2e  # torchrun (two_rank_steps)
 @pytest.mark.parametrize("finetune", ["full", "lora"])
 @pytest.mark.parametrize("role", ["code", "test"])
 def test_fsdp2_samples_checkpoints_and_resumes_like_one_process(two_rank_steps, finetune, role):
@@ -108,6 +110,7 @@ def test_fsdp2_samples_checkpoints_and_resumes_like_one_process(two_rank_steps, 
     assert _worst(one["from_w2"], one["resumed"])[1] <= 1e-5
 
 
+@pytest.mark.e2e  # torchrun (two_rank_steps)
 def test_rank_local_rates_are_pooled_as_one_process_computes_them(two_rank_steps):
     """A rate each rank computes over its own items (the gate's rejections, the sandbox's timeouts) is the rate
     over all of them: weighted by its count, not the mean of the ranks' rates (0.3 and 0.1 here)."""
@@ -118,6 +121,7 @@ def test_rank_local_rates_are_pooled_as_one_process_computes_them(two_rank_steps
     assert row["code/reward_mean"] == 0.25 and row["time/execute_s"] == 3.0
 
 
+@pytest.mark.e2e  # torchrun (two_rank_steps)
 def test_two_rank_mistake_book_equals_single_process(two_rank_steps):
     """One book, the same entries as one process: each rank's outcomes are gathered before the update (a rank
     merging only its own shard would miss the other shard's problems, which recur on it in later steps)."""

@@ -54,6 +54,7 @@ def _settings_probe(modules: list[str]) -> str:
     )
 
 
+@pytest.mark.e2e  # every entry point in a subprocess
 @pytest.mark.timeout(900)  # one fresh interpreter per entry module
 def test_every_entry_point_applies_the_prefect_defaults_before_prefect_reads_them(tmp_path: Path) -> None:
     """Each entry module, imported first in a pristine process, leaves Prefect with our start-up budget."""

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 _PRODUCT_VARS = ("PREFECT_", "GX_", "MLFLOW_", "DO_NOT_TRACK", "TOKENIZERS_PARALLELISM", "HF_HUB_DISABLE")
 
@@ -64,6 +66,7 @@ READ_BACK = (
 )
 
 
+@pytest.mark.e2e  # a Prefect server and a stage-like flow in subprocesses
 def test_a_stage_run_under_the_shared_api_records_its_task_runs(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", READ_BACK], cwd=tmp_path, env=_pristine_env(tmp_path),

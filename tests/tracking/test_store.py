@@ -69,6 +69,7 @@ def silent_server() -> Iterator[str]:
         sock.close()
 
 
+@pytest.mark.e2e  # a stage in a subprocess
 @pytest.mark.parametrize("stage", ["evaluate", "register"])
 def test_evaluate_and_register_probe_the_store_first(stage, silent_server, tmp_path, repo_root) -> None:
     params = tmp_path / "params.yaml"

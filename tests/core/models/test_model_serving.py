@@ -109,6 +109,7 @@ def _serve(cfg: Config, cwd: Path, model_dir: Path, max_new_tokens: int = 6) -> 
         proc.wait(timeout=30)
 
 
+@pytest.mark.e2e  # `mlflow models serve`, a server
 def test_the_champion_is_served_as_a_chat_model(
     mlflow_cfg: Config, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
