@@ -54,7 +54,7 @@ def _lab_model(cfg: Config, work: Path, role: str) -> str:
         return str(warm)
     target = work / "lab"
     if not (target / "config.json").is_file():
-        from codea1_core.data.lab import tokenizer_corpus
+        from codea1_core.data.warmstart_data import tokenizer_corpus
         from codea1_core.models.tiny_model import build_tiny_model
 
         lab = cfg.lab

@@ -29,7 +29,7 @@ from codea1_core.models.tiny_model import build_tiny_model
 @pytest.fixture(scope="module")
 def lab_dir(tmp_path_factory):
     """The lab's model shape (``params.yaml`` lab section) and tokenizer corpus, random init."""
-    from codea1_core.data.lab import tokenizer_corpus
+    from codea1_core.data.warmstart_data import tokenizer_corpus
 
     lab = Config().lab
     return str(
