@@ -105,7 +105,7 @@ def bench_config(args: argparse.Namespace, finetune: str, device: str) -> Config
 
 def build_model(work: Path, shrink: bool, lab_cfg: Any) -> tuple[Path, dict]:
     """Tiny tokenizer + a random-init model with the Qwen2.5-Coder-1.5B architecture (or the shrunken one)."""
-    from codea1_core.data.lab import tokenizer_corpus
+    from codea1_core.data.warmstart_data import tokenizer_corpus
     from codea1_core.models.tiny_model import build_tiny_model, random_init_like
 
     tiny = build_tiny_model(work / "tokenizer", tokenizer_corpus(lab_cfg), hidden_size=32, num_layers=1,

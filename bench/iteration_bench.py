@@ -38,7 +38,7 @@ def _model_paths(cfg, tmp: Path) -> tuple[str, str, str]:
         and Path(cfg.model.test_path, "config.json").is_file()
     ):
         return cfg.model.code_path, cfg.model.test_path, "warm-started lab models"
-    from codea1_core.data.lab import tokenizer_corpus
+    from codea1_core.data.warmstart_data import tokenizer_corpus
     from codea1_core.models.tiny_model import build_tiny_model
 
     lab = cfg.lab

@@ -54,7 +54,7 @@ def _lab_model(cfg: Config, work: Path, role: str) -> str:
         return str(warm)
     target = work / "lab"
     if not (target / "config.json").is_file():
-        from codea1_core.data.lab import tokenizer_corpus
+        from codea1_core.data.warmstart_data import tokenizer_corpus
         from codea1_core.models.tiny_model import build_tiny_model
 
         lab = cfg.lab
@@ -169,7 +169,8 @@ def exact_floor(policy: Policy, prompts: list, n: int, steps: int, hf_cpu_s: flo
     row and head, and prefilling each prompt once is not bit-identical: tests/core/models/cpu_decode/test_engine.py); their
     sum bounds the ratio an exact rollout can reach against ``generate`` at this shape.
     """
-    from codea1_core.models.cpu_decode import engine
+    from codea1_core.models.cpu_decode import engine, exact
+    from codea1_core.models.cpu_decode.prefill import prefill as hf_prefill
 
     base = engine._base_model(policy.model)
     attn = base.model.layers[0].self_attn
@@ -179,10 +180,10 @@ def exact_floor(policy: Policy, prompts: list, n: int, steps: int, hf_cpu_s: flo
     rows, prompt_len = ids.shape
     with torch.no_grad():
         c0 = time.process_time()
-        _, cache, _ = engine._prefill(base, ids, mask)
+        _, cache, _ = hf_prefill(base, ids, mask)
         prefill = time.process_time() - c0
-        view = engine._ViewCache(cache, prompt_len + steps)
-        decode_mask = engine._decode_mask(mask, prompt_len + steps)
+        view = exact._ViewCache(cache, prompt_len + steps)
+        decode_mask = exact._decode_mask(mask, prompt_len + steps)
         query = torch.randn(rows, base.config.num_attention_heads, 1, attn.head_dim)
         c0 = time.process_time()
         for t in range(steps - 1):

@@ -95,11 +95,11 @@ def fork_floor_ms(forks: int = 2000) -> float:
 SET_UP = """
 import os, resource, statistics, sys
 sys.path.insert(0, sys.argv[2])
-from sandbox import landlock, limits, syscall_filter
+from sandbox import landlock, linux, mounts, syscall_filter
 n = int(sys.argv[1])
 load = syscall_filter.loader(syscall_filter.build_filters("eperm", children_privileged=True)[1])
-limits.prctl(limits.PR_SET_NO_NEW_PRIVS, 1)  # (this helper process only)
-ruleset = landlock.make_ruleset(list(limits.python_keep_paths()), ["/tmp"])[0]
+linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)  # (this helper process only)
+ruleset = landlock.make_ruleset(list(mounts.python_keep_paths()), ["/tmp"])[0]
 restrict = landlock.restrict_function()
 def child_us(kind):
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)

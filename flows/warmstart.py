@@ -1,8 +1,8 @@
 """The ``warmstart`` stage: a tiny model, built locally and supervised-fine-tuned into both roles.
 
 What it does: trains a BPE tokenizer and a random-init tiny Qwen2 model on the lab's text
-(``codea1_core.data.lab.tokenizer_corpus``), then fine-tunes it (TRL SFT) into the Code LLM (correct and
-buggy solutions, ``lab.buggy_fraction``, on the training problems plus fresh parameter sets up to
+(``codea1_core.data.warmstart_data.tokenizer_corpus``), then fine-tunes it (TRL SFT) into the Code LLM (correct
+and buggy solutions, ``lab.buggy_fraction``, on the training problems plus fresh parameter sets up to
 ``lab.warmstart_code_problems_per_family``, so it learns to copy constants rather than memorize them) and
 the Test LLM (imperfect white-box test suites on the training problems), so RL has room to improve both.
 ``selfplay`` mode trains one model on code and black-box test conversations; ``golden`` mode trains only
@@ -81,7 +81,8 @@ def _param_count(model_dir: Path) -> int:
 
 def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
     """Build the tiny base model and fine-tune each role; returns the metrics written to ``metrics.json``."""
-    from codea1_core.data.lab import warmstart_code_problems, warmstart_examples
+    from codea1_core.data.lab import warmstart_code_problems
+    from codea1_core.data.warmstart_data import warmstart_examples
 
     t0 = time.perf_counter()
     dirs = role_dirs(cfg, root)

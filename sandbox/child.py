@@ -2,7 +2,7 @@
 
 What it does: :func:`worker_main` is the entry point of one warm worker process started by
 ``ProcessExecutor`` (a fresh interpreter, never a fork of the caller). The worker isolates itself once
-(``limits.setup_worker_isolation``, ``limits.setup_worker_cgroup``), pre-imports common modules, then
+(``namespaces.setup_worker_isolation``, ``cgroups.setup_worker_cgroup``), pre-imports common modules, then
 forks a :class:`~sandbox.zygote.Zygote` BEFORE its first job. The zygote forks each child ahead of time
 (after the previous one is reaped and cleaned up) and puts it in its own process group and the worker's
 cgroup; the child waits for its job on its own pipe; the worker takes it, writes the job (and only its
@@ -17,7 +17,8 @@ itself (D3).
 
 The pieces, by responsibility: this file (the worker's job loop, :func:`run_program`), the harness (what
 runs the program and its calls), supervision (the worker's reading and limits of a running child), the
-zygote (each child's set-up and clean-up), ``sandbox/limits.py`` (the isolation primitives).
+zygote (each child's set-up and clean-up); the isolation primitives: ``sandbox/namespaces.py``,
+``sandbox/mounts.py``, ``sandbox/cgroups.py``, ``sandbox/confinement.py``, ``sandbox/credentials.py``.
 
 What it does not do: compare values (the trusted parent does, D2), or decode untrusted values.
 The threat model is in ``sandbox/executor.py``. Not meant to be run by hand.
@@ -30,8 +31,13 @@ import os
 import struct
 import time
 
+from sandbox import cgroups as _cgroups
+from sandbox import credentials as _credentials
 from sandbox import landlock as _landlock
 from sandbox import limits as _limits
+from sandbox import linux as _linux
+from sandbox import mounts as _mounts
+from sandbox import namespaces as _namespaces
 from sandbox import syscall_filter as _syscalls
 from sandbox.harness import _TOKEN_BYTES
 from sandbox.supervision import _exit_reason, _oom_killed, _supervise
@@ -94,10 +100,10 @@ def worker_main() -> None:
         return
     lim = _limits.ExecLimits(**settings["limits"])
     try:
-        isolation = _limits.setup_worker_isolation(
+        isolation = _namespaces.setup_worker_isolation(
             settings["mode"], settings["hide_paths"], settings["keep_paths"], lim.max_file_mb
         )
-        _limits.prctl(_limits.PR_SET_CHILD_SUBREAPER, 1)  # orphans of a zygote become our children
+        _linux.prctl(_linux.PR_SET_CHILD_SUBREAPER, 1)  # orphans of a zygote become our children
     except OSError as exc:
         write_msg(wfd, ("fail", f"isolation unavailable: {exc}"))
         return
@@ -106,7 +112,7 @@ def worker_main() -> None:
     cgroup_fds: list[int] = []
     if settings["mode"] != "off" and os.geteuid() == 0:
         name = f"codea1-{os.getpid()}-{os.urandom(4).hex()}"
-        isolation["cgroup"], procs, isolation["cgroup_dirs"] = _limits.setup_worker_cgroup(
+        isolation["cgroup"], procs, isolation["cgroup_dirs"] = _cgroups.setup_worker_cgroup(
             lim.memory_mb, lim.max_processes, name
         )
         cgroup_fds = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in procs]
@@ -123,7 +129,7 @@ def worker_main() -> None:
         "ipc": isolation["ipc"].startswith("ipcns per worker and per program"),
         "n": 0,
         "oom_seen": 0,
-        "peak_fds": _limits.peak_reset_fds(isolation["cgroup_dirs"]),
+        "peak_fds": _cgroups.peak_reset_fds(isolation["cgroup_dirs"]),
     }
     isolation["accounting"] = (
         "memory high-water mark reset after every program (v1)"
@@ -141,7 +147,7 @@ def worker_main() -> None:
         msg = read_msg(rfd)
         if msg is None or msg[0] == "exit":  # (None: the parent is gone and cannot clean up for us)
             ctx["zygote"].close()
-            _limits.remove_cgroups(ctx["cgroup_dirs"])
+            _cgroups.remove_cgroups(ctx["cgroup_dirs"])
             return
         _, job_id, source, exprs = msg
         try:
@@ -166,12 +172,12 @@ def _deny_layers(settings: dict, isolation: dict, ctx: dict) -> None:
         for layer in ("seccomp", "landlock", "keyring"):
             isolation[layer] = "off (deny='off')"
         return
-    keyctl = _syscalls.syscall_number("keyctl") or _limits.KEYCTL_NR.get(os.uname().machine)
-    fresh = _limits.join_fresh_keyring(keyctl)  # the worker's own: the parent's is possessed no more
+    keyctl = _syscalls.syscall_number("keyctl") or _credentials.KEYCTL_NR.get(os.uname().machine)
+    fresh = _credentials.join_fresh_keyring(keyctl)  # the worker's own: the parent's is possessed no more
     try:
         # Children that keep capabilities (no uid drop, running as root) could use the set-up calls the
         # zygote's filter allows with its own arguments: they also load a short filter denying them.
-        privileged = ctx["uid"] is None and _limits.has_capabilities()
+        privileged = ctx["uid"] is None and _credentials.has_capabilities()
         zygote_filter, child_filter = _syscalls.build_filters(
             "kill" if deny == "kill" else "eperm", uid=ctx["uid"], children_privileged=privileged
         )
@@ -201,7 +207,7 @@ def _deny_layers(settings: dict, isolation: dict, ctx: dict) -> None:
             "a fresh anonymous session keyring per worker; keyring calls denied to programs"
         )
     else:
-        ctx["join_keyring"] = _limits.keyring_joiner(keyctl)
+        ctx["join_keyring"] = _credentials.keyring_joiner(keyctl)
         isolation["keyring"] = "a fresh anonymous session keyring per program (no syscall filter)"
     tmp = isolation.get("private_tmp") or ["/tmp"]  # (no private tmpfs: the children's dirs are in /tmp)
     try:
@@ -209,7 +215,7 @@ def _deny_layers(settings: dict, isolation: dict, ctx: dict) -> None:
         # them shows what it showed before Landlock)
         read = [
             *(settings.get("keep_paths") or []),
-            *_limits.python_keep_paths(),
+            *_mounts.python_keep_paths(),
             *isolation.get("hidden", []),
         ]
         ctx["landlock_fd"], abi = _landlock.make_ruleset(read, tmp)

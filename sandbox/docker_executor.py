@@ -3,9 +3,8 @@
 What it does: for each program, creates a container from ``image`` with the network disabled, a
 memory limit (``memory_mb``, no swap), a pids limit, ``no-new-privileges`` and all capabilities
 dropped except those the in-container worker needs to drop to an unprivileged uid and clean up
-(SETUID, SETGID, KILL, CHOWN); copies in the sandbox worker (``sandbox/child.py``, ``harness.py``,
-``supervision.py``, ``zygote.py``, ``limits.py``, ``landlock.py``, ``syscall_filter.py``,
-``codea1_core/values.py``) and the job, starts it, waits (program cap + margin), fetches the result
+(SETUID, SETGID, KILL, CHOWN); copies in the sandbox worker (``sandbox/child.py`` and the modules it
+imports, ``codea1_core/values.py``) and the job, starts it, waits (program cap + margin), fetches the result
 file and removes the container. Inside, the same child/harness/frame protocol as the process backend
 applies (per-call limits, verdict integrity); the trusted parent decodes values.
 
@@ -40,6 +39,12 @@ _SHIPPED = (
     "sandbox/supervision.py",
     "sandbox/zygote.py",
     "sandbox/limits.py",
+    "sandbox/linux.py",
+    "sandbox/namespaces.py",
+    "sandbox/mounts.py",
+    "sandbox/cgroups.py",
+    "sandbox/confinement.py",
+    "sandbox/credentials.py",
     "sandbox/landlock.py",
     "sandbox/syscall_filter.py",
 )

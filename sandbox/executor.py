@@ -141,16 +141,13 @@ from pathlib import Path
 from typing import Any
 
 from codea1_core.types import CallOutcome
+from sandbox.cgroups import remove_cgroups
 from sandbox.child import write_msg
+from sandbox.credentials import sweep_uid_from_proc
 from sandbox.decoding import outcomes_of
 from sandbox.errors import SandboxUnavailable
-from sandbox.limits import (
-    ExecLimits,
-    default_hide_paths,
-    python_keep_paths,
-    remove_cgroups,
-    sweep_uid_from_proc,
-)
+from sandbox.limits import ExecLimits
+from sandbox.mounts import default_hide_paths, python_keep_paths
 
 _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from sandbox.child import worker_main; worker_main()"
 _REPO_ROOT = str(Path(__file__).resolve().parent.parent)

@@ -17,6 +17,7 @@ import select
 import signal
 import time
 
+from sandbox import cgroups as _cgroups
 from sandbox import limits as _limits
 from sandbox.harness import _ERROR_CHARS, _FRAME, _HDR, _TOKEN_BYTES, STATUS_CODES, _too_large
 
@@ -209,7 +210,7 @@ def _exit_reason(status: int, alive: bool, ready: bool, defined: bool, ctx: dict
 
 def _oom_killed(ctx: dict) -> bool:
     """Whether the worker's cgroup counted a new OOM kill (read only after a SIGKILL death)."""
-    kills = _limits.oom_kills(ctx["cgroup_dirs"])
+    kills = _cgroups.oom_kills(ctx["cgroup_dirs"])
     new, ctx["oom_seen"] = kills > ctx["oom_seen"], kills
     return new
 

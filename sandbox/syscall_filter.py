@@ -43,7 +43,7 @@ the filter only with the zygote's own flags, and then fail for want of a capabil
 What it does not cover: the allowed calls' own kernel bugs; ``landlock_create_ruleset`` and
 ``landlock_add_rule`` are allowed (the zygote renews its rules with them; a ruleset can only ever
 restrict the process that joins it); ``ioctl`` is allowed on any descriptor the
-program can open (the minimal /dev leaves no terminal, see ``sandbox/limits.py``); timing channels.
+program can open (the minimal /dev leaves no terminal, see ``sandbox/mounts.py``); timing channels.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ import os
 import struct
 from collections.abc import Callable
 
-from sandbox.limits import CLONE_NEWIPC, MNT_DETACH, MS_NODEV, MS_NOSUID
+from sandbox.linux import CLONE_NEWIPC, MNT_DETACH, MS_NODEV, MS_NOSUID
 
 ALLOWED = """
 read write readv writev pread64 pwrite64 preadv preadv2 pwritev pwritev2 open openat openat2 close
@@ -147,7 +147,8 @@ joins its own only where there is no filter.)"""
 
 _SET_UP_FLAGS = {"mount": MS_NOSUID | MS_NODEV, "umount2": MNT_DETACH, "unshare": CLONE_NEWIPC}
 """The flags of the zygote's only mount (a fresh private tmpfs), umount (of the used one, detached) and a
-child's only unshare (its IPC namespace), as ``sandbox/limits.py`` (``wipe_private_tmp``, ``enter_private_ipc``) passes them."""
+child's only unshare (its IPC namespace), as ``sandbox/mounts.py`` (``wipe_private_tmp``) and
+``sandbox/namespaces.py`` (``enter_private_ipc``) pass them."""
 
 
 def build_filters(

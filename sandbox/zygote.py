@@ -4,7 +4,7 @@ What it does: :class:`Zygote` is forked by the worker before its first job; it f
 of time (:func:`_prepare_child`, :func:`_zygote_loop`), puts it in its own process group and the worker's
 cgroup, and after the program kills and reaps it with every descendant (:func:`_reap`) and replaces the
 private tmpfs it used (:func:`_clean_tmp`). Each child (:func:`_make_child_main`) waits for its job on its
-own pipe, confines itself (rlimits, uid drop: ``sandbox/limits.py``) and calls the harness
+own pipe, confines itself (rlimits, uid drop: ``sandbox/confinement.py``) and calls the harness
 (``sandbox/harness.py``).
 
 What it does not do: read results (the worker does, ``sandbox/supervision.py``). Not meant to be run by
@@ -26,7 +26,11 @@ import sys
 import time
 from collections.abc import Callable
 
-from sandbox import limits as _limits
+from sandbox import confinement as _confinement
+from sandbox import credentials as _credentials
+from sandbox import linux as _linux
+from sandbox import mounts as _mounts
+from sandbox import namespaces as _namespaces
 from sandbox.harness import _make_harness
 
 
@@ -80,9 +84,9 @@ class Zygote:
                 self.sock.close()
                 for fd in close_fds:  # the worker's protocol pipes: only the worker talks to the parent
                     os.close(fd)
-                _limits.prctl(_limits.PR_SET_PDEATHSIG, signal.SIGKILL)
+                _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
                 if os.getppid() == worker:
-                    _limits.prctl(_limits.PR_SET_CHILD_SUBREAPER, 1)
+                    _linux.prctl(_linux.PR_SET_CHILD_SUBREAPER, 1)
                     _prepare_zygote(ctx)
                     gc.collect()
                     gc.freeze()  # fewer copy-on-write page faults in forked children
@@ -143,12 +147,12 @@ def _prepare_zygote(ctx: dict) -> None:
     object it touches is written (its reference count), so each Python step in a child costs tens of
     microseconds of CPU; what the zygote does once, every child inherits for free. Inherited by each
     child exactly as if it had done it itself: no-new-privs, RLIMIT_CORE 0 and SIGXFSZ ignored
-    (``limits.apply_zygote_limits``); default SIGINT/SIGTERM/SIGALRM/SIGCHLD (SIGPIPE stays ignored);
+    (``confinement.apply_zygote_limits``); default SIGINT/SIGTERM/SIGALRM/SIGCHLD (SIGPIPE stays ignored);
     unbuffered text streams on descriptors 1 and 2 (each child dup2s its output pipe onto them, so
     output reaches the pipe even when the child is killed); the scrubbed environment (HOME and TMPDIR
     are set by :func:`_zygote_loop`); the trusted modules dropped from ``sys.modules``.
     """
-    _limits.apply_zygote_limits()
+    _confinement.apply_zygote_limits()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     sys.stdout = io.TextIOWrapper(
@@ -168,7 +172,7 @@ def _prepare_zygote(ctx: dict) -> None:
     for name in ctx["trusted_modules"]:
         del sys.modules[name]
     ctx["harness"] = _make_harness(ctx["lim"])
-    ctx["rlimits"] = _limits.child_rlimits(ctx["lim"], ctx["uid"] is not None)
+    ctx["rlimits"] = _confinement.child_rlimits(ctx["lim"], ctx["uid"] is not None)
     ctx["child_main"] = _make_child_main(ctx)
     ctx["tmp_prefix"] = f"/tmp/codea1-run-{os.getpid()}-"
     ctx["environ_store"] = os.environ._data  # bytes -> bytes on POSIX; see _prepare_child
@@ -313,8 +317,8 @@ def _make_child_main(ctx: dict) -> Callable[[int, int, int, int, str], None]:
         os._exit,
     )
     death_signal, enter_ipc, read_rest, loads, view, size_of = (
-        _limits.set_death_signal,
-        _limits.enter_private_ipc if ctx["ipc"] else None,
+        _linux.set_death_signal,
+        _namespaces.enter_private_ipc if ctx["ipc"] else None,
         _read_job_rest,
         marshal.loads,
         memoryview,
@@ -323,7 +327,7 @@ def _make_child_main(ctx: dict) -> Callable[[int, int, int, int, str], None]:
     devnull, harness = ctx["devnull"], ctx["harness"]
     buffers = [bytearray(65536)]  # the job lands here: no allocation (a 64 KiB bytes object was ~6 faults)
     buffer = view(buffers[0])
-    confine = _limits.child_confiner(ctx["rlimits"], ctx["uid"])
+    confine = _confinement.child_confiner(ctx["rlimits"], ctx["uid"])
     # The deny-by-default layers, all prepared by the worker (sandbox/child.py, _deny_layers): a fresh
     # keyring, the Landlock ruleset, the scope-only ruleset each call joins, the seccomp allow-list.
     join_keyring, restrict, ruleset = ctx["join_keyring"], ctx["restrict"], ctx["landlock_fd"]
@@ -401,7 +405,7 @@ def _reap(pid: int, uid: int | None) -> int:
             break
         if wpid == 0:
             if uid is not None:
-                _limits.sweep_uid(uid)
+                _credentials.sweep_uid(uid)
             else:
                 _kill_children()
             time.sleep(0.001)
@@ -435,7 +439,7 @@ def _clean_tmp(tmp: str, ctx: dict) -> None:
             os.rmdir(tmp)  # empty (the usual case): /tmp may then need no remount at all
         except OSError:
             pass
-        if _limits.wipe_private_tmp(ctx["private_tmp"], ctx["lim"].max_file_mb) and ctx["landlock_fd"] >= 0:
+        if _mounts.wipe_private_tmp(ctx["private_tmp"], ctx["lim"].max_file_mb) and ctx["landlock_fd"] >= 0:
             ctx["landlock_refresh"]()  # its rules name the tmpfs just replaced
     else:
         remove_tree(tmp)

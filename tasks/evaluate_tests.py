@@ -28,8 +28,7 @@ from prefect.cache_policies import NO_CACHE
 
 from codea1_core.atomic import write_text_atomic
 from codea1_core.config import Config
-from codea1_core.evaluation.suites import plan_suites
-from codea1_core.evaluation.verdicts import SuiteRecord, suite_metrics
+from codea1_core.evaluation.suites import SuiteRecord, plan_suites, suite_metrics
 from codea1_core.models.sampling import sampling_params
 from codea1_core.types import Problem
 from tasks.execute import run_jobs

@@ -28,7 +28,7 @@ def epochs_of(lab: LabConfig, role: str) -> int:
 @task(name="build_base", cache_policy=NO_CACHE)
 def build_base(cfg: Config, out: Path) -> Path:
     """The tiny base model, its tokenizer trained on the lab's corpus (a task run of the warmstart flow)."""
-    from codea1_core.data.lab import tokenizer_corpus
+    from codea1_core.data.warmstart_data import tokenizer_corpus
     from codea1_core.models.tiny_model import build_tiny_model
 
     lab = cfg.lab

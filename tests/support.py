@@ -62,7 +62,7 @@ TINY_LAB = {
 
 def build_tiny(out_dir: Path) -> Path:
     """A random-init tiny Qwen2 model with the lab tokenizer (no warm start: fast, outputs are noise)."""
-    from codea1_core.data.lab import tokenizer_corpus
+    from codea1_core.data.warmstart_data import tokenizer_corpus
     from codea1_core.models.tiny_model import build_tiny_model
 
     corpus = tokenizer_corpus(Config().lab, k=8)[:300]

@@ -14,26 +14,16 @@ per mode, each arm's paired deltas vs ``golden_sparse`` per seed, the per-seed t
 ``mistake_book.png`` (vs the paper's §15.4 figure), ``report.html``,
 ``runs/<name>/`` and ``dvc.log``; prints the table and the wall time. Exit 1 when an experiment failed.
 
-Two runners (``--runner``, default ``auto``):
-  * ``queue``: ``dvc exp run --queue`` + ``dvc exp run --run-all --jobs N``. Each experiment runs in an isolated
-    temp copy (``.dvc/tmp/exps``), the workspace is never touched, and results are read from the experiment
-    commit (``git show <refs/exps/..>:<file>``). Files not committed yet are copied in with ``-C``. It needs the
-    metrics files NOT git-ignored (DVC cannot commit ignored files into the experiment), which is not the case
-    while ``.gitignore`` has ``/outputs/``; ``auto`` then falls back to
-  * ``workspace``: experiments one after another in the workspace. Before, ``params.yaml``, ``dvc.lock`` and
-    every stage output of ``dvc.yaml`` are moved to ``.dvc/tmp/lab_compare_backup``; ``params.yaml`` is reset
-    before each experiment; each run's two files are copied to ``runs/<name>/``; afterwards (also on failure
-    or Ctrl-C) the experiments' outputs are deleted and the user's files moved back. While it runs, the
-    workspace holds the experiment being run — do not use the repo for anything else meanwhile. A running
-    comparison holds ``.dvc/tmp/lab_compare.lock`` (``flock``): a second one in the same repo stops with a
-    clear error, and ``--collect-only`` never touches the workspace, so peeking at a running comparison's
-    results is safe. After a hard kill (SIGKILL, power loss) the kernel drops the lock and the next start
-    restores the workspace first; ``--resume TAG`` then runs only the experiments without results in
-    ``runs/``. Content-addressed caches the stages keep beside their outputs (``outputs/eval/mutants``,
-    ``outputs/eval/baseline_cache``) stay: keyed by content, they only save later runs work.
-Either way each experiment also stays a git ref under ``refs/exps`` (``dvc exp show``; ``dvc exp remove -A``).
-MLflow: queued runs log to their temp copy's ``mlflow/`` store (dropped with it); workspace runs log to the
-user's store (``tracking.*``), as any ``dvc exp run`` would.
+How it runs them: ``dvc exp run --queue`` per experiment, then ``dvc exp run --run-all --jobs N``. Each experiment
+runs in an isolated temp copy (``.dvc/tmp/exps``), the workspace is never touched, and results are read from the
+experiment commit (``git show <refs/exps/..>:<file>``); each experiment stays a git ref under ``refs/exps``
+(``dvc exp show``; ``dvc exp remove -A``). Files not committed yet are copied in with ``-C``. The metrics files
+must not be git-ignored (DVC cannot commit ignored files into the experiment; this repository's ``.gitignore``
+keeps them versioned): otherwise the comparison stops with a clear error before queueing anything. A running
+comparison holds ``.dvc/tmp/lab_compare.lock`` (``flock``): a second one in the same repo, which would share
+DVC's queue and edit the same ``params.yaml`` while queueing, stops with a clear error; ``--collect-only`` takes
+no lock and reads only results: ``<out>/runs/<name>/`` when that holds the experiments (a published
+comparison, ``docs/lab_compare/``), else the experiment commits. MLflow: queued runs log to their temp copy's ``mlflow/`` store (dropped with it).
 Prepare and warmstart are shared through DVC (unchanged stage / run cache) only where their params agree:
 both read ``seed`` and ``lab.golden_tests`` and warmstart also reads ``mode``, so they run once per seed (and
 coverage, and mode) — except where an experiment's params for them equal the committed ``dvc.lock``'s (seed 1
@@ -46,7 +36,7 @@ runs, collects and writes.
 What it does not: change the pipeline, or pick a winner (read the table with its std and number of seeds).
 
 Run: ``python -m tools.lab_compare [--seeds 5] [--modes golden_sparse,codea1,...] [--quick]
-[--runner auto|queue|workspace] [--jobs 1] [--out DIR] [--collect-only TAG] [--resume TAG] [key=value ...]``
+[--jobs 1] [--out DIR] [--collect-only TAG] [key=value ...]``
 (``make lab-compare``). Values go to ``dvc exp run -S`` as YAML: write strings that look like YAML keywords
 quoted, e.g. ``"tracking.backend='null'"``.
 """
@@ -59,7 +49,6 @@ import fcntl
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -67,7 +56,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from codea1_core.atomic import atomic_dir, write_bytes_atomic, write_text_atomic
+from codea1_core.atomic import write_bytes_atomic, write_text_atomic
 from codea1_core.evaluation.comparison import (
     MODES,
     Experiment,
@@ -97,8 +86,11 @@ COMMON_OVERRIDES = ["tracking.register=false"]
 """Every experiment: no model versions in the registry (``register`` is not run either; nothing is promoted)."""
 EVAL_FILE = "outputs/eval/metrics.json"
 HISTORY_FILE = "outputs/train/history.csv"
+HISTORY_JSON = "history.json"
+"""The training history as :func:`write_outputs` stores it in ``runs/<name>/`` (parsed, beside ``metrics.json``)."""
 RUN_FILE = "run.json"
-"""Beside each workspace experiment's two files: ``wall_s``, ``load_before`` and ``commit``."""
+"""Read where present beside an experiment's files in ``runs/<name>/``: its ``wall_s``, ``load_before`` and
+``commit`` (the committed comparison in ``docs/lab_compare/runs/`` carries one per experiment)."""
 # ------------------------------------------------------------------------------------------------
 # Plan
 # ------------------------------------------------------------------------------------------------
@@ -205,22 +197,17 @@ def _stage_outs(repo: Path) -> list[str]:
     return sorted(p for p in paths if not p.startswith(".."))
 
 
-BACKUP = Path(".dvc") / "tmp" / "lab_compare_backup"
-"""Where the workspace runner keeps the user's params, lock and stage outputs while experiments run."""
-
-
 LOCK = Path(".dvc") / "tmp" / "lab_compare.lock"
-"""Held (``flock``) by a running comparison, from its start-up restore to its final one; it holds the pid."""
+"""Held (``flock``) by a running comparison from its start to its end; it holds the pid."""
 
 
 @contextlib.contextmanager
-def workspace_lock(repo: Path) -> Iterator[None]:
+def comparison_lock(repo: Path) -> Iterator[None]:
     """Hold :data:`LOCK` for a comparison; a clear error when another comparison in ``repo`` holds it.
 
-    Without it a second start (a ``--resume`` typed twice, a peek at the results) took the running comparison's
-    backup for one left by a killed run and restored it under the experiment being run (seen for real: the
-    experiment lost ``data/prepared`` and failed, and the user's workspace was never put back). The kernel
-    releases the lock when its process dies, however it dies, so a hard-killed run's backup is restorable.
+    Two comparisons in one repository would share DVC's queue (each ``--run-all`` runs whatever is queued,
+    the other's experiments included) and both edit ``params.yaml`` while queueing (each puts back what it
+    read first). The kernel releases the lock when its process dies, however it dies.
     """
     path = repo / LOCK
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -232,7 +219,7 @@ def workspace_lock(repo: Path) -> Iterator[None]:
             owner = handle.read().strip() or "unknown"
             raise UserError(
                 f"another lab-compare is running in {repo} (pid {owner}; {path} is locked): wait for it or stop "
-                "it first. `--collect-only TAG` reads the results so far without touching the workspace."
+                "it first. `--collect-only TAG` reads the results so far."
             ) from None
         handle.seek(0)
         handle.truncate()
@@ -244,132 +231,9 @@ def workspace_lock(repo: Path) -> Iterator[None]:
             handle.truncate(0)
 
 
-def _workspace_paths(repo: Path) -> list[str]:
-    return ["params.yaml", "dvc.lock", *_stage_outs(repo)]
-
-
-INDEX_FILE = "git-index-entries.txt"
-"""In :data:`BACKUP`: ``git ls-files --stage`` of the workspace paths before the experiments (``dvc exp run``
-stages the files it writes; the user's staging area is put back as it was)."""
-
-
-def _save_index(repo: Path, paths: Sequence[str], target: Path) -> None:
-    """Record the git index entries of ``paths`` (nothing to record outside a git repository)."""
-    proc = subprocess.run(["git", "ls-files", "--stage", "--", *paths], cwd=repo, capture_output=True,
-                          text=True, check=False)  # fmt: skip
-    if proc.returncode == 0:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(proc.stdout)
-
-
-def _restore_index(repo: Path, saved: Path) -> None:
-    """Put the recorded index entries back: what the experiments staged is unstaged, nothing else changes."""
-    if not saved.is_file():
-        return
-    paths = _workspace_paths(repo)
-    entries = {}
-    for line in saved.read_text().splitlines():
-        info, _, path = line.partition("\t")
-        mode, sha, _stage = info.split()
-        entries[path] = (mode, sha)
-    now = subprocess.run(["git", "ls-files", "--stage", "--", *paths], cwd=repo, capture_output=True, text=True,
-                         check=False)  # fmt: skip
-    current = {line.partition("\t")[2]: tuple(line.split()[:2]) for line in now.stdout.splitlines()}
-    for path in sorted(set(current) | set(entries)):
-        if current.get(path) == entries.get(path):
-            continue
-        if path in entries:
-            mode, sha = entries[path]
-            args = ["git", "update-index", "--add", "--cacheinfo", f"{mode},{sha},{path}"]
-        else:
-            args = ["git", "rm", "--cached", "-q", "--", path]
-        subprocess.run(args, cwd=repo, capture_output=True, check=False)
-
-
-def restore_workspace(repo: Path, new_dirs: Sequence[Path] = ()) -> bool:
-    """Delete the experiments' outputs and move the user's files back from :data:`BACKUP`.
-
-    Called after every workspace run, and at start-up when a run was killed hard (SIGKILL, power loss) and
-    left its backup behind. Returns False when there was no backup. ``new_dirs``: folders the experiments
-    created, removed (deepest first) when empty.
-    """
-    backup = repo / BACKUP
-    if not backup.is_dir():
-        return False
-    _restore_index(repo, backup / INDEX_FILE)
-    for rel in _workspace_paths(repo):
-        target = repo / rel
-        if not (backup / rel).exists() and rel == "params.yaml":
-            continue  # never delete the params file without a copy to put back
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
-        elif target.exists() or target.is_symlink():
-            target.unlink()
-        if (backup / rel).exists():
-            target.parent.mkdir(parents=True, exist_ok=True)  # an experiment's stage may have removed it
-            os.replace(backup / rel, target)
-    shutil.rmtree(backup, ignore_errors=True)
-    for folder in new_dirs:
-        if folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
-    return True
-
-
-def source_commit(repo: Path) -> str:
-    """``HEAD``'s commit, with ``+changes`` when tracked files differ from it (what the experiments ran)."""
-    try:
-        sha = _cmd(["git", "rev-parse", "--short=7", "HEAD"], repo).strip()
-    except UserError:
-        return "unknown"
-    same = subprocess.run(
-        ["git", "diff", "--quiet", "HEAD", "--"], cwd=repo, capture_output=True, check=False
-    )
-    return sha if same.returncode == 0 else f"{sha}+changes"
-
-
-def run_in_workspace(repo: Path, experiments: Sequence[Experiment], runs: Path, log: Any) -> None:
-    """``dvc exp run evaluate -S ... -n NAME`` one after another in the workspace, outputs copied to ``runs/``.
-
-    Before: ``params.yaml``, ``dvc.lock`` and every stage output are moved aside (:data:`BACKUP`);
-    ``params.yaml`` is reset before each experiment (``-S`` edits it in place); after (also on failure or
-    Ctrl-C) :func:`restore_workspace` puts the workspace back as before. Each finished experiment's files are
-    in ``runs/<name>/`` at once, so a killed comparison resumes where it stopped (``--resume TAG``), with
-    :data:`RUN_FILE` (its wall time, the load average before it, the commit it ran), so that the wall time of
-    a comparison run over several sessions is still known.
-    """
-    commit = source_commit(repo)  # before params.yaml is moved aside
-    if (repo / BACKUP).exists():
-        raise UserError(f"{repo / BACKUP} exists: an earlier lab-compare was interrupted; restore it first")
-    paths = _workspace_paths(repo)
-    params = (repo / "params.yaml").read_bytes()
-    parents = {q for rel in paths for q in (repo / rel).parents if repo in q.parents}
-    new_dirs = sorted((q for q in parents if not q.exists()), key=lambda q: -len(q.parts))
-    _save_index(repo, paths, repo / BACKUP / INDEX_FILE)
-    for rel in paths:
-        if (repo / rel).exists():
-            (repo / BACKUP / rel).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(repo / rel, repo / BACKUP / rel)
-    try:
-        for exp in experiments:
-            (repo / "params.yaml").write_bytes(params)
-            sets = [a for o in exp.overrides for a in ("-S", o)]
-            args = ["dvc", "exp", "run", "evaluate", *sets, "-n", exp.name]
-            log.write(f"$ {' '.join(args)}\n")
-            log.flush()  # the experiment's output streams into the same file (tail -f it)
-            started, load = time.monotonic(), os.getloadavg()[0]
-            proc = subprocess.run(
-                args, cwd=repo, env=child_env(), stdout=log, stderr=subprocess.STDOUT, check=False
-            )
-            if proc.returncode != 0:
-                log.write(f"# {exp.name} failed: exit {proc.returncode}\n")
-                continue
-            run = {"wall_s": round(time.monotonic() - started, 1), "load_before": load, "commit": commit}
-            with atomic_dir(runs / exp.name) as tmp:  # complete or absent: what --resume relies on
-                for rel in (EVAL_FILE, HISTORY_FILE):
-                    shutil.copy2(repo / rel, tmp / Path(rel).name)
-                (tmp / RUN_FILE).write_text(json.dumps(run))
-    finally:
-        restore_workspace(repo, new_dirs)
+# ------------------------------------------------------------------------------------------------
+# Collect
+# ------------------------------------------------------------------------------------------------
 
 
 def recorded_wall_s(table_json: Path, default: float) -> float:
@@ -381,20 +245,19 @@ def recorded_wall_s(table_json: Path, default: float) -> float:
     return float(value) if isinstance(value, int | float) and value > default else default
 
 
-def finished_in(runs: Path, experiments: Sequence[Experiment]) -> list[Experiment]:
-    """Experiments whose results are already in ``runs/<name>/`` (skipped by ``--resume``)."""
-    names = (Path(EVAL_FILE).name, Path(HISTORY_FILE).name)
-    return [e for e in experiments if all((runs / e.name / n).is_file() for n in names)]
-
-
 def collect_dir(runs: Path, experiments: Sequence[Experiment]) -> list[RunResult]:
-    """Results from ``runs/<name>/{metrics.json,history.csv}`` (workspace mode)."""
+    """Results from ``runs/<name>/``: ``metrics.json``, the history as the stage wrote it (``history.csv``) or as
+    :func:`write_outputs` stores it (:data:`HISTORY_JSON`), and :data:`RUN_FILE` where present."""
     results = []
     for exp in experiments:
         res, folder = RunResult(exp), runs / exp.name
         try:
             res.metrics = json.loads((folder / Path(EVAL_FILE).name).read_text())
-            res.history = parse_history((folder / Path(HISTORY_FILE).name).read_text())
+            csv = folder / Path(HISTORY_FILE).name
+            if csv.is_file() or not (folder / HISTORY_JSON).is_file():
+                res.history = parse_history(csv.read_text())
+            else:
+                res.history = json.loads((folder / HISTORY_JSON).read_text())
             if (folder / RUN_FILE).is_file():
                 res.run = json.loads((folder / RUN_FILE).read_text())
         except FileNotFoundError:
@@ -403,11 +266,6 @@ def collect_dir(runs: Path, experiments: Sequence[Experiment]) -> list[RunResult
             res.error = f"unreadable {folder / Path(EVAL_FILE).name}: {exc}"
         results.append(res)
     return results
-
-
-# ------------------------------------------------------------------------------------------------
-# Collect
-# ------------------------------------------------------------------------------------------------
 
 
 def exp_refs(repo: Path) -> dict[str, str]:
@@ -449,7 +307,7 @@ def write_outputs(out: Path, results: Sequence[RunResult], wall_s: float) -> str
             write_text_atomic(
                 out / "runs" / res.experiment.name / "metrics.json", json.dumps(res.metrics, indent=1)
             )
-            write_text_atomic(out / "runs" / res.experiment.name / "history.json", json.dumps(res.history))
+            write_text_atomic(out / "runs" / res.experiment.name / HISTORY_JSON, json.dumps(res.history))
     experiments = {
         r.experiment.name: {"mode": r.experiment.mode, "seed": r.experiment.seed,
                             "overrides": list(r.experiment.overrides), "error": r.error or None, **r.run}
@@ -502,18 +360,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="outputs/lab_compare", help="output folder")
     parser.add_argument("--repo", default=".", help="repository root (default: cwd)")
     parser.add_argument("--collect-only", metavar="TAG", help="skip running; collect experiments lc-TAG-*")
-    parser.add_argument(
-        "--resume",
-        metavar="TAG",
-        help="continue the comparison TAG (workspace runner): finished runs are kept",
-    )
-    parser.add_argument(
-        "--runner",
-        choices=["auto", "queue", "workspace"],
-        default="auto",
-        help="queue (isolated temp dirs; needs the metrics files not git-ignored) or workspace (sequential, "
-        "workspace restored afterwards); auto picks queue when it can return results",
-    )
     parser.add_argument("overrides", nargs="*", help="key=value passed to every experiment")
     args = parser.parse_args(argv)
     outcome: dict[str, int] = {}
@@ -521,50 +367,34 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> None:
         repo = Path(args.repo).resolve()
         with contextlib.ExitStack() as stack:
-            if not args.collect_only:  # collecting reads runs/ only: safe beside a running comparison
-                stack.enter_context(workspace_lock(repo))
-                if restore_workspace(repo):  # a run killed hard left the user's files aside: put them back
-                    print(f"lab-compare: restored the workspace left by an interrupted run ({BACKUP})")
+            if not args.collect_only:  # collecting only reads results: safe beside a running comparison
+                stack.enter_context(comparison_lock(repo))
             compare(repo)
 
     def compare(repo: Path) -> None:
-        tag = args.collect_only or args.resume or time.strftime("%Y%m%d-%H%M%S")
+        tag = args.collect_only or time.strftime("%Y%m%d-%H%M%S")
         seeds = 1 if args.quick else args.seeds
         extra = [*(QUICK_OVERRIDES if args.quick else []), *COMMON_OVERRIDES, *args.overrides]
         experiments = plan([m for m in args.modes.split(",") if m], seeds, extra, tag)
-        if not args.collect_only:  # mid-run, params.yaml is the running experiment's
+        if not args.collect_only:
             validate(repo / "params.yaml", experiments)
         out, start = repo / args.out, time.monotonic()
-        runner = args.runner
-        if runner == "auto":
-            runner = "queue" if queue_can_return_results(repo) and not args.resume else "workspace"
-        if args.collect_only:
-            runner = "workspace" if (out / "runs" / experiments[0].name).is_dir() else "queue"
-        else:
-            out.mkdir(parents=True, exist_ok=True)
-            print(
-                f"lab-compare: {len(experiments)} experiments (tag {tag}, {runner} runner), log {out / 'dvc.log'}"
-            )
-            if runner == "workspace" and args.runner == "auto":
-                print(f"  ({EVAL_FILE} is git-ignored, so queued experiments could not return it)")
-            done = finished_in(out / "runs", experiments) if args.resume else []
-            if args.resume:
-                print(f"  resuming: {len(done)} finished, {len(experiments) - len(done)} to run")
-            if runner == "workspace":
-                print(
-                    f"  interrupted? continue with: python -m tools.lab_compare --resume {tag} [same options]"
+        from_runs = bool(args.collect_only) and (out / "runs" / experiments[0].name).is_dir()
+        if not args.collect_only:
+            if not queue_can_return_results(repo):
+                raise UserError(
+                    f"{EVAL_FILE} or {HISTORY_FILE} is git-ignored (or {repo} is not a git repository): each "
+                    "experiment runs in DVC's queue and returns only what its experiment commit holds"
                 )
+            out.mkdir(parents=True, exist_ok=True)
+            print(f"lab-compare: {len(experiments)} experiments (tag {tag}), log {out / 'dvc.log'}")
             # one Prefect API for every experiment's stages (flows.prefect_server), not one per stage
-            with shared_api(), open(out / "dvc.log", "a" if args.resume else "w") as log:
-                todo = [e for e in experiments if e not in done]
-                if runner == "queue":
-                    queue_and_run(repo, todo, args.jobs, out, log)
-                else:
-                    run_in_workspace(repo, todo, out / "runs", log)
+            with shared_api(), open(out / "dvc.log", "w") as log:
+                queue_and_run(repo, experiments, args.jobs, out, log)
         wall_s = time.monotonic() - start
         if args.collect_only:  # keep the wall time of the run that produced the results, when it was recorded
             wall_s = recorded_wall_s(out / "table.json", default=wall_s)
-        results = collect(repo, experiments) if runner == "queue" else collect_dir(out / "runs", experiments)
+        results = collect_dir(out / "runs", experiments) if from_runs else collect(repo, experiments)
         print(write_outputs(out, results, wall_s))
         print(f"wall time: {wall_s:.0f} s ({wall_s / 60:.1f} min); outputs in {out}")
         timed = [r.run["wall_s"] for r in results if isinstance(r.run.get("wall_s"), int | float)]

@@ -9,10 +9,10 @@ Golden tests come in two coverages (``lab.golden_tests``): ``boundary`` (exhaust
 and ``sparse`` (a few happy-path asserts, like MBPP's, that many buggy variants pass); training sees
 the selected one, evaluation always the full set with the sparse calls named in the metadata.
 Held-out parameters form the ``val``/``test`` splits; families marked ``heldout`` appear only in ``test``.
-It also renders the tokenizer corpus and the supervised warm-start conversations of both roles.
 
-What it does not: build or train models (``tiny_model.py``, ``sft.py``), or run model output
-(only ``sandbox/`` runs untrusted code).
+What it does not: render the warm-start conversations or the tokenizer corpus
+(:mod:`codea1_core.data.warmstart_data`), build or train models (``tiny_model.py``, ``sft.py``), or run model
+output (only ``sandbox/`` runs untrusted code).
 
 How to run: ``python -c "from codea1_core.data.lab import lab_problems; from codea1_core.config import LabConfig;
 print(lab_problems(LabConfig(), 'train')[0].prompt)"``; tests in ``tests/core/data/test_lab.py``.
@@ -223,11 +223,12 @@ _TYPICAL_TESTS = 2
 # --------------------------------------------------------------------------------------------------
 
 
-def _call(name: str, args: tuple) -> str:
+def call_text(name: str, args: tuple) -> str:
+    """The call expression of ``name`` on ``args`` (each argument's ``repr``)."""
     return f"{name}({', '.join(repr(a) for a in args)})"
 
 
-def _evaluate(source: str, calls: list[str]) -> list[Any]:
+def evaluate_trusted(source: str, calls: list[str]) -> list[Any]:
     """Run OUR OWN trusted code (a reference or a buggy variant) in-process; exceptions become values."""
     namespace: dict[str, Any] = {}
     exec(source, namespace)  # noqa: S102 - trusted lab templates only, never model output
@@ -242,7 +243,7 @@ def _evaluate(source: str, calls: list[str]) -> list[Any]:
 
 def _fails(source: str, tests: tuple[TestCase, ...]) -> bool:
     """True when ``source`` misses at least one golden test (an exception is a miss)."""
-    got = _evaluate(source, [t.call for t in tests])
+    got = evaluate_trusted(source, [t.call for t in tests])
     return any(isinstance(g, Exception) or g != t.expected for g, t in zip(got, tests, strict=True))
 
 
@@ -271,8 +272,8 @@ def _param_sets(
 
 def _golden(family: Family, reference: str, arg_tuples: list[tuple]) -> tuple[TestCase, ...]:
     """Distinct calls of ``arg_tuples`` with the reference's answers (a raising reference is our defect)."""
-    calls = list(dict.fromkeys(_call(family.name, args) for args in arg_tuples))
-    expected = _evaluate(reference, calls)
+    calls = list(dict.fromkeys(call_text(family.name, args) for args in arg_tuples))
+    expected = evaluate_trusted(reference, calls)
     for call, value in zip(calls, expected, strict=True):
         if isinstance(value, Exception):  # a defect of this module, not of user input
             raise RuntimeError(f"lab family {family.name}: reference raised on {call}: {value!r}")
@@ -432,131 +433,3 @@ def check_lab_config(lab_cfg: LabConfig) -> None:
 def buggy_variants(problem: Problem) -> list[str]:
     """The typical buggy solutions of a lab problem (each fails >= 1 boundary test); [] for other sources."""
     return list(problem.metadata.get("buggy", []))
-
-
-# --------------------------------------------------------------------------------------------------
-# Warm-start data and tokenizer corpus
-# --------------------------------------------------------------------------------------------------
-
-_SUITE_SHORT_FRAC = 0.3
-"""Warm-start test suites: share that holds fewer than K asserts."""
-_TYPICAL_CALL_FRAC = 0.35
-"""Warm-start test suites: share of asserts on ordinary (non-boundary) inputs."""
-_WRONG_ANSWER_FRAC = 0.15
-"""Warm-start test suites: share of asserts whose predicted answer is wrong (invalid under §7)."""
-
-
-def _wrong_answer(value: Any, rng: random.Random) -> Any:
-    """A plausible but wrong predicted answer of the same kind."""
-    if isinstance(value, bool):
-        return not value
-    if isinstance(value, int | float):
-        return value + rng.choice([-1, 1])
-    if isinstance(value, str):
-        return value + "!" if rng.random() < 0.5 else value[:-1] or "x"
-    if isinstance(value, list):
-        return value[:-1] if value else [0]
-    return None
-
-
-def _imperfect_suite(problem: Problem, rng: random.Random, k: int) -> str:
-    """An assistant answer with up to ``k`` asserts: mostly golden calls, some ordinary, some wrong."""
-    family = FAMILIES.get(problem.metadata.get("family", ""))
-    n_tests = k if rng.random() >= _SUITE_SHORT_FRAC else rng.randint(max(1, k // 2), max(1, k - 1))
-    calls: list[str] = []
-    for _ in range(4 * n_tests):
-        if len(calls) == n_tests:
-            break
-        if family is not None and (rng.random() < _TYPICAL_CALL_FRAC or not problem.tests):
-            call = _call(family.name, family.typical(problem.metadata["params"], rng))
-        elif problem.tests:
-            call = rng.choice(problem.tests).call
-        else:
-            break
-        if call not in calls:
-            calls.append(call)
-    expected = _evaluate(problem.reference_solution, calls)  # trusted reference (D1)
-    lines = []
-    for call, value in zip(calls, expected, strict=True):
-        if isinstance(value, Exception):
-            continue
-        if rng.random() < _WRONG_ANSWER_FRAC:
-            value = _wrong_answer(value, rng)
-        lines.append(f"assert {call} == {value!r}")
-    return "```python\n" + "\n".join(lines) + "\n```"
-
-
-def warmstart_examples(
-    problems: list[Problem], role: str, lab_cfg: LabConfig, seed: int, *, k: int = 8, blackbox: bool = False
-) -> list[dict]:
-    """Supervised conversations (TRL conversational format) for the warm start of one role.
-
-    Code role: ``code_messages(problem)`` answered with a fenced solution, buggy with probability
-    ``lab_cfg.buggy_fraction`` (so RL has room to improve). Test role: ``test_messages(problem, code, k)``
-    for a correct or buggy candidate, answered with an IMPERFECT suite: some ordinary inputs, some
-    wrong predicted answers, sometimes fewer than ``k`` asserts.
-
-    Args:
-        problems: Problems to draw from (lab problems carry buggy variants; others get only correct code).
-        role: ``code`` or ``test``.
-        lab_cfg: The ``lab`` section (``buggy_fraction``, ``warmstart_<role>_examples_per_problem``).
-        seed: Seed; the same arguments always give the same examples.
-        k: Tests per suite requested by the test prompt (``reward.k``).
-        blackbox: Test role only: use the black-box prompt (no code shown; ``selfplay`` mode).
-
-    Returns:
-        ``[{"messages": [system, user, assistant]}, ...]``, ``warmstart_<role>_examples_per_problem`` per problem.
-    """
-    from codea1_core.method.prompts import code_messages, test_messages, test_messages_blackbox
-
-    if role not in ("code", "test"):
-        raise ValueError(f"role: expected 'code' or 'test', got {role!r}")
-    examples = []
-    for problem in problems:
-        rng = random.Random(f"codea1-warmstart/{seed}/{role}/{problem.id}")
-        bugs = buggy_variants(problem)
-        for _ in range(getattr(lab_cfg, f"warmstart_{role}_examples_per_problem")):
-            buggy = bool(bugs) and rng.random() < lab_cfg.buggy_fraction
-            code = rng.choice(bugs) if buggy else problem.reference_solution
-            if role == "code":
-                messages = code_messages(problem)
-                answer = f"```python\n{code}\n```"
-            else:
-                messages = test_messages_blackbox(problem, k) if blackbox else test_messages(problem, code, k)
-                answer = _imperfect_suite(problem, rng, k)
-            examples.append({"messages": [*messages, {"role": "assistant", "content": answer}]})
-    return examples
-
-
-def render_chatml(messages: list[dict]) -> str:
-    """Messages in the Qwen (ChatML) layout, as the tiny model's chat template renders them."""
-    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-
-
-def tokenizer_corpus(lab_cfg: LabConfig, *, k: int = 8) -> list[str]:
-    """Every kind of text the tiny models see, for training their BPE tokenizer.
-
-    Covers all splits and held-out families (the tokenizer only learns merges, no behaviour): prompts
-    and descriptions, references and buggy variants, golden asserts, and rendered conversations of
-    both roles (chat-templated and plain), including the black-box test prompt.
-    """
-    from dataclasses import replace
-
-    from codea1_core.method.prompts import render_plain, test_messages_blackbox
-
-    # The boundary layout in every mode: the tokenizer (and so the initial model) must not depend on
-    # which golden tests training sees, or the sparse and boundary arms would start from different models.
-    as_boundary = replace(lab_cfg, golden_tests="boundary")
-    problems = [p for split in SPLITS for p in lab_problems(as_boundary, split)]
-    texts: list[str] = []
-    for p in problems:
-        texts += [p.prompt, p.description, p.reference_solution, *buggy_variants(p)]
-        texts += [f"assert {t.call} == {t.expected!r}" for t in p.tests]
-        texts.append(render_chatml(test_messages_blackbox(p, k)))
-    one_each = replace(
-        as_boundary, warmstart_code_examples_per_problem=1, warmstart_test_examples_per_problem=1
-    )
-    for role in ("code", "test"):
-        for example in warmstart_examples(problems, role, one_each, lab_cfg.seed, k=k):
-            texts += [render_chatml(example["messages"]), render_plain(example["messages"])]
-    return texts

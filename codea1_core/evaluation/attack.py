@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from codea1_core.evaluation.verdicts import reference_exprs
+from codea1_core.evaluation.suites import reference_exprs
 from codea1_core.method.parsing import ParseMode, extract_tests
 from codea1_core.types import CallOutcome, ParsedTest, Problem
 from codea1_core.values import values_equal

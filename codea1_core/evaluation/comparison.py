@@ -95,7 +95,7 @@ class RunResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     error: str = ""
     run: dict[str, Any] = field(default_factory=dict)
-    """How it ran, when recorded (workspace runner): ``wall_s``, ``load_before``, ``commit``."""
+    """How it ran, when recorded (``run.json`` beside its results): ``wall_s``, ``load_before``, ``commit``."""
 
 
 def parse_history(text: str) -> list[dict[str, Any]]:

@@ -1,16 +1,12 @@
-"""Benchmark evaluation, pure parts: job building, verdicts and aggregation.
+"""Code-LLM benchmark evaluation, pure parts: job building, verdicts and aggregation.
 
-What it does:
-  * Code LLM (docs/method.md §13.1, EvalPlus protocol): one sandbox program per *distinct* sample of a
-    problem (identical code is deduplicated and runs once), with every base and plus input as one call;
-    a sample passes ``base`` when all base calls match the reference output and ``plus`` when it passes
-    base AND all plus inputs (EvalPlus semantics). EvalPlus' special oracles (``find_zero``, MBPP set
-    equality, ...) are applied in the trusted parent. Aggregates unbiased pass@k and avg@n per split.
-  * Test LLM (docs/method.md §13.2, UnLeakedTestBench definitions): the first ``k`` asserts of one suite per
-    problem are checked on the reference (pass@k), the suites that fully pass it are run on mutants of the
-    reference (mut@k), and Mul = pass@k × mut@k / 100.
-    The two-phase plan of that check (reference, then mutants) is :mod:`codea1_core.evaluation.suites`;
-    test-time collaboration (``solve``) is :mod:`codea1_core.evaluation.collaboration`.
+What it does (docs/method.md §13.1, EvalPlus protocol): one sandbox program per *distinct* sample of a
+problem (identical code is deduplicated and runs once), with every base and plus input as one call; a sample
+passes ``base`` when all base calls match the reference output and ``plus`` when it passes base AND all plus
+inputs (EvalPlus semantics). EvalPlus' special oracles (``find_zero``, MBPP set equality, ...) are applied in
+the trusted parent. Aggregates unbiased pass@k and avg@n per split. The Test LLM's benchmark (pass@k on the
+reference, mut@k on mutants, Mul) is :mod:`codea1_core.evaluation.suites`; test-time collaboration (``solve``)
+is :mod:`codea1_core.evaluation.collaboration`.
 
 What it does not: generate text, run code (the caller passes executor outcomes in), touch files, or
 import prefect/mlflow/sandbox. Infrastructure failures (``infra_error``) are never scored: affected
@@ -57,7 +53,7 @@ INFRA = "infra_error"
 
 
 # --------------------------------------------------------------------------------------------------
-# Code LLM: jobs, verdicts, aggregation
+# Jobs, verdicts, aggregation
 # --------------------------------------------------------------------------------------------------
 
 
@@ -378,143 +374,4 @@ def code_metrics(
     for name, idx in (subsets or {}).items():
         sub = [problems[i] for i in idx]
         metrics |= aggregate_code(f"{bench}_{name}", sub, [verdicts[i] for i in idx], k_list)
-    return metrics
-
-
-# --------------------------------------------------------------------------------------------------
-# Test LLM: pass@k on the reference, mut@k on mutants, Mul
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TestVerdict:
-    """One generated test checked on the reference: ``correct`` = the call runs and its answer holds."""
-
-    __test__ = False
-
-    call: str
-    answer: str
-    correct: bool
-    expected: Any = None
-    reason: str = ""
-
-
-def reference_exprs(tests: Sequence[Any]) -> list[str]:
-    """Interleaved ``[call_1, answer_1, call_2, answer_2, ...]`` evaluated in the reference program.
-
-    The predicted ANSWER is evaluated in the sandbox like any call (docs/method.md §18.2 proposal) and
-    compared in the trusted parent (D2).
-    """
-    return [expr for t in tests for expr in (t.call, t.answer)]
-
-
-def judge_reference(
-    tests: Sequence[Any], outcomes: Sequence[CallOutcome], rel_tol: float, abs_tol: float
-) -> list[TestVerdict] | None:
-    """Verdicts of ``tests`` (objects with ``call``/``answer``); None when the sandbox failed (D4)."""
-    if len(outcomes) != 2 * len(tests):
-        raise ValueError(f"{len(outcomes)} outcomes for {len(tests)} tests (expected call+answer pairs)")
-    if any(o.status == INFRA for o in outcomes):
-        return None
-    verdicts = []
-    for i, test in enumerate(tests):
-        got, ans = outcomes[2 * i], outcomes[2 * i + 1]
-        if not got.ok:
-            verdicts.append(
-                TestVerdict(test.call, test.answer, False, None, f"call {got.status}: {got.error}")
-            )
-        elif not ans.ok:
-            verdicts.append(TestVerdict(test.call, test.answer, False, got.value, f"answer {ans.status}"))
-        else:
-            same = values_equal(ans.value, got.value, rel_tol, abs_tol)
-            verdicts.append(
-                TestVerdict(test.call, test.answer, same, got.value, "" if same else "wrong answer")
-            )
-    return verdicts
-
-
-def mutant_killed(
-    verdicts: Sequence[TestVerdict], outcomes: Sequence[CallOutcome], rel_tol: float, abs_tol: float
-) -> bool | None:
-    """A mutant is killed when any test fails or errors on it; None when the sandbox failed (D4).
-
-    ``outcomes`` are the mutant's results for the calls of ``verdicts`` (all correct on the reference).
-    """
-    if len(outcomes) != len(verdicts):
-        raise ValueError(f"{len(outcomes)} outcomes for {len(verdicts)} tests")
-    if any(o.status == INFRA for o in outcomes):
-        return None
-    return any(
-        not o.ok or not values_equal(o.value, v.expected, rel_tol, abs_tol)
-        for v, o in zip(verdicts, outcomes, strict=True)
-    )
-
-
-@dataclass(frozen=True)
-class SuiteRecord:
-    """What one problem contributes to the Test-LLM metrics."""
-
-    problem_id: str
-    generated: int
-    """Asserts considered: min(k, parsed + invalid) of the suite."""
-    verdicts: tuple[TestVerdict, ...]
-    killed: int = 0
-    mutants: int = 0
-    """Mutants that completed (infra failures excluded)."""
-
-    @property
-    def passes_reference(self) -> bool:
-        """The reference passes every judged test (and at least one was judged)."""
-        return bool(self.verdicts) and all(v.correct for v in self.verdicts)
-
-
-def aggregate_tests(bench: str, records: Sequence[SuiteRecord], k: int) -> dict[str, float]:
-    """``test/<bench>/pass@k``, ``mut@k``, ``mul`` (docs/method.md §13.2) in percent.
-
-    ``pass@k`` is the share of generated tests (first k asserts of one suite) correct on the reference;
-    ``pass@k_ult`` uses the strict UnLeakedTestBench denominator k × #problems (missing tests count as
-    wrong); ``mul`` / ``mul_ult`` multiply each with ``mut@k``. ``mut@k`` averages killed/completed over
-    problems whose suite passes the reference (``mut_suites`` of them), as UnLeakedTestBench does; with
-    few valid suites it swings wildly, so ``mut@k_all`` averages over every problem with a suite
-    (``mut_all_suites``): a suite that fails the reference, or is empty, kills nothing (0). A passing
-    suite whose mutants all failed to run (or a reference without mutants) is in neither denominator.
-    """
-    out: dict[str, float] = {}
-    n = len(records)
-    correct = sum(v.correct for r in records for v in r.verdicts)
-    generated = sum(r.generated for r in records)
-    kept = [r for r in records if r.passes_reference and r.mutants > 0]
-    out[f"test/{bench}/pass@{k}"] = 100.0 * correct / generated if generated else 0.0
-    out[f"test/{bench}/pass@{k}_ult"] = 100.0 * correct / (k * n) if n else 0.0
-    out[f"test/{bench}/mut@{k}"] = (
-        100.0 * sum(r.killed / r.mutants for r in kept) / len(kept) if kept else 0.0
-    )
-    out |= _mut_all(bench, records, k)
-    out[f"test/{bench}/mul"] = out[f"test/{bench}/pass@{k}"] * out[f"test/{bench}/mut@{k}"] / 100.0
-    out[f"test/{bench}/mul_ult"] = out[f"test/{bench}/pass@{k}_ult"] * out[f"test/{bench}/mut@{k}"] / 100.0
-    out[f"test/{bench}/n_problems"] = float(n)
-    out[f"test/{bench}/suites_passing_reference"] = float(sum(r.passes_reference for r in records))
-    out[f"test/{bench}/mutants_mean"] = sum(r.mutants for r in kept) / len(kept) if kept else 0.0
-    return out
-
-
-def _mut_all(bench: str, records: Sequence[SuiteRecord], k: int) -> dict[str, float]:
-    """``mut@k`` over all suites (failing ones count 0) and both denominators (see :func:`aggregate_tests`)."""
-    kept = [r for r in records if r.passes_reference and r.mutants > 0]
-    counted = [r for r in records if not r.passes_reference or r.mutants > 0]
-    killed = sum(r.killed / r.mutants for r in kept)
-    return {
-        f"test/{bench}/mut@{k}_all": 100.0 * killed / len(counted) if counted else 0.0,
-        f"test/{bench}/mut_suites": float(len(kept)),
-        f"test/{bench}/mut_all_suites": float(len(counted)),
-    }
-
-
-def suite_metrics(
-    bench: str, records: Sequence[SuiteRecord], k: int, subsets: dict[str, list[int]] | None = None
-) -> dict[str, float]:
-    """:func:`aggregate_tests` of a benchmark, and again of each subset as ``<bench>_<name>``."""
-    metrics = aggregate_tests(bench, records, k)
-    for name, idx in (subsets or {}).items():
-        metrics |= aggregate_tests(f"{bench}_{name}", [records[i] for i in idx], k)
     return metrics

@@ -24,8 +24,8 @@ from sandbox import (
     ProcessExecutor,
     SandboxUnavailable,
     make_executor,
+    namespaces,
 )
-from sandbox import limits as limits_mod
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the process sandbox needs Linux"
@@ -202,10 +202,10 @@ def test_require_fails_closed_without_privileges():
         try:
             os.setresuid(65534, 65534, 65534)  # lose every capability
             try:
-                limits_mod.setup_worker_isolation("require", [], [], 16)
+                namespaces.setup_worker_isolation("require", [], [], 16)
                 code = 1
             except OSError:
-                info = limits_mod.setup_worker_isolation("auto", [], [], 16)
+                info = namespaces.setup_worker_isolation("auto", [], [], 16)
                 code = 0 if info["network"].startswith("unavailable") else 2
         finally:
             os.write(w, bytes([code]))
@@ -468,7 +468,7 @@ def test_stdlib_imports_work_with_home_pointed_elsewhere(tmp_path, monkeypatch) 
 
     from codea1_core.config import Config
     from sandbox import make_executor
-    from sandbox.limits import default_hide_paths
+    from sandbox.mounts import default_hide_paths
 
     monkeypatch.setenv("HOME", str(tmp_path))
     assert pwd.getpwuid(os.getuid()).pw_dir in default_hide_paths() or os.path.samefile(

@@ -59,7 +59,7 @@ def test_host_is_unchanged_and_pool_still_serves(corpus):
     with pytest.raises(BlockingIOError):
         LISTENER.accept()  # no sandboxed program reached the listener
     if ROOT:
-        from sandbox.limits import sweep_uid_from_proc
+        from sandbox.credentials import sweep_uid_from_proc
 
         for worker in ex._workers:
             assert sweep_uid_from_proc(worker.uid, rounds=1) == 0, (

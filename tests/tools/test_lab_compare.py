@@ -278,62 +278,30 @@ def test_untracked_paths_collapses_new_dirs_and_skips_symlinks(tmp_path):
     assert sorted(lc.untracked_paths(tmp_path, ["outputs/train/history.csv", "newdir/a.py"])) == ["new.py"]
 
 
-FAKE_DVC = """#!/bin/sh
-# fake `dvc exp run evaluate -S k=v ... -n NAME`: edits params.yaml, writes the outputs, fails for *-bad-*
-name=""; while [ $# -gt 0 ]; do [ "$1" = "-n" ] && name="$2"; shift; done
-echo "edited: $name" >> params.yaml
-case "$name" in *bad*) exit 3;; esac
-mkdir -p outputs/eval outputs/train data/prepared
-echo '{"test/lab_heldout/mul": 1.5, "name": "'$name'"}' > outputs/eval/metrics.json
-printf 'iteration,code/reward_mean\\n1,0.5\\n' > outputs/train/history.csv
-echo lock > dvc.lock; echo new > data/prepared/x
-git add params.yaml dvc.lock 2>/dev/null || true  # dvc exp run stages what it writes
-"""
-
-DVC_YAML = """stages:
-  prepare: {cmd: x, outs: [data/prepared]}
-  evaluate: {cmd: y, outs: [outputs/train/history.csv], metrics: [{outputs/eval/metrics.json: {cache: false}}]}
-"""
+def _published_run(runs: Path, name: str, run: dict | None = None) -> None:
+    """One experiment's files as the committed comparison in ``docs/lab_compare/runs/`` holds them."""
+    (runs / name).mkdir(parents=True)
+    (runs / name / "metrics.json").write_text(json.dumps({"test/lab_heldout/mul": 1.5, "name": name}))
+    (runs / name / "history.csv").write_text("iteration,code/reward_mean\n1,0.5\n")
+    if run is not None:
+        (runs / name / lc.RUN_FILE).write_text(json.dumps(run))
 
 
-def _fake_dvc_repo(tmp_path, monkeypatch):
-    repo, bin_dir = tmp_path / "repo", tmp_path / "bin"
-    (repo / "data" / "prepared").mkdir(parents=True)
-    bin_dir.mkdir()
-    (bin_dir / "dvc").write_text(FAKE_DVC)
-    (bin_dir / "dvc").chmod(0o755)
-    (repo / "dvc.yaml").write_text(DVC_YAML)
-    (repo / "params.yaml").write_text("seed: 1\n")
-    (repo / "data" / "prepared" / "mine").write_text("user data")
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    monkeypatch.setattr(lc, "child_env", lambda: env)
-    return repo
-
-
-def test_workspace_runner_copies_each_run_and_restores_the_workspace(tmp_path, monkeypatch):
-    """The user's params.yaml, dvc.lock and stage outputs are back, byte for byte, even after a failed run."""
-    repo = _fake_dvc_repo(tmp_path, monkeypatch)
+def test_collect_dir_reads_a_published_comparison_and_its_recorded_wall_times(tmp_path):
+    """``--collect-only`` on copied ``runs/``: metrics, history and each experiment's ``run.json``."""
+    runs = tmp_path / "runs"
+    run = {"wall_s": 12.5, "load_before": 0.3, "commit": "unknown"}
+    _published_run(runs, "lc-t-codea1-s1", run)
     exps = [
         cmp.Experiment("lc-t-codea1-s1", "codea1", 1, ("seed=1",)),
         cmp.Experiment("lc-t-bad-s1", "x", 1, ()),
     ]
-    runs = repo / "outputs" / "lab_compare" / "runs"
-    with open(tmp_path / "dvc.log", "w") as log:
-        lc.run_in_workspace(repo, exps, runs, log)
-    assert (repo / "params.yaml").read_text() == "seed: 1\n"
-    assert sorted(p.name for p in (repo / "data" / "prepared").iterdir()) == ["mine"]
-    assert not (repo / "dvc.lock").exists() and not (repo / "outputs" / "eval").exists()
-    assert not (repo / ".dvc" / "tmp" / "lab_compare_backup").exists()
     ok, bad = lc.collect_dir(runs, exps)
     assert ok.metrics["name"] == "lc-t-codea1-s1" and ok.history == [
         {"iteration": 1.0, "code/reward_mean": 0.5}
     ]
-    assert (
-        bad.error.startswith("no outputs")
-        and "lc-t-bad-s1 failed: exit 3" in (tmp_path / "dvc.log").read_text()
-    )
-    run = json.loads((runs / "lc-t-codea1-s1" / lc.RUN_FILE).read_text())  # wall time kept across sessions
-    assert run["wall_s"] >= 0 and run["commit"] == "unknown" and "load_before" in run and ok.run == run
+    assert bad.error.startswith("no outputs")
+    assert ok.run == run
     lc.write_outputs(tmp_path / "out", [ok], wall_s=5.0)
     table = json.loads((tmp_path / "out" / "table.json").read_text())
     assert table["experiments_wall_s"] == run["wall_s"] and table["commits"] == ["unknown"]
@@ -341,16 +309,24 @@ def test_workspace_runner_copies_each_run_and_restores_the_workspace(tmp_path, m
     assert json.loads((tmp_path / "out" / "table.json").read_text())["experiments_wall_s"] is None
 
 
-def test_source_commit_names_head_and_uncommitted_changes(tmp_path):
+def test_collect_dir_reads_back_what_write_outputs_stored(tmp_path):
+    """A queued comparison's ``runs/`` hold ``history.json``, no CSV: re-collecting or publishing them (copied
+    into ``docs/lab_compare/``) reads the same results."""
+    results = [_result(m, s, 10.0 * s, 0.1 * s) for m in ("golden_sparse", "codea1") for s in (1, 2)]
+    for res in results:  # as parse_history returns them: no NaN
+        res.history = [{k: v for k, v in row.items() if v == v} for row in res.history]
+    lc.write_outputs(tmp_path, results, wall_s=12.0)
+    again = lc.collect_dir(tmp_path / "runs", [r.experiment for r in results])
+    assert [(r.metrics, r.history, r.error) for r in again] == [(r.metrics, r.history, "") for r in results]
+
+
+def test_a_comparison_stops_before_queueing_when_the_queue_cannot_return_results(repo_root, tmp_path, capsys):
+    """Queued experiments return only what their commit holds: git-ignored metrics would come back empty."""
     _git(tmp_path, "init", "-q")
-    (tmp_path / "a.py").write_text("x = 1\n")
-    _git(tmp_path, "add", ".")
-    _git(tmp_path, "commit", "-qm", "base")
-    head = _git(tmp_path, "rev-parse", "--short=7", "HEAD").strip()
-    (tmp_path / "untracked.py").write_text("")
-    assert lc.source_commit(tmp_path) == head
-    (tmp_path / "a.py").write_text("x = 2\n")
-    assert lc.source_commit(tmp_path) == f"{head}+changes"
+    shutil.copy2(repo_root / "params.yaml", tmp_path / "params.yaml")
+    (tmp_path / ".gitignore").write_text("/outputs/\n")
+    assert lc.main(["--modes", "codea1", "--seeds", "1", "--repo", str(tmp_path)]) == 2
+    assert "git-ignored" in capsys.readouterr().err and not (tmp_path / "outputs").exists()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -398,73 +374,6 @@ def test_quick_compare_in_a_temp_clone(repo_root, tmp_path):
     ]
 
 
-def test_a_hard_killed_run_is_restored_and_resumed_without_redoing_finished_experiments(
-    tmp_path, monkeypatch
-):
-    repo = _fake_dvc_repo(tmp_path, monkeypatch)
-    backup = _killed_run_state(repo)  # SIGKILL during the 2nd experiment
-    (repo / "dvc.lock").write_text("experiment lock")
-    runs = repo / "outputs" / "lab_compare" / "runs"
-    (runs / "lc-t-codea1-s1").mkdir(parents=True)
-    (runs / "lc-t-codea1-s1" / "metrics.json").write_text('{"code/lab_heldout_seen/base/pass@1": 40.0}')
-    (runs / "lc-t-codea1-s1" / "history.csv").write_text("iteration,code/reward_mean\n1,0.25\n")
-    (runs / ".lc-t-golden_sparse-s1.tmp").mkdir()  # a copy cut short by the kill: not a finished run
-
-    args = ["--resume", "t", "--modes", "codea1,golden_sparse", "--seeds", "1", "--repo", str(repo)]
-    assert lc.main([*args, "--runner", "workspace"]) == 0
-    log = (repo / "outputs" / "lab_compare" / "dvc.log").read_text()
-    assert "-n lc-t-golden_sparse-s1" in log and "-n lc-t-codea1-s1" not in log  # only the unfinished one ran
-    assert (repo / "params.yaml").read_text() == "seed: 1\n"
-    assert sorted(p.name for p in (repo / "data" / "prepared").iterdir()) == ["mine"]
-    assert not (repo / "dvc.lock").exists() and not backup.exists()
-    table = json.loads((repo / "outputs" / "lab_compare" / "table.json").read_text())["table"]
-    assert table["codea1"]["code pass@1 held-out seen"]["values"] == [40.0]
-    assert table["golden_sparse"]["Mul"]["values"] == [1.5]
-
-
-@pytest.mark.e2e
-def test_the_users_staging_area_is_as_before_after_the_experiments(tmp_path, monkeypatch):
-    """`dvc exp run` stages the files it writes; afterwards git's index is the user's again (seen for real)."""
-    repo = _fake_dvc_repo(tmp_path, monkeypatch)
-    _git(repo, "init", "-q")
-    (repo / "dvc.lock").write_text("the user's lock\n")
-    _git(repo, "add", "params.yaml", "dvc.lock", "dvc.yaml")
-    _git(repo, "commit", "-qm", "base")
-    (repo / "params.yaml").write_text("seed: 2\n")
-    _git(repo, "add", "params.yaml")  # the user's own staged change: kept
-    staged = _git(repo, "diff", "--cached", "--stat")
-    exps = [cmp.Experiment("lc-t-codea1-s1", "codea1", 1, ("seed=1",))]
-    with open(tmp_path / "dvc.log", "w") as log:
-        lc.run_in_workspace(repo, exps, repo / "outputs" / "lab_compare" / "runs", log)
-    assert _git(repo, "diff", "--cached", "--stat") == staged and "params.yaml" in staged
-    assert (repo / "dvc.lock").read_text() == "the user's lock\n"
-    assert lc.source_commit(repo).endswith("+changes")  # the user's params change is not committed
-    assert json.loads(
-        (repo / "outputs" / "lab_compare" / "runs" / "lc-t-codea1-s1" / lc.RUN_FILE).read_text()
-    )["commit"].endswith("+changes")
-
-
-def test_restore_puts_files_back_into_folders_an_interrupted_stage_removed(tmp_path):
-    """Ctrl-C while DVC runs a stage: the stage had removed the folder of a backed-up output (seen for real)."""
-    (tmp_path / "dvc.yaml").write_text(DVC_YAML)
-    (tmp_path / "params.yaml").write_text("seed: 1\nedited: by an experiment\n")
-    backup = tmp_path / lc.BACKUP
-    (backup / "outputs" / "train").mkdir(parents=True)
-    (backup / "params.yaml").write_text("seed: 1\n")
-    (backup / "outputs" / "train" / "history.csv").write_text("the user's history")
-    assert not (tmp_path / "outputs").exists()
-    assert lc.restore_workspace(tmp_path) is True
-    assert (tmp_path / "outputs" / "train" / "history.csv").read_text() == "the user's history"
-    assert (tmp_path / "params.yaml").read_text() == "seed: 1\n" and not backup.exists()
-
-
-def test_restore_workspace_without_backup_is_a_no_op(tmp_path):
-    (tmp_path / "dvc.yaml").write_text(DVC_YAML)
-    (tmp_path / "params.yaml").write_text("seed: 1\n")
-    assert lc.restore_workspace(tmp_path) is False
-    assert (tmp_path / "params.yaml").read_text() == "seed: 1\n"
-
-
 def test_recollecting_keeps_the_recorded_wall_time(tmp_path):
     path = tmp_path / "table.json"
     assert lc.recorded_wall_s(path, default=1.0) == 1.0  # nothing recorded
@@ -474,36 +383,22 @@ def test_recollecting_keeps_the_recorded_wall_time(tmp_path):
     assert lc.recorded_wall_s(path, default=1.0) == 1.0
 
 
-def _killed_run_state(repo: Path) -> Path:
-    """The workspace as a comparison leaves it mid-experiment: the user's files in the backup."""
-    backup = repo / lc.BACKUP
-    (backup / "data" / "prepared").mkdir(parents=True)
-    os.replace(repo / "params.yaml", backup / "params.yaml")
-    os.replace(repo / "data" / "prepared" / "mine", backup / "data" / "prepared" / "mine")
-    (repo / "params.yaml").write_text("seed: 1\nedited: by an experiment\n")
-    (repo / "data" / "prepared" / "x").write_text("experiment data")
-    return backup
-
-
-def test_a_running_comparison_is_never_restored_under_its_experiment(tmp_path, monkeypatch, capsys):
-    """Seen for real: `--collect-only` while a comparison ran restored its backup and broke the experiment."""
-    repo = _fake_dvc_repo(tmp_path, monkeypatch)
-    backup = _killed_run_state(repo)
+def test_a_running_comparison_locks_out_a_second_start_but_not_collect_only(tmp_path, capsys):
+    """While a comparison runs, ``--collect-only`` still reads results and a second start stops with a clear
+    error (it would share DVC's queue and ``params.yaml``)."""
+    repo = tmp_path / "repo"
     runs = repo / "outputs" / "lab_compare" / "runs"
     (runs / "lc-t-codea1-s1").mkdir(parents=True)
     (runs / "lc-t-codea1-s1" / "metrics.json").write_text('{"code/lab_heldout_seen/base/pass@1": 40.0}')
     (runs / "lc-t-codea1-s1" / "history.csv").write_text("iteration,code/reward_mean\n1,0.25\n")
     args = ["--modes", "codea1", "--seeds", "1", "--repo", str(repo)]
-    with lc.workspace_lock(repo):  # the running comparison (flock: another open file, as in another process)
-        assert lc.main([*args, "--collect-only", "t"]) == 0  # reads runs/, leaves the workspace alone
-        assert lc.main([*args, "--resume", "t", "--runner", "workspace"]) == 2
+    with lc.comparison_lock(repo):  # the running comparison (flock: another open file, as in another process)
+        assert lc.main([*args, "--collect-only", "t"]) == 0  # reads runs/
+        assert lc.main(args) == 2
         assert "another lab-compare is running" in capsys.readouterr().err
-        assert (repo / "data" / "prepared" / "x").exists() and (backup / "params.yaml").exists()
         assert (repo / lc.LOCK).read_text().strip() == str(os.getpid())
-    # released: now the backup is a killed run's, restored before resuming
-    assert lc.main([*args, "--resume", "t", "--runner", "workspace"]) == 0
-    assert (repo / "params.yaml").read_text() == "seed: 1\n" and not backup.exists()
-    assert sorted(p.name for p in (repo / "data" / "prepared").iterdir()) == ["mine"]
+    table = json.loads((repo / "outputs" / "lab_compare" / "table.json").read_text())["table"]
+    assert table["codea1"]["code pass@1 held-out seen"]["values"] == [40.0]
 
 
 def test_the_lock_dies_with_its_process(tmp_path):
@@ -516,10 +411,10 @@ def test_the_lock_dies_with_its_process(tmp_path):
     )  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(UserError, match="another lab-compare"), lc.workspace_lock(tmp_path):
+        with pytest.raises(UserError, match="another lab-compare"), lc.comparison_lock(tmp_path):
             pass
     finally:
         holder.kill()
         holder.wait()
-    with lc.workspace_lock(tmp_path):
+    with lc.comparison_lock(tmp_path):
         pass

@@ -108,7 +108,7 @@ class DecodeStep:
         model, config = base.model, base.config
         self.cache = cache
         self.shared_attend = getattr(cache, "attend", None)
-        """The cache's own attention (``engine._SharedPromptCache``), else None: HF's attention function."""
+        """The cache's own attention (``shared._SharedPromptCache``), else None: HF's attention function."""
         self.embed = model.embed_tokens
         self.rotary = model.rotary_emb
         self.apply_rotary = mq.apply_rotary_pos_emb

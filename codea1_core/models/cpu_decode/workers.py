@@ -7,7 +7,7 @@ parameters and buffers, only when they changed since that worker last saw them (
 counters: an optimizer step or ``load_state_dict`` changes them) — and sends a short pickled description;
 the worker copies the parameters into its own (forked) copy of the model, runs the job function, writes the
 output tensors after the inputs and answers with their description; :meth:`DecodePool.result` reads them
-back. ``engine`` uses it to decode part of a rollout's prompts on every spare core, so the pool only
+back. ``shared`` uses it to decode part of a rollout's prompts on every spare core, so the pool only
 moves bytes: the same function on the same values gives the same bits in any process.
 
 Why not a fork per call: a training process holds ~1.4 GB; forking it costs ~8 ms before the child runs and

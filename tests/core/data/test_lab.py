@@ -10,7 +10,8 @@ import pytest
 
 from codea1_core.config import ConfigError, LabConfig
 from codea1_core.data import lab
-from codea1_core.data.lab import FAMILIES, buggy_variants, lab_problems, tokenizer_corpus, warmstart_examples
+from codea1_core.data.lab import FAMILIES, buggy_variants, lab_problems
+from codea1_core.data.warmstart_data import tokenizer_corpus, warmstart_examples
 
 CFG = LabConfig(golden_tests="boundary")  # every test asserts the full set unless it says sparse
 

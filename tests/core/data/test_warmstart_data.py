@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from codea1_core.config import Config, ConfigError, load_config
-from codea1_core.data.lab import check_lab_config, lab_problems, warmstart_code_problems, warmstart_examples
+from codea1_core.data.lab import check_lab_config, lab_problems, warmstart_code_problems
+from codea1_core.data.warmstart_data import warmstart_examples
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -21,17 +21,19 @@ from codea1_core.evaluation.benchmarks import (
     load_unleakedtestbench,
 )
 from codea1_core.evaluation.collaboration import CandidateScore, score_candidates, select_candidate
-from codea1_core.evaluation.verdicts import (
-    SampleVerdict,
+from codea1_core.evaluation.suites import (
     SuiteRecord,
     TestVerdict,
-    aggregate_code,
     aggregate_tests,
+    judge_reference,
+    mutant_killed,
+)
+from codea1_core.evaluation.verdicts import (
+    SampleVerdict,
+    aggregate_code,
     build_code_jobs,
     call_matches,
-    judge_reference,
     judge_sample,
-    mutant_killed,
     verdicts_for,
 )
 from codea1_core.method.outcomes import candidate_program

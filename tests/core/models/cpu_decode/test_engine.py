@@ -21,7 +21,7 @@ from support import (  # the decode tests' helpers and fixtures (two intra-op th
 from transformers import AutoModelForCausalLM, LogitsProcessorList
 
 from codea1_core.config import Config
-from codea1_core.models.cpu_decode import engine
+from codea1_core.models.cpu_decode import engine, exact
 from codea1_core.models.policy import Policy, SamplingParams, _RawLogprobRecorder
 from codea1_core.models.tiny_model import build_tiny_model
 
@@ -29,7 +29,7 @@ from codea1_core.models.tiny_model import build_tiny_model
 @pytest.fixture(scope="module")
 def lab_dir(tmp_path_factory):
     """The lab's model shape (``params.yaml`` lab section) and tokenizer corpus, random init."""
-    from codea1_core.data.lab import tokenizer_corpus
+    from codea1_core.data.warmstart_data import tokenizer_corpus
 
     lab = Config().lab
     return str(
@@ -80,7 +80,7 @@ def test_policy_fast_path_equals_generate(tiny_dir, monkeypatch, sp, finetune):
 @pytest.mark.parametrize("noise_worker", [True, False])
 def test_unpadded_batch_equals_generate(tiny_dir, monkeypatch, noise_worker):
     """One prompt, no padding: HF passes no attention mask to SDPA at all; the fast path must do the same."""
-    monkeypatch.setattr(engine, "_spare_core", lambda device: noise_worker)
+    monkeypatch.setattr(exact, "_spare_core", lambda device: noise_worker)
     pol = make_policy(tiny_dir, **{"model.finetune": "full"})
     fast, slow = both_paths(
         pol, DECODE_PROMPTS[:1], 5, SamplingParams(max_new_tokens=16, seed=7), monkeypatch
@@ -107,11 +107,11 @@ def test_early_stops_padding_and_rng_state_match_generate(tiny_dir, monkeypatch,
 
     With and without the worker thread that draws multinomial's noise ahead (it needs a spare core).
     """
-    monkeypatch.setattr(engine, "_spare_core", lambda device: noise_worker)
+    monkeypatch.setattr(exact, "_spare_core", lambda device: noise_worker)
     started = []
-    real_init = engine._NoiseStream.__init__
+    real_init = exact._NoiseStream.__init__
     monkeypatch.setattr(
-        engine._NoiseStream, "__init__", lambda self, *a: started.append(1) or real_init(self, *a)
+        exact._NoiseStream, "__init__", lambda self, *a: started.append(1) or real_init(self, *a)
     )
     model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
     ids = torch.tensor([[0, 0, 5, 9, 11], [3, 4, 5, 6, 7]])
@@ -192,8 +192,8 @@ def test_hand_written_decode_step_equals_hf_forward(name, lora, padded):
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
         ref_cache = out.cache
-        cache = engine._ViewCache(ref_cache, ids.shape[1] + 4)
-        step = forward.DecodeStep(base, cache, engine._decode_mask(mask, ids.shape[1] + 4))
+        cache = exact._ViewCache(ref_cache, ids.shape[1] + 4)
+        step = forward.DecodeStep(base, cache, exact._decode_mask(mask, ids.shape[1] + 4))
         position, full_mask = positions[:, -1:], mask
         tokens = out.logits[:, -1].argmax(-1)
         for t in range(4):
@@ -214,7 +214,7 @@ def test_gqa_and_eager_sampling_equal_generate(name, monkeypatch):
 
     Guards the eager path's mask: HF's eager attention adds a 0 / dtype-min float mask, not the boolean one.
     """
-    monkeypatch.setattr(engine, "_spare_core", lambda device: False)
+    monkeypatch.setattr(exact, "_spare_core", lambda device: False)
     model = random_qwen2(name)
     ids = torch.tensor([[0, 0, 5, 9, 11, 4], [3, 4, 5, 6, 7, 8], [0, 0, 0, 0, 9, 9]])
     mask = (ids != 0).long()

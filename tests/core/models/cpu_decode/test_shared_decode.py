@@ -30,7 +30,7 @@ from support import (  # the exact path's helpers and fixtures (two intra-op thr
 
 from codea1_core.config import Config
 from codea1_core.models import cpu_numerics
-from codea1_core.models.cpu_decode import engine
+from codea1_core.models.cpu_decode import engine, prefill, shared
 from codea1_core.models.policy import Policy, SamplingParams
 
 
@@ -57,8 +57,8 @@ def teacher_forced_logprobs(model, ids: torch.Tensor, mask: torch.Tensor, n: int
 def test_logprobs_equal_hf_forward_with_padding_and_finished_prompts(name, lora, monkeypatch):
     """The decode's logits are HF's (teacher-forced, 1e-5), while prompts finish and leave the batch."""
     kept = []
-    real_keep = engine._SharedPromptCache.keep
-    monkeypatch.setattr(engine._SharedPromptCache, "keep",
+    real_keep = shared._SharedPromptCache.keep
+    monkeypatch.setattr(shared._SharedPromptCache, "keep",
                         lambda self, p, r: kept.append(len(p)) or real_keep(self, p, r))  # fmt: skip
     model = random_qwen2(name, lora)
     vocab = engine._base_model(model).config.vocab_size
@@ -117,7 +117,7 @@ def test_first_token_frequencies_match_the_warped_softmax(tiny_dir, temperature,
 
 def test_inverse_cdf_picks_by_cumulative_mass_and_refuses_bad_logits():
     scores = torch.log(torch.tensor([[0.1, 0.0, 0.6, 0.3]]))  # token 1 has probability 0 (-inf score)
-    pick = engine._inverse_cdf
+    pick = shared._inverse_cdf
     assert [int(pick(scores, torch.tensor([u]))) for u in (0.0, 0.0999, 0.1001, 0.6999, 0.7001, 0.99999)] == [
         0, 0, 2, 2, 3, 3,
     ]  # fmt: skip
@@ -207,7 +207,7 @@ def _gone(pid: int) -> bool:
     return False
 
 
-def _split_call(model, processes: int, warpers=(), seed: int = 6) -> engine.Sampled:
+def _split_call(model, processes: int, warpers=(), seed: int = 6) -> prefill.Sampled:
     """One shared decode of 7 prompts x 3 samples with padding, ~1/6 of the vocabulary ending a row."""
     vocab = engine._base_model(model).config.vocab_size
     ids = torch.randint(3, vocab, (7, 9), generator=torch.Generator().manual_seed(5))
@@ -215,12 +215,12 @@ def _split_call(model, processes: int, warpers=(), seed: int = 6) -> engine.Samp
     mask = (ids != 0).long()
     torch.manual_seed(seed)
     with torch.no_grad():  # as sample() calls it
-        return engine._sample_shared(engine._base_model(model), ids, mask, 3, 40,
+        return shared.sample_shared(engine._base_model(model), ids, mask, 3, 40,
                                             list(range(3, 3 + vocab // 6)), 0, True, list(warpers),
                                             processes=processes)  # fmt: skip
 
 
-def _same(a: engine.Sampled, b: engine.Sampled) -> bool:
+def _same(a: prefill.Sampled, b: prefill.Sampled) -> bool:
     return torch.equal(a.tokens, b.tokens) and torch.equal(a.logprobs, b.logprobs)
 
 
@@ -245,8 +245,8 @@ def test_two_or_three_decode_processes_give_the_one_process_result_bitwise(name,
     from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
     kept = []
-    real_keep = engine._SharedPromptCache.keep
-    monkeypatch.setattr(engine._SharedPromptCache, "keep",
+    real_keep = shared._SharedPromptCache.keep
+    monkeypatch.setattr(shared._SharedPromptCache, "keep",
                         lambda self, p, r: kept.append(len(p)) or real_keep(self, p, r))  # fmt: skip
     model = random_qwen2(name)
     warpers = [TemperatureLogitsWarper(0.8), TopPLogitsWarper(0.9)]
@@ -287,8 +287,8 @@ def test_a_decode_process_that_errs_dies_or_hangs_costs_time_not_results(workers
     """The caller decodes a failed part itself (same result) and the next call forks a fresh worker."""
     model = random_qwen2("lab")
     expected = _split_call(model, 1)
-    real_job = engine._worker_job
-    monkeypatch.setattr(engine, "SPLIT_GRACE_S", 0.5)
+    real_job = shared._worker_job
+    monkeypatch.setattr(shared, "SPLIT_GRACE_S", 0.5)
     for failure in ("raise", "exit", "hang"):
 
         def job(base, tensors, meta, failure=failure):
@@ -299,14 +299,14 @@ def test_a_decode_process_that_errs_dies_or_hangs_costs_time_not_results(workers
                 os._exit(3)
             raise RuntimeError("boom in the worker")
 
-        monkeypatch.setattr(engine, "_worker_job", job)
+        monkeypatch.setattr(shared, "_worker_job", job)
         caplog.clear()
         start = time.monotonic()
         assert _same(_split_call(model, 2), expected)
         assert "decode worker 1" in caplog.text and "runs in the caller" in caplog.text
         assert time.monotonic() - start < 30
     assert workers["answers"] == 0 and len(workers["pids"]) == 3
-    monkeypatch.setattr(engine, "_worker_job", real_job)
+    monkeypatch.setattr(shared, "_worker_job", real_job)
     assert _same(_split_call(model, 2), expected) and workers["answers"] == 1  # a fresh worker answers
 
 
@@ -316,7 +316,7 @@ def test_an_error_in_the_caller_leaves_no_answer_behind(workers, monkeypatch):
     """Ctrl-C while the caller decodes its part: the worker with a job in flight is killed, the next call is right."""
     model = random_qwen2("lab")
     expected = _split_call(model, 1)
-    real_run = engine._Decode.run
+    real_run = shared._Decode.run
     parent = os.getpid()
 
     def run(self, prompts):
@@ -324,49 +324,49 @@ def test_an_error_in_the_caller_leaves_no_answer_behind(workers, monkeypatch):
             raise KeyboardInterrupt
         return real_run(self, prompts)
 
-    monkeypatch.setattr(engine._Decode, "run", run)
+    monkeypatch.setattr(shared._Decode, "run", run)
     with pytest.raises(KeyboardInterrupt):
         _split_call(model, 2)
     assert len(workers["pids"]) == 1 and _gone(workers["pids"][0])
-    monkeypatch.setattr(engine._Decode, "run", real_run)
+    monkeypatch.setattr(shared._Decode, "run", real_run)
     assert _same(_split_call(model, 2), expected) and workers["answers"] == 1
 
 
 def test_peft_models_stay_in_one_process(monkeypatch):
     """A worker's copy would not follow a PEFT adapter switched after the fork: no split for such models."""
-    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(shared.os, "sched_getaffinity", lambda pid: {0, 1})
     base = engine._base_model(random_qwen2("gqa", lora=True))
-    assert engine._split_processes(base, torch.device("cpu"), 32, 100 * engine.SPLIT_MIN_TOKENS) == 1
+    assert shared._split_processes(base, torch.device("cpu"), 32, 100 * shared.SPLIT_MIN_TOKENS) == 1
     plain = engine._base_model(random_qwen2("gqa"))
-    assert engine._split_processes(plain, torch.device("cpu"), 32, 100 * engine.SPLIT_MIN_TOKENS) == 2
+    assert shared._split_processes(plain, torch.device("cpu"), 32, 100 * shared.SPLIT_MIN_TOKENS) == 2
 
 
 def test_one_decode_process_per_core_where_the_decode_runs_on_one_thread(monkeypatch, caplog):
     lab = random_qwen2("lab")
     base = engine._base_model(lab)
-    cpu, unit = torch.device("cpu"), engine.SPLIT_MIN_TOKENS
-    split = engine._split_processes
-    monkeypatch.delenv(engine.SPLIT_ENV, raising=False)
-    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0, 1})
+    cpu, unit = torch.device("cpu"), shared.SPLIT_MIN_TOKENS
+    split = shared._split_processes
+    monkeypatch.delenv(shared.SPLIT_ENV, raising=False)
+    monkeypatch.setattr(shared.os, "sched_getaffinity", lambda pid: {0, 1})
     assert split(base, cpu, 32, 2 * unit) == 2
     assert split(base, cpu, 32, 2 * unit - 1) == 1  # too little work for a second process
     assert split(base, cpu, 1, 2 * unit) == 1  # one prompt: nothing to split
     assert split(base, torch.device("meta"), 32, 2 * unit) == 1
-    monkeypatch.setattr(base.config, "hidden_size", engine.SMALL_MODEL_HIDDEN * 2)
+    monkeypatch.setattr(base.config, "hidden_size", shared.SMALL_MODEL_HIDDEN * 2)
     assert split(base, cpu, 32, 2 * unit) == 1  # wide models decode on all threads in one process
-    monkeypatch.setattr(base.config, "hidden_size", engine.SMALL_MODEL_HIDDEN)
-    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(base.config, "hidden_size", shared.SMALL_MODEL_HIDDEN)
+    monkeypatch.setattr(shared.os, "sched_getaffinity", lambda pid: set(range(8)))
     assert split(base, cpu, 32, 100 * unit) == 8
     assert split(base, cpu, 5, 100 * unit) == 5  # at most one process per prompt
     assert split(base, cpu, 32, 3 * unit) == 3
-    monkeypatch.setenv(engine.SPLIT_ENV, "3")
+    monkeypatch.setenv(shared.SPLIT_ENV, "3")
     assert split(base, cpu, 32, 100 * unit) == 3
-    monkeypatch.setenv(engine.SPLIT_ENV, "1")
+    monkeypatch.setenv(shared.SPLIT_ENV, "1")
     assert split(base, cpu, 32, 100 * unit) == 1
-    monkeypatch.setenv(engine.SPLIT_ENV, "two")
+    monkeypatch.setenv(shared.SPLIT_ENV, "two")
     assert split(base, cpu, 32, 100 * unit) == 8 and "CODEA1_DECODE_PROCESSES='two'" in caplog.text
-    monkeypatch.delenv(engine.SPLIT_ENV)
-    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.delenv(shared.SPLIT_ENV)
+    monkeypatch.setattr(shared.os, "sched_getaffinity", lambda pid: {0})
     assert split(base, cpu, 32, 100 * unit) == 1
 
 
@@ -375,12 +375,12 @@ def test_one_decode_process_per_core_where_the_decode_runs_on_one_thread(monkeyp
 def test_policy_rollouts_do_not_depend_on_decode_processes(tiny_dir, workers, monkeypatch):  # noqa: F811
     cfg = Config().replace(**{"model.device": "cpu", "model.dtype": "float32", "model.finetune": "full"})
     pol = Policy(tiny_dir, cfg, role="test", total_steps=1)
-    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setattr(engine, "SPLIT_MIN_TOKENS", 1)
+    monkeypatch.setattr(shared.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(shared, "SPLIT_MIN_TOKENS", 1)
     sp = SamplingParams(max_new_tokens=24, seed=3, temperature=0.9, top_p=0.95)
     two = pol.generate(DECODE_PROMPTS, 4, sp)
     assert workers["answers"] >= 1
-    monkeypatch.setenv(engine.SPLIT_ENV, "1")
+    monkeypatch.setenv(shared.SPLIT_ENV, "1")
     answers = workers["answers"]
     one = pol.generate(DECODE_PROMPTS, 4, sp)
     assert workers["answers"] == answers
