@@ -353,8 +353,10 @@ def main() -> int:
         for bench in benches:
             for i, x in enumerate(run_bench(bench, args, data_dir, Path(tmp))):
                 total[i] += x
-    print(f"total: {total[0]} samples, {total[1]} disagreements, {total[2]} unexplained; "
-          f"wall {time.perf_counter() - t0:.0f} s")  # fmt: skip
+    print(
+        f"total: {total[0]} samples, {total[1]} disagreements, {total[2]} unexplained; "
+        f"wall {time.perf_counter() - t0:.0f} s"
+    )
     return 1 if total[2] else 0
 
 

@@ -44,8 +44,14 @@ from codea1_core.atomic import write_text_atomic  # noqa: E402
 from codea1_core.config import Config  # noqa: E402
 
 QWEN_CONFIG = ROOT / "configs" / "qwen2.5-coder-1.5b.config.json"
-SHRUNK = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "num_key_value_heads": 2, "vocab_size": 4096}  # fmt: skip
+SHRUNK = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 4096,
+}
 GIB = 1024**3
 
 
@@ -88,19 +94,34 @@ def _status_kib(key: str) -> int:
 
 def bench_config(args: argparse.Namespace, finetune: str, device: str) -> Config:
     """A run config built from a dict (``Config.replace`` needs PyYAML, which the GPU image may lack)."""
-    return Config.from_dict({
-        "mode": "codea1",
-        "model": {"finetune": finetune, "dtype": "bfloat16" if device.startswith("cuda") else "float32",
-                  "device": device, "gradient_checkpointing": True},
-        "rollout": {"backend": "hf", "n_code": args.n_code, "n_tests": args.n_tests,
-                    "max_new_tokens_code": args.new_tokens, "max_new_tokens_test": args.new_tokens,
-                    "batch_size": args.rollout_batch},
-        "grpo": {"lr": 1.0e-6 if finetune == "full" else 1.0e-5, "micro_batch_tokens": args.micro_batch_tokens,
-                 "warmup_steps": 1},
-        "reward": {"k": 8},
-        "sandbox": {"workers": args.workers},
-        "mistake_book": {"enabled": True},
-    }, source="gpu_step_bench")  # fmt: skip
+    return Config.from_dict(
+        {
+            "mode": "codea1",
+            "model": {
+                "finetune": finetune,
+                "dtype": "bfloat16" if device.startswith("cuda") else "float32",
+                "device": device,
+                "gradient_checkpointing": True,
+            },
+            "rollout": {
+                "backend": "hf",
+                "n_code": args.n_code,
+                "n_tests": args.n_tests,
+                "max_new_tokens_code": args.new_tokens,
+                "max_new_tokens_test": args.new_tokens,
+                "batch_size": args.rollout_batch,
+            },
+            "grpo": {
+                "lr": 1.0e-6 if finetune == "full" else 1.0e-5,
+                "micro_batch_tokens": args.micro_batch_tokens,
+                "warmup_steps": 1,
+            },
+            "reward": {"k": 8},
+            "sandbox": {"workers": args.workers},
+            "mistake_book": {"enabled": True},
+        },
+        source="gpu_step_bench",
+    )
 
 
 def build_model(work: Path, shrink: bool, lab_cfg: Any) -> tuple[Path, dict]:
@@ -108,8 +129,14 @@ def build_model(work: Path, shrink: bool, lab_cfg: Any) -> tuple[Path, dict]:
     from codea1_core.data.warmstart_data import tokenizer_corpus
     from codea1_core.models.tiny_model import build_tiny_model, random_init_like
 
-    tiny = build_tiny_model(work / "tokenizer", tokenizer_corpus(lab_cfg), hidden_size=32, num_layers=1,
-                            num_heads=2, intermediate_size=32)  # fmt: skip
+    tiny = build_tiny_model(
+        work / "tokenizer",
+        tokenizer_corpus(lab_cfg),
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        intermediate_size=32,
+    )
     raw = json.loads(QWEN_CONFIG.read_text(encoding="utf-8"))
     if shrink:
         raw.update(SHRUNK)
@@ -150,8 +177,13 @@ def rollout_and_score(state: dict, it: int) -> tuple[Any, Any]:
         rec["tokens"] = sum(len(c.token_ids) for g in flat for c in g)
     test_out = [flat[b * r.n_code : (b + 1) * r.n_code] for b in range(len(problems))]
     with phase("parse_plan"):
-        suites = [[[extract_tests(c.text, p.entry_point, cfg.tests.parse_mode) for c in per_code] for per_code in row]
-                  for p, row in zip(problems, test_out, strict=True)]  # fmt: skip
+        suites = [
+            [
+                [extract_tests(c.text, p.entry_point, cfg.tests.parse_mode) for c in per_code]
+                for per_code in row
+            ]
+            for p, row in zip(problems, test_out, strict=True)
+        ]
         replay = [list(state["book"].retrieve(p.id, cfg.mistake_book.top_k)) for p in problems]
         plans = [plan_problem(*a) for a in zip(problems, codes, suites, replay, strict=True)]
     with phase("sandbox") as rec:
@@ -165,8 +197,10 @@ def rollout_and_score(state: dict, it: int) -> tuple[Any, Any]:
                 state["book"].update(m.problem_id, m.failed_tests(), m.passed_replay(), it)
         rec["size"] = state["book"].size()
     groups, _ = batches.test_groups(test_out, scores, cfg.grpo.update_n)
-    return (batches.build_group_batch(batches.code_groups(code_out, scores), cfg.grpo),
-            batches.build_group_batch(groups, cfg.grpo))  # fmt: skip
+    return (
+        batches.build_group_batch(batches.code_groups(code_out, scores), cfg.grpo),
+        batches.build_group_batch(groups, cfg.grpo),
+    )
 
 
 def execute(executor: Any, plans: list[Any], cfg: Config) -> list[Any]:
@@ -202,8 +236,10 @@ def max_micro_tokens(policy: Any, batch: Any) -> int:
 
     tb = TrainBatch(batch.prompt_ids, batch.completion_ids, batch.advantages)
     idx = [i for i, c in enumerate(tb.completion_ids) if c]
-    sizes = [len(mb) * max(len(tb.prompt_ids[i]) + len(tb.completion_ids[i]) for i in mb)
-             for mb in policy._micro_batches(idx, tb)]  # fmt: skip
+    sizes = [
+        len(mb) * max(len(tb.prompt_ids[i]) + len(tb.completion_ids[i]) for i in mb)
+        for mb in policy._micro_batches(idx, tb)
+    ]
     return max(sizes, default=0)
 
 
@@ -313,14 +349,18 @@ def run(args: argparse.Namespace) -> dict:
         if dp.rank() != 0:
             return {"device": dev, "phases": rows}
     shape = f"{raw['num_hidden_layers']} layers x {raw['hidden_size']}, vocab {raw['vocab_size']}"
-    header = (f"gpu_step_bench: {dev} | {'SHRUNK ' if args.shrink else ''}Qwen2.5-Coder-1.5B architecture "
-              f"({shape}) | B={args.problems} M={args.n_code} N={args.n_tests} new_tokens={args.new_tokens} | "
-              f"{args.steps} step(s) LoRA r=16 + 1 full-FT step | {cfg.model.dtype}")  # fmt: skip
+    header = (
+        f"gpu_step_bench: {dev} | {'SHRUNK ' if args.shrink else ''}Qwen2.5-Coder-1.5B architecture "
+        f"({shape}) | B={args.problems} M={args.n_code} N={args.n_tests} new_tokens={args.new_tokens} | "
+        f"{args.steps} step(s) LoRA r=16 + 1 full-FT step | {cfg.model.dtype}"
+    )
     print_table(rows, header)
     updates = [r for r in rows if "plan_gib" in r]
     for r in updates:
-        print(f"memory plan vs measured, {r['phase']}: plan {r['plan_gib']:.2f} GiB, "
-              f"measured peak {r['peak_gib']:.2f} GiB, ratio {r['peak_gib'] / max(r['plan_gib'], 1e-9):.2f}")  # fmt: skip
+        print(
+            f"memory plan vs measured, {r['phase']}: plan {r['plan_gib']:.2f} GiB, "
+            f"measured peak {r['peak_gib']:.2f} GiB, ratio {r['peak_gib'] / max(r['plan_gib'], 1e-9):.2f}"
+        )
     if not meter.cuda:
         print(
             "  (CPU: peak = resident memory above the process start, Python/torch runtime included; the plan "
@@ -380,8 +420,15 @@ def main(argv: list[str] | None = None) -> int:
             if arg.startswith("--nproc="):
                 del rest[i]
                 break
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-               __file__, *rest]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={args.nproc}",
+            __file__,
+            *rest,
+        ]
         return subprocess.call(cmd)
     result = run(args)
     if args.json and "header" in result:

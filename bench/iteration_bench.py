@@ -42,9 +42,15 @@ def _model_paths(cfg, tmp: Path) -> tuple[str, str, str]:
     from codea1_core.models.tiny_model import build_tiny_model
 
     lab = cfg.lab
-    path = build_tiny_model(tmp / "model", tokenizer_corpus(lab, k=cfg.reward.k), hidden_size=lab.hidden_size,
-                            num_layers=lab.num_layers, num_heads=lab.num_heads,
-                            intermediate_size=lab.intermediate_size, vocab_size=lab.vocab_size)  # fmt: skip
+    path = build_tiny_model(
+        tmp / "model",
+        tokenizer_corpus(lab, k=cfg.reward.k),
+        hidden_size=lab.hidden_size,
+        num_layers=lab.num_layers,
+        num_heads=lab.num_heads,
+        intermediate_size=lab.intermediate_size,
+        vocab_size=lab.vocab_size,
+    )
     return str(path), str(path), "random-init model of the lab size (no warm start found)"
 
 
@@ -82,10 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="codea1_bench_"))
     cfg = load_config(args.params, args.overrides)
     code_path, test_path, model_note = _model_paths(cfg, tmp)
-    common = {"model.code_path": code_path, "model.test_path": test_path, "eval.every": 0,
-              "orchestration.resume": "never", "orchestration.max_steps": args.iterations,
-              "tracking.tracking_uri": f"sqlite:///{tmp}/mlflow.db",
-              "tracking.artifact_location": str(tmp / "artifacts")}  # fmt: skip
+    common = {
+        "model.code_path": code_path,
+        "model.test_path": test_path,
+        "eval.every": 0,
+        "orchestration.resume": "never",
+        "orchestration.max_steps": args.iterations,
+        "tracking.tracking_uri": f"sqlite:///{tmp}/mlflow.db",
+        "tracking.artifact_location": str(tmp / "artifacts"),
+    }
     bare_cfg = cfg.replace(**common, **{"orchestration.checkpoint_dir": str(tmp / "bare")})
     full_cfg = cfg.replace(
         **common, **{"orchestration.checkpoint_dir": str(tmp / "full"), "tracking.backend": "mlflow"}
@@ -117,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     total_s = time.perf_counter() - t0
     if args.aa:
         print("A/A CONTROL: both columns are plain runs; any 'overhead' below is machine noise")
-    print(f"model: {model_note}; B={cfg.data.train_batch_size} M={cfg.rollout.n_code} N={cfg.rollout.n_tests} "
-          f"mode={cfg.mode}")  # fmt: skip
+    print(
+        f"model: {model_note}; B={cfg.data.train_batch_size} M={cfg.rollout.n_code} N={cfg.rollout.n_tests} "
+        f"mode={cfg.mode}"
+    )
     print(f"{'iteration':>9} {'plain s':>9} {'prefect+mlflow s':>17} {'overhead':>9}")
     for i, (a, b) in enumerate(zip(a_s, b_s, strict=True), 1):
         print(f"{i:>9} {a:>9.2f} {b:>17.2f} {b / a - 1:>9.1%}")

@@ -46,10 +46,19 @@ def work() -> dict:
     lab = cfg.lab
     torch.set_num_threads(cfg.model.cpu_threads or torch.get_num_threads())
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(hidden_size=lab.hidden_size, num_hidden_layers=lab.num_layers,
-                                         num_attention_heads=lab.num_heads, num_key_value_heads=lab.num_heads,
-                                         intermediate_size=lab.intermediate_size, vocab_size=lab.vocab_size,
-                                         pad_token_id=0, eos_token_id=1, bos_token_id=0))  # fmt: skip
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            hidden_size=lab.hidden_size,
+            num_hidden_layers=lab.num_layers,
+            num_attention_heads=lab.num_heads,
+            num_key_value_heads=lab.num_heads,
+            intermediate_size=lab.intermediate_size,
+            vocab_size=lab.vocab_size,
+            pad_token_id=0,
+            eos_token_id=1,
+            bos_token_id=0,
+        )
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(3, lab.vocab_size, (16, 160), generator=gen)
@@ -64,13 +73,27 @@ def work() -> dict:
     torch.manual_seed(3)
     start = time.process_time()
     with torch.no_grad():
-        out = engine.sample(model, prompts, torch.ones_like(prompts), n=4, max_new_tokens=64, eos_ids=[1],
-                                   pad_id=0, do_sample=True, share_prompt=True)  # fmt: skip
+        out = engine.sample(
+            model,
+            prompts,
+            torch.ones_like(prompts),
+            n=4,
+            max_new_tokens=64,
+            eos_ids=[1],
+            pad_id=0,
+            do_sample=True,
+            share_prompt=True,
+        )
     decode_s = time.process_time() - start
     weights = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
-    return {"train_s": train_s, "decode_s": decode_s, "weights": weights[:12],
-            "logprobs": hashlib.sha256(out.logprobs.numpy().tobytes()).hexdigest()[:12],
-            "mkl_cbwr": cpu_numerics.mkl_cbwr_branch(), "aten": torch.backends.cpu.get_cpu_capability()}  # fmt: skip
+    return {
+        "train_s": train_s,
+        "decode_s": decode_s,
+        "weights": weights[:12],
+        "logprobs": hashlib.sha256(out.logprobs.numpy().tobytes()).hexdigest()[:12],
+        "mkl_cbwr": cpu_numerics.mkl_cbwr_branch(),
+        "aten": torch.backends.cpu.get_cpu_capability(),
+    }
 
 
 def run_one(mode: str) -> dict:
@@ -98,8 +121,10 @@ def main() -> None:
     for mode in order:
         r = run_one(mode)
         results[mode].append(r)
-        print(f"{mode:13s} MKL {r['mkl_cbwr']:10s} ATen {r['aten']:7s} train {r['train_s']:6.2f} s  "
-              f"decode {r['decode_s']:5.2f} s  weights {r['weights']}  log-probs {r['logprobs']}")  # fmt: skip
+        print(
+            f"{mode:13s} MKL {r['mkl_cbwr']:10s} ATen {r['aten']:7s} train {r['train_s']:6.2f} s  "
+            f"decode {r['decode_s']:5.2f} s  weights {r['weights']}  log-probs {r['logprobs']}"
+        )
     for part in ("train_s", "decode_s"):
         pinned = statistics.median(r[part] for r in results["reproducible"])
         native = statistics.median(r[part] for r in results["native"])

@@ -108,15 +108,20 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     print(f"{args.stages} stages x {args.tasks} tasks, min of {args.repeats} (load average {load:.2f}):")
     print(f"  {'mode':28s} {'wall s':>8s} {'overhead s':>11s} {'of run':>8s}")
-    for mode, label in (("floor", "no Prefect (floor)"), ("per-stage", "temporary API per stage"),
-                        ("shared", "one API per run")):  # fmt: skip
+    for mode, label in (
+        ("floor", "no Prefect (floor)"),
+        ("per-stage", "temporary API per stage"),
+        ("shared", "one API per run"),
+    ):
         wall = min(runs[mode])
         over = wall - floor
         print(f"  {label:28s} {wall:8.1f} {over:11.1f} {100 * over / args.run_wall_s:7.1f}%")
     print(f"  one API's server start-up: {min(server_s):.1f} s (median {statistics.median(server_s):.1f} s)")
     saved = min(runs["per-stage"]) - min(runs["shared"])
-    print(f"  saved per run: {saved:.1f} s; ratio per-stage/shared overhead: "
-          f"{(min(runs['per-stage']) - floor) / max(min(runs['shared']) - floor, 1e-9):.2f}x")  # fmt: skip
+    print(
+        f"  saved per run: {saved:.1f} s; ratio per-stage/shared overhead: "
+        f"{(min(runs['per-stage']) - floor) / max(min(runs['shared']) - floor, 1e-9):.2f}x"
+    )
     return 0
 
 

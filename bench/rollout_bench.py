@@ -15,7 +15,8 @@ the same distribution from its own random numbers) and ``shared`` (the default a
 of the prompts decoded in a forked second process where a core is free; it must sample exactly
 ``shared-1p``'s completions). A checks line per shape says whether both equalities held and the mean new
 tokens per row of ``generate`` and ``shared``. It prints tokens per wall second and per CPU-second (the
-process and its children), the ratios to ``generate``, and the load average before and after (the machine may be shared: read the ratios, measured in the same run,
+process and its children), the ratios to ``generate``, and the load average before and after (the machine may
+be shared: read the ratios, measured in the same run,
 and the CPU columns, which move far less with other jobs' load). ``--threads 1,2`` repeats everything at
 each intra-op thread count (default: the params' ``model.cpu_threads``, the training step's setting).
 
@@ -58,9 +59,16 @@ def _lab_model(cfg: Config, work: Path, role: str) -> str:
         from codea1_core.models.tiny_model import build_tiny_model
 
         lab = cfg.lab
-        build_tiny_model(target, tokenizer_corpus(lab), hidden_size=lab.hidden_size, num_layers=lab.num_layers,
-                         num_heads=lab.num_heads, intermediate_size=lab.intermediate_size,
-                         vocab_size=lab.vocab_size, seed=0)  # fmt: skip
+        build_tiny_model(
+            target,
+            tokenizer_corpus(lab),
+            hidden_size=lab.hidden_size,
+            num_layers=lab.num_layers,
+            num_heads=lab.num_heads,
+            intermediate_size=lab.intermediate_size,
+            vocab_size=lab.vocab_size,
+            seed=0,
+        )
     return str(target)
 
 
@@ -125,13 +133,15 @@ def _run(
 
 
 def compare(name: str, policy: Policy, prompts: list, n: int, sp: SamplingParams, repeats: int) -> dict:
-    """A/B/C/D/D/C/B/A runs of one shape; prints tokens/s (wall and per CPU-second) of each path, ratios to ``generate``.
+    """A/B/C/D/D/C/B/A runs of one shape; prints tokens/s (wall and per CPU-second) of each path, ratios to
+    ``generate``.
 
     CPU seconds are the process's and its children's (all threads, the second decode process included): on a
     shared machine they move far less with other jobs' load than wall time does. ``exact`` must sample
     exactly ``generate``'s completions, and ``shared`` exactly ``shared-1p``'s (the checks line); the shared
     decode samples the same distribution as ``generate`` with its own random numbers
-    (``tests/core/models/cpu_decode/test_shared_decode.py``), so only its mean completion length is printed beside ``generate``'s
+    (``tests/core/models/cpu_decode/test_shared_decode.py``), so only its mean completion length is printed
+    beside ``generate``'s
     (equal up to sampling noise; with random-init models every row runs to the limit).
     """
     policy.generate(prompts[:1], 1, SamplingParams(max_new_tokens=2))  # warm-up
@@ -150,14 +160,20 @@ def compare(name: str, policy: Policy, prompts: list, n: int, sp: SamplingParams
     rate_cpu = {p: tokens[p] / cpu[p] for p in PATHS}
     shape = f"{len(prompts) * n} x {sp.max_new_tokens}"
     for i, p in enumerate(PATHS):
-        print(f"{name if i == 0 else '':<18}{shape if i == 0 else '':>10}  {p:<10}{rate[p]:>10.0f}"
-              f"{rate[p] / rate['generate']:>9.2f}x{rate_cpu[p]:>11.0f}{rate_cpu[p] / rate_cpu['generate']:>9.2f}x"
-              f"{wall[p] / repeats:>9.2f}{cpu[p] / repeats:>9.2f}", flush=True)  # fmt: skip
+        print(
+            f"{name if i == 0 else '':<18}{shape if i == 0 else '':>10}  {p:<10}{rate[p]:>10.0f}"
+            f"{rate[p] / rate['generate']:>9.2f}x{rate_cpu[p]:>11.0f}{rate_cpu[p] / rate_cpu['generate']:>9.2f}x"
+            f"{wall[p] / repeats:>9.2f}{cpu[p] / repeats:>9.2f}",
+            flush=True,
+        )
     mean_len = {p: tokens[p] / repeats / (len(prompts) * n) for p in ("generate", "shared")}
     exact = "yes" if outputs["exact"] == outputs["generate"] else "NO"
     split = "yes" if outputs["shared"] == outputs["shared-1p"] else "NO"
-    print(f"{'':<30}checks: exact == generate {exact}; shared == shared-1p {split}; mean new tokens per row "
-          f"generate {mean_len['generate']:.1f}, shared {mean_len['shared']:.1f}", flush=True)  # fmt: skip
+    print(
+        f"{'':<30}checks: exact == generate {exact}; shared == shared-1p {split}; mean new tokens per row "
+        f"generate {mean_len['generate']:.1f}, shared {mean_len['shared']:.1f}",
+        flush=True,
+    )
     steps = max(len(c.token_ids) for group in outputs["exact"] for c in group)
     return {"hf_cpu_s": cpu["generate"] / repeats, "steps": steps}
 
@@ -166,7 +182,8 @@ def exact_floor(policy: Policy, prompts: list, n: int, steps: int, hf_cpu_s: flo
     """CPU seconds of the work any exact path must repeat: the prefill and the SDPA kernel of every decode step.
 
     Both are the model's own kernels on the same inputs (bit-identical tokens need the same attention call per
-    row and head, and prefilling each prompt once is not bit-identical: tests/core/models/cpu_decode/test_engine.py); their
+    row and head, and prefilling each prompt once is not bit-identical:
+    tests/core/models/cpu_decode/test_engine.py); their
     sum bounds the ratio an exact rollout can reach against ``generate`` at this shape.
     """
     from codea1_core.models.cpu_decode import engine, exact
@@ -190,13 +207,17 @@ def exact_floor(policy: Policy, prompts: list, n: int, steps: int, hf_cpu_s: flo
             end = prompt_len + t + 1
             for keys, values in zip(view.keys, view.values, strict=True):
                 step_mask = None if decode_mask is None else decode_mask[:, :, :, :end]
-                torch.nn.functional.scaled_dot_product_attention(query, keys[:, :, :end], values[:, :, :end],
-                                                                 attn_mask=step_mask, scale=attn.scaling)  # fmt: skip
+                torch.nn.functional.scaled_dot_product_attention(
+                    query, keys[:, :, :end], values[:, :, :end], attn_mask=step_mask, scale=attn.scaling
+                )
         attention = time.process_time() - c0
     floor = prefill + attention
-    print(f"{'':<16}exact floor at {rows} x {steps} (prompt {prompt_len}): prefill {prefill:.2f} + decode "
-          f"attention {attention:.2f} = {floor:.2f} CPU s; generate {hf_cpu_s:.2f} CPU s -> at most "
-          f"{hf_cpu_s / floor:.1f}x for any exact path", flush=True)  # fmt: skip
+    print(
+        f"{'':<16}exact floor at {rows} x {steps} (prompt {prompt_len}): prefill {prefill:.2f} + decode "
+        f"attention {attention:.2f} = {floor:.2f} CPU s; generate {hf_cpu_s:.2f} CPU s -> at most "
+        f"{hf_cpu_s / floor:.1f}x for any exact path",
+        flush=True,
+    )
 
 
 def _load() -> str:
@@ -213,9 +234,11 @@ def main() -> None:
     parser.add_argument("--floor", action="store_true", help="also the exact floor: prefill + SDPA CPU time")
     parser.add_argument("--large-layers", type=int, default=2, help="layers of the 1.5B-width model")
     parser.add_argument(
-        "--threads", default="", help="intra-op thread counts to run everything at, e.g. 1,2 "
+        "--threads",
+        default="",
+        help="intra-op thread counts to run everything at, e.g. 1,2 "
         "(default: the params' model.cpu_threads, what the training step pins; 0 there: torch's default)",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats: must be >= 1")
@@ -237,8 +260,11 @@ def main() -> None:
         for count in threads:
             torch.set_num_threads(count)
             print(f"\n{count} intra-op thread(s) (the shared decode runs its steps on one for the lab model)")
-            print(f"{'rollout':<18}{'rows x new':>10}  {'path':<10}{'tok/s':>10}{'vs gen':>10}{'tok/CPU s':>11}"
-                  f"{'vs gen':>10}{'wall s':>9}{'CPU s':>9}", flush=True)  # fmt: skip
+            print(
+                f"{'rollout':<18}{'rows x new':>10}  {'path':<10}{'tok/s':>10}{'vs gen':>10}{'tok/CPU s':>11}"
+                f"{'vs gen':>10}{'wall s':>9}{'CPU s':>9}",
+                flush=True,
+            )
             for role, prompts, n, new in (
                 ("code", code_prompts, cfg.rollout.n_code, cfg.rollout.max_new_tokens_code),
                 ("test", test_prompts, cfg.rollout.n_tests, cfg.rollout.max_new_tokens_test),
@@ -246,8 +272,9 @@ def main() -> None:
                 model_dir = _lab_model(cfg, work, role)
                 policy = Policy(model_dir, cfg, role=role)
                 r = cfg.rollout
-                sp = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=new,
-                                    seed=1)  # fmt: skip
+                sp = SamplingParams(
+                    temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=new, seed=1
+                )
                 result = compare(f"lab {role}", policy, prompts, n, sp, args.repeats)
                 if args.floor:
                     exact_floor(policy, prompts, n, result["steps"], result["hf_cpu_s"])

@@ -270,9 +270,17 @@ class OutcomeMatrix:
         for m, suites in enumerate(self.suites):
             for n, s in enumerate(suites):
                 rows.append(
-                    row("suite", m, n, s.tests, s.fails, invalid=s.invalid, reasons=list(s.reasons),
-                        nonprintable=float(s.nonprintable))
-                )  # fmt: skip
+                    row(
+                        "suite",
+                        m,
+                        n,
+                        s.tests,
+                        s.fails,
+                        invalid=s.invalid,
+                        reasons=list(s.reasons),
+                        nonprintable=float(s.nonprintable),
+                    )
+                )
             failed = [not p for p in self.replay_passed[m]]
             rows.append(row("replay", m, -1, self.replay, failed, invalid=0, reasons=[], nonprintable=0.0))
         return rows
@@ -307,10 +315,14 @@ class OutcomeMatrix:
                 )
 
             suites = tuple(
-                tuple(suite(r) for r in sorted((r for r in rows if r["m"] == m and r["kind"] == "suite"),
-                                               key=lambda r: r["n"]))
+                tuple(
+                    suite(r)
+                    for r in sorted(
+                        (r for r in rows if r["m"] == m and r["kind"] == "suite"), key=lambda r: r["n"]
+                    )
+                )
                 for m in codes
-            )  # fmt: skip
+            )
             return cls(
                 problem_id=str(pid),
                 code_valid=tuple(bool(replay[m]["code_valid"]) for m in codes),

@@ -98,8 +98,10 @@ def _delegate(name: str, args: list[str]) -> None:
         root = project_dir(args, cwd)
         if root is not None:
             args = _absolute_files(args, cwd, target_positional=name == "attack")
-            print(f"codea1: running in the project {root} (its paths in params.yaml are relative to it)",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"codea1: running in the project {root} (its paths in params.yaml are relative to it)",
+                file=sys.stderr,
+            )
             os.chdir(root)
     module = importlib.import_module("tools.ui" if name == "ui" else f"flows.{name}")
     if name in STAGES:

@@ -8,7 +8,8 @@ One flow signature: every Prefect flow takes ``params`` (a params file) and ``ov
 strings) and loads its config itself with :func:`flow_config`, so the flow a DVC stage runs, the one the CLI
 runs and the one a deployment schedules are the same function, with JSON-friendly parameters the Prefect UI
 shows. One parse per stage: the entry's check, the stage's ``run``, the flow run's name and the flow's body all
-get their config from :func:`stage_config`, which parses a params file once per process. Flows that write outputs also take ``run_dir`` (``""``: the DVC workspace; ``"auto"``: a new
+get their config from :func:`stage_config`, which parses a params file once per process. Flows that write
+outputs also take ``run_dir`` (``""``: the DVC workspace; ``"auto"``: a new
 ``runs/<flow run name>-<id>/``, what deployments default to; else that folder). :func:`flow_run_name` names
 every flow run ``<flow>-<mode>-seed<seed>[-alpha..][-no-book][-<other overrides>]``.
 """

@@ -51,21 +51,27 @@ class Release:
 
 RELEASES = {
     "humanevalplus": Release(
-        "humanevalplus", "HumanEvalPlus-v0.1.10.jsonl.gz",
+        "humanevalplus",
+        "HumanEvalPlus-v0.1.10.jsonl.gz",
         "https://github.com/evalplus/humanevalplus_release/releases/download/v0.1.10/HumanEvalPlus-v0.1.10.jsonl.gz",
-        "272720b90ac375502c8ed23cd791c2a93dfb22a911641a494da74a426c09f101", 925932,
+        "272720b90ac375502c8ed23cd791c2a93dfb22a911641a494da74a426c09f101",
+        925932,
     ),
     "mbppplus": Release(
-        "mbppplus", "MbppPlus-v0.2.0.jsonl.gz",
+        "mbppplus",
+        "MbppPlus-v0.2.0.jsonl.gz",
         "https://github.com/evalplus/mbppplus_release/releases/download/v0.2.0/MbppPlus-v0.2.0.jsonl.gz",
-        "af43697e8791c4c149bdfd6b489d8b5412507551ac20e28a439f650b8225db63", 336032,
+        "af43697e8791c4c149bdfd6b489d8b5412507551ac20e28a439f650b8225db63",
+        336032,
     ),
     "mbpp": Release(
-        "mbpp", "mbpp.jsonl",
+        "mbpp",
+        "mbpp.jsonl",
         "https://raw.githubusercontent.com/google-research/google-research/master/mbpp/mbpp.jsonl",
-        "ccf64ceae9c5403bf50a044cb6d505bfd2a2963ee58338ba268fd65beab92a9f", 563743,
+        "ccf64ceae9c5403bf50a044cb6d505bfd2a2963ee58338ba268fd65beab92a9f",
+        563743,
     ),
-}  # fmt: skip
+}
 """HumanEval+ v0.1.10 and MBPP+ v0.2.0 (EvalPlus release assets) and the original MBPP (its repository's
 current file: the sha256 pins the version the evaluation numbers were measured on)."""
 
@@ -161,8 +167,10 @@ def _dvc_add(data_dir: Path) -> str:
         return f"version it with: dvc add {data_dir}"
     proc = subprocess.run(
         [str(dvc) if dvc.exists() else (shutil.which("dvc") or "dvc"), "add", "-q", str(data_dir)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode != 0:
         return (
             f"`dvc add {data_dir}` failed ({proc.stderr.strip().splitlines()[-1:]}); the files are in place"

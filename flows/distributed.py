@@ -65,8 +65,16 @@ def launch(cfg: Config, argv: list[str]) -> int | None:
             f"data.train_batch_size={cfg.data.train_batch_size} is not divisible by "
             f"distributed.nproc_per_node={n}: every rank takes an equal shard of the step's problems"
         )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-           "-m", "flows.train", *argv]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={n}",
+        "-m",
+        "flows.train",
+        *argv,
+    ]
     log.info("train: %d ranks: %s", n, " ".join(cmd[1:]))
     code = subprocess.call(cmd)
     if code not in (0, 2, 143):  # 2: a user error, already one line; 143: SIGTERM, already reported
@@ -117,8 +125,11 @@ def wrap_policies(policies: dict[str, Any], cfg: Config) -> None:
         dist.barrier(group=_startup[0])
     if dp.world_size() == 1:
         if cfg.distributed.nproc_per_node > 1:
-            log.warning("train: distributed.nproc_per_node=%d but one rank: start it with `codea1 train` or "
-                        "torchrun (docs/distributed.md)", cfg.distributed.nproc_per_node)  # fmt: skip
+            log.warning(
+                "train: distributed.nproc_per_node=%d but one rank: start it with `codea1 train` or "
+                "torchrun (docs/distributed.md)",
+                cfg.distributed.nproc_per_node,
+            )
         return
     for pol in policies.values():
         dp.wrap_policy(pol, cfg.distributed.strategy)
@@ -141,8 +152,16 @@ def local_part(items: list[T]) -> list[T]:
     return dp.shard(items, dp.rank(), dp.world_size())
 
 
-_SUMMED = ("samples", "zero_variance_groups", "gate_rows", "sandbox/calls", "sandbox/programs", "sandbox/timeouts",
-           "sandbox/infra_errors", "test/rejected/")  # fmt: skip
+_SUMMED = (
+    "samples",
+    "zero_variance_groups",
+    "gate_rows",
+    "sandbox/calls",
+    "sandbox/programs",
+    "sandbox/timeouts",
+    "sandbox/infra_errors",
+    "test/rejected/",
+)
 
 
 _POOLED = {"test/rejected_rate": "test/gate_rows", "sandbox/timeout_rate": "sandbox/calls"}

@@ -349,9 +349,13 @@ def _evaluate(
     if base_paths:
         notes.append(f"baseline ({BASELINE_PREFIX}/...): {', '.join(base_paths.values())}")
     page = render_report(
-        metrics, history=load_history(cfg), notes=notes, promote=cfg.eval.promote_metric,
-        context=report_context(cfg), params=cfg.flat(),
-    )  # fmt: skip
+        metrics,
+        history=load_history(cfg),
+        notes=notes,
+        promote=cfg.eval.promote_metric,
+        context=report_context(cfg),
+        params=cfg.flat(),
+    )
     write_text_atomic(report, page)
     if cfg.tracking.backend != "null":
         final = Path(cfg.orchestration.checkpoint_dir) / "final"

@@ -79,8 +79,12 @@ def stop_group(proc: subprocess.Popen, timeout_s: float) -> None:
     """SIGTERM ``proc``'s process group (``dvc`` and the running stage: the stage stops after its current task,
     checkpointed, its Prefect and MLflow runs ended), wait up to ``timeout_s`` for every process in it to exit,
     then SIGKILL what is left. A second Ctrl-C while waiting kills at once."""
-    print(f"pipeline: stopping the running stage (up to {timeout_s:.0f} s: it finishes its current task; "
-          "Ctrl-C again to kill it now)", file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"pipeline: stopping the running stage (up to {timeout_s:.0f} s: it finishes its current task; "
+        "Ctrl-C again to kill it now)",
+        file=sys.stderr,
+        flush=True,
+    )
     stop_process_group(proc.pid, timeout_s, poll=proc.poll)  # (poll reaps dvc itself)
     proc.wait()
 

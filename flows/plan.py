@@ -81,9 +81,12 @@ def plan_report(cfg: Config, gpu_sizes: tuple[float, ...], gpus: int = 1) -> tup
     if gpus > 1:
         for other in ("ddp", "fsdp2"):
             if other != strategy:
-                lines += [f"with distributed.strategy={other}: {line}"
-                          for _, line in (verdict(cfg, shape, size, ranks=gpus, strategy=other)
-                                          for size in gpu_sizes)]  # fmt: skip
+                lines += [
+                    f"with distributed.strategy={other}: {line}"
+                    for _, line in (
+                        verdict(cfg, shape, size, ranks=gpus, strategy=other) for size in gpu_sizes
+                    )
+                ]
     return lines, all(ok for ok, _ in verdicts)
 
 
@@ -123,10 +126,19 @@ def main(argv: list[str] | None = None) -> int:
         prog="codea1 plan", description="Estimate the peak GPU memory of a training config."
     )
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
-    parser.add_argument("--gpu-gb", type=float, action="append", default=None,
-                        help="GPU memory in GB (repeatable; default: 80 and 141)")  # fmt: skip
-    parser.add_argument("--gpus", type=int, default=1,
-                        help="GPUs of a data-parallel run: the plan per rank (DDP and FSDP2 verdicts)")  # fmt: skip
+    parser.add_argument(
+        "--gpu-gb",
+        type=float,
+        action="append",
+        default=None,
+        help="GPU memory in GB (repeatable; default: 80 and 141)",
+    )
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        help="GPUs of a data-parallel run: the plan per rank (DDP and FSDP2 verdicts)",
+    )
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
     args = parser.parse_args(argv)
     fits = [True]

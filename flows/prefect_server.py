@@ -125,8 +125,15 @@ def shared_api(timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[str]:
     cmd += ["--no-ui", "--analytics-off"]
     env = {**os.environ, **SERVICES_ENV}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
     try:
         deadline = time.monotonic() + timeout_s
         while not _healthy(api_url):

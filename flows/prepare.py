@@ -255,9 +255,13 @@ def run_reference_jobs(
     ]
     if again:
         alone = run_jobs(
-            executor, [(jobs[j][0], [jobs[j][1][i]]) for j, i in again], 0.0, "prepare: reference calls alone",
-            names=[names[j] for j, _ in again], limit_key="prepare's limit",
-        )  # fmt: skip
+            executor,
+            [(jobs[j][0], [jobs[j][1][i]]) for j, i in again],
+            0.0,
+            "prepare: reference calls alone",
+            names=[names[j] for j, _ in again],
+            limit_key="prepare's limit",
+        )
         ran = [list(out) for out in ran]
         for (j, i), out in zip(again, alone, strict=True):
             ran[j][i] = out[0]
@@ -309,8 +313,10 @@ def _summary(report: dict[str, Any]) -> None:
         )
     for key, why in report["skipped_sources"].items():
         print(f"{key:<36} skipped: {why}")
-    print(f"sandbox programs run: {report['sandbox_programs']} (cache hits: {report['cache_hits']}); "
-          f"report: {report['report_path']}")  # fmt: skip
+    print(
+        f"sandbox programs run: {report['sandbox_programs']} (cache hits: {report['cache_hits']}); "
+        f"report: {report['report_path']}"
+    )
 
 
 @flow(name="prepare", flow_run_name=flow_run_name)
@@ -330,9 +336,14 @@ def prepare(cfg: Config) -> dict[str, Any]:
     t0 = time.monotonic()
     out_dir = Path(cfg.data.prepared_dir)
     report: dict[str, Any] = {
-        "sources": {}, "skipped_sources": {}, "rejected": [], "excluded_tests": {}, "skipped_asserts": {},
-        "excluded_test_reasons": Counter(), "outputs": {},
-    }  # fmt: skip
+        "sources": {},
+        "skipped_sources": {},
+        "rejected": [],
+        "excluded_tests": {},
+        "skipped_asserts": {},
+        "excluded_test_reasons": Counter(),
+        "outputs": {},
+    }
     loaded = _load(cfg, report)
     if not loaded["train"]:
         raise DatasetError(
@@ -340,13 +351,18 @@ def prepare(cfg: Config) -> dict[str, Any]:
         )
     flat = [p for problems in loaded.values() for _, p in problems]
     outcomes = iter(_run_references(cfg, flat, out_dir.parent / "cache" / "expected", report))
-    final = {group: _verify(cfg, group, problems, [next(outcomes) for _ in problems], report)
-             for group, problems in loaded.items()}  # fmt: skip
+    final = {
+        group: _verify(cfg, group, problems, [next(outcomes) for _ in problems], report)
+        for group, problems in loaded.items()
+    }
     for group, problems in final.items():  # (stage_task passes them quote-d: Prefect does not walk the tests)
         if problems:
             stage_task(validate_problems, problems, out_dir / "quality" / f"{group}.json")
-        report["outputs"][group] = {"problems": len(problems), "tests": sum(len(p.tests) for p in problems),
-                                    "plus_tests": sum(len(p.plus_tests) for p in problems)}  # fmt: skip
+        report["outputs"][group] = {
+            "problems": len(problems),
+            "tests": sum(len(p.tests) for p in problems),
+            "plus_tests": sum(len(p.plus_tests) for p in problems),
+        }
     for group, problems in final.items():  # write only after every set passed
         if group in ("train", "val") or problems:
             save_prepared(problems, out_dir / f"{group}.parquet")

@@ -112,8 +112,13 @@ def register(cfg: Config, eval_path: Path | None = None, out_path: Path = DECISI
         new, warm = metric_value(metrics, metric, eval_path), warmstart_value(metrics, metric)
         models[role] = stage_task(judge, cfg, role, version, metric, new, warm)
     code = models.get("code") or next(iter(models.values()))
-    decision: dict[str, Any] = {"metric": code["metric"], "new": code["new"], "models": models,
-                                "decision": code["alias"], "champion_value": code["champion_value"]}  # fmt: skip
+    decision: dict[str, Any] = {
+        "metric": code["metric"],
+        "new": code["new"],
+        "models": models,
+        "decision": code["alias"],
+        "champion_value": code["champion_value"],
+    }
     numbers: dict[str, float] = {
         "register/new": code["new"],
         "register/promoted": float(code["alias"] == "champion"),

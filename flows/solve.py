@@ -151,7 +151,8 @@ MODEL_HELP = (
 
 
 def registry_aware(cfg: Config, role: str, override: str | None) -> str | None:
-    """``--<role>-model`` with ``models:/`` URIs and the champion default resolved (:func:`tracking.registry.cli_model`);
+    """``--<role>-model`` with ``models:/`` URIs and the champion default resolved
+    (:func:`tracking.registry.cli_model`);
     the choice is said on stderr, so stdout stays the result."""
     from tracking.registry import cli_model
 

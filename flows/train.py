@@ -103,8 +103,12 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
     train_set, val_set = load_problems(cfg)
     train_set, dropped = drop_overlong_problems(train_set, cfg)
     if dropped:
-        log.warning("train: %d problems dropped, code prompt > data.max_prompt_tokens=%d tokens (first: %s)",
-                    len(dropped), cfg.data.max_prompt_tokens, ", ".join(dropped[:5]))  # fmt: skip
+        log.warning(
+            "train: %d problems dropped, code prompt > data.max_prompt_tokens=%d tokens (first: %s)",
+            len(dropped),
+            cfg.data.max_prompt_tokens,
+            ", ".join(dropped[:5]),
+        )
     total = training_steps(cfg, len(train_set))
     fingerprint = batches.config_fingerprint(cfg.flat())
     state = resume.resume_or_start(out_dir, cfg.orchestration.resume, fingerprint, total, cfg.flat())
@@ -125,10 +129,26 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
         if state["path"] is not None:
             for role, pol in policies.items():
                 pol.load(state["path"] / role)
-    log.info("train: mode=%s, %d problems, %d steps, resuming after iteration %d", cfg.mode, len(train_set), total,
-             state["iteration"])  # fmt: skip
-    return TrainRun(cfg, train_set, val_set, total, state["iteration"], fingerprint, policies, book, tracker,
-                    state["history"], out_dir)  # fmt: skip
+    log.info(
+        "train: mode=%s, %d problems, %d steps, resuming after iteration %d",
+        cfg.mode,
+        len(train_set),
+        total,
+        state["iteration"],
+    )
+    return TrainRun(
+        cfg,
+        train_set,
+        val_set,
+        total,
+        state["iteration"],
+        fingerprint,
+        policies,
+        book,
+        tracker,
+        state["history"],
+        out_dir,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -255,10 +275,11 @@ def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict
     overrides = list(overrides or [])
     cfg = stage_config(params, overrides)
     return dist_train.run_ranks(  # nproc_per_node > 1: under torchrun; rank > 0: the loop, no Prefect or tracking
-        cfg, ["--params", params, *overrides],
+        cfg,
+        ["--params", params, *overrides],
         main=lambda: run_endings.run_guarded(cfg, lambda: train_flow(params=params, overrides=overrides)),
         other=lambda: train(flow_config(params, overrides)),
-    )  # fmt: skip
+    )
 
 
 if __name__ == "__main__":

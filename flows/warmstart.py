@@ -90,8 +90,12 @@ def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
     tmp = temp_dir_for(root)  # built whole, then swapped in: a failed run leaves the previous outputs
     shutil.rmtree(tmp, ignore_errors=True)
     if not dirs:  # user models: nothing to build; stale tiny models must not linger beside this verdict
-        metrics = {"skipped": True, "reason": f"model.code_path/test_path are not inside {root}",
-                   "code_path": cfg.model.code_path, "test_path": cfg.model.test_path}  # fmt: skip
+        metrics = {
+            "skipped": True,
+            "reason": f"model.code_path/test_path are not inside {root}",
+            "code_path": cfg.model.code_path,
+            "test_path": cfg.model.test_path,
+        }
         _write_metrics(tmp / "metrics.json", metrics)
         replace_dir(tmp, root)
         return metrics
@@ -99,8 +103,13 @@ def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
         base = stage_task(build_base, cfg, tmp / "base")
         t_base = time.perf_counter() - t0
         problems = training_problems(cfg)
-        metrics: dict[str, Any] = {"skipped": False, "n_problems": len(problems), "time/base_s": t_base,
-                                   "param_count": _param_count(base), "mode": cfg.mode}  # fmt: skip
+        metrics: dict[str, Any] = {
+            "skipped": False,
+            "n_problems": len(problems),
+            "time/base_s": t_base,
+            "param_count": _param_count(base),
+            "mode": cfg.mode,
+        }
         for role, rel in dirs.items():
             t_role = time.perf_counter()
             role_problems = warmstart_code_problems(lab, problems) if role == "code" else problems
@@ -133,8 +142,10 @@ def summary_line(metrics: dict[str, Any]) -> str:
     if metrics["skipped"]:
         return f"warmstart: skipped ({metrics['reason']})"
     losses = ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items()) if k.endswith("_loss"))
-    return (f"warmstart: {metrics['param_count']:,} params, {metrics['n_problems']} problems, {losses}, "
-            f"{metrics['time/total_s']:.0f} s -> {WARMSTART_DIR}/")  # fmt: skip
+    return (
+        f"warmstart: {metrics['param_count']:,} params, {metrics['n_problems']} problems, {losses}, "
+        f"{metrics['time/total_s']:.0f} s -> {WARMSTART_DIR}/"
+    )
 
 
 def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, Any]:

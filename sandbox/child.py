@@ -162,7 +162,8 @@ def _deny_layers(settings: dict, isolation: dict, ctx: dict) -> None:
     """Prepare, once per worker, the deny-by-default layers the zygote and each child apply
     (``sandbox/zygote.py``): a fresh anonymous session keyring (the worker joins one first, so not even
     it possesses the trusted parent's), the Landlock ruleset and the per-call scope ruleset
-    (``sandbox/landlock.py``), the seccomp allow-list's two filters (``sandbox/syscall_filter.py``). ``settings["deny"]``: ``on`` (default), ``off`` (the
+    (``sandbox/landlock.py``), the seccomp allow-list's two filters (``sandbox/syscall_filter.py``).
+    ``settings["deny"]``: ``on`` (default), ``off`` (the
     benchmark's baseline) or ``kill`` (the allow-list's measurement: a denied call kills the process).
     ``isolation`` gets one line per layer: active, or why not."""
     deny = settings.get("deny", "on")

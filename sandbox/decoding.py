@@ -19,7 +19,8 @@ decoder does not need for trusted bytes:
 
 Rejections raise :class:`ResultRejected` (the call is ``unsupported_output``); malformed bytes raise
 ``ValueError`` as in ``values.decode``. :func:`outcomes_of` turns one program's reported calls into
-``CallOutcome`` objects this way (shared by the process and Docker backends). What it does not do: encode, compare, or run any code of the
+``CallOutcome`` objects this way (shared by the process and Docker backends). What it does not do: encode,
+compare, or run any code of the
 program (no ``__hash__``/``__eq__`` of user classes can be reached: only plain types are built).
 """
 

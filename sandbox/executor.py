@@ -43,7 +43,8 @@ Linux it provides, per program:
     once (default ``EPERM``: the program gets a ``PermissionError``, the worker lives; keyrings, ptrace,
     the mount family, namespace creation, bpf, perf, userfaultfd, io_uring, inotify/fanotify, file
     locks, ``socket``/``connect`` and more are denied; the zygote's few set-up calls only with its own
-    arguments, useless without the privileges the child dropped) and joins a Landlock domain (kernel permitting: read-only interpreter and
+    arguments, useless without the privileges the child dropped) and joins a Landlock domain (kernel
+    permitting: read-only interpreter and
     system directories, read-write private tmp, nothing else, not /sys; TCP, abstract Unix sockets and
     signals scoped); the worker joins a fresh anonymous session keyring at start (the trusted parent's
     is never possessed), which its children share but cannot use (every keyring call is denied; without
@@ -119,8 +120,10 @@ zygote's loop are closures with their names bound once, libraries are bound at s
 (``LD_BIND_NOW``), and the worker takes small frames arriving together in one wake-up
 (``_supervise``). ``tests/sandbox/test_sandbox_cost.py`` counts the faults; ``bench/sandbox_bench.py`` the CPU.
 
-Run its tests: ``pytest tests/sandbox/test_sandbox.py tests/sandbox/test_sandbox_hostile.py tests/sandbox/test_sandbox_cost.py
-tests/sandbox/test_sandbox_deny.py tests/sandbox/test_sandbox_allowlist.py``; the benchmark: ``python bench/sandbox_bench.py``
+Run its tests: ``pytest tests/sandbox/test_sandbox.py tests/sandbox/test_sandbox_hostile.py
+tests/sandbox/test_sandbox_cost.py
+tests/sandbox/test_sandbox_deny.py tests/sandbox/test_sandbox_allowlist.py``; the benchmark: ``python
+bench/sandbox_bench.py``
 (``--deny-compare``: CPU per program with the deny-by-default layers and without).
 """
 

@@ -12,7 +12,8 @@ ruleset each call's process joins (``sandbox/harness.py``): it can then signal n
 
 Rules are bound to inodes (a rule on a mount point hidden by a later mount is ignored): after a program
 whose private tmpfs was replaced by a fresh one the zygote builds the ruleset again, onto the same
-descriptor (``sandbox/zygote.py``, ``_clean_tmp``; programs that leave their tmpfs empty cost nothing). Where the kernel has no Landlock (or a seccomp profile hides it,
+descriptor (``sandbox/zygote.py``, ``_clean_tmp``; programs that leave their tmpfs empty cost nothing). Where
+the kernel has no Landlock (or a seccomp profile hides it,
 as in a container) nothing is restricted and ``ex.isolation["landlock"]`` says why.
 
 What it does not cover: files under the granted directories (world-readable host files in /etc, /usr,

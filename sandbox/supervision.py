@@ -61,7 +61,8 @@ def _supervise(
 
     Small frames coming fast are taken together: first, and after a wake-up that brought fewer than
     :data:`_COALESCE_BYTES` before the program was defined or within :data:`_COALESCE_MS` of the
-    previous ones, the wait is on the child's exit only, for at most :data:`_COALESCE_MS` (never past a deadline), then whatever arrived is read
+    previous ones, the wait is on the child's exit only, for at most :data:`_COALESCE_MS` (never past a
+    deadline), then whatever arrived is read
     at once. Why: every frame woke the worker (a context switch, often a cross-CPU wake-up, and a pass
     of this loop), three per trivial program and one per call; a frame's arrival time is then known to
     within that window, which no time limit (seconds) can notice. A window that brings nothing ends the

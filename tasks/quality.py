@@ -288,11 +288,19 @@ def gx_gate_tests(
     counts = dict(Counter(r for r in reasons if r != OK))
     rate = float((~accepted).sum() / n) if n else 0.0
     report = {
-        "n_rows": n, "accepted": int(accepted.sum()), "rejected_rate": rate, "counts": counts,
+        "n_rows": n,
+        "accepted": int(accepted.sum()),
+        "rejected_rate": rate,
+        "counts": counts,
         "max_rejected_frac": cfg.max_rejected_frac,
-        "examples": {r: frame.loc[reasons == r, ["problem_id", "suite_id", "call"]].head(3).astype(str)
-                     .to_dict("records") for r in counts},
-    }  # fmt: skip
+        "examples": {
+            r: frame.loc[reasons == r, ["problem_id", "suite_id", "call"]]
+            .head(3)
+            .astype(str)
+            .to_dict("records")
+            for r in counts
+        },
+    }
     too_many = n > 0 and rate > cfg.max_rejected_frac
     path = (
         Path(report_path) if report_path else (DEFAULT_REPORT_DIR / "gate_tests.json" if too_many else None)

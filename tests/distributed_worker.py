@@ -68,21 +68,40 @@ def book_run(world: int, rank: int) -> dict:
 
 
 RANK_ROWS = [  # one step's rank-local metrics on each rank (flows.distributed.reduce_row)
-    {"test/rejected_rate": 0.5, "test/gate_rows": 2.0, "sandbox/timeout_rate": 0.0, "sandbox/calls": 10.0,
-     "code/reward_mean": 0.25, "time/execute_s": 1.0},
-    {"test/rejected_rate": 0.1, "test/gate_rows": 10.0, "sandbox/timeout_rate": 0.2, "sandbox/calls": 5.0,
-     "code/reward_mean": 0.25, "time/execute_s": 3.0},
-]  # fmt: skip
+    {
+        "test/rejected_rate": 0.5,
+        "test/gate_rows": 2.0,
+        "sandbox/timeout_rate": 0.0,
+        "sandbox/calls": 10.0,
+        "code/reward_mean": 0.25,
+        "time/execute_s": 1.0,
+    },
+    {
+        "test/rejected_rate": 0.1,
+        "test/gate_rows": 10.0,
+        "sandbox/timeout_rate": 0.2,
+        "sandbox/calls": 5.0,
+        "code/reward_mean": 0.25,
+        "time/execute_s": 3.0,
+    },
+]
 
 
 def make_cfg(finetune: str) -> Config:
     # Tiny micro-batches and 2 mini-batches: ranks then hold different numbers of micro-batches (padding)
     # and a mini-batch straddles the ranks' shards (the global-order slices of distributed.py).
-    return Config().replace(**{
-        "model.device": "cpu", "model.finetune": finetune, "model.lora_target_modules": ["q_proj", "v_proj"],
-        "grpo.lr": 1.0e-3, "grpo.warmup_steps": 1, "grpo.mini_batches": 2, "grpo.micro_batch_tokens": 40,
-        "grpo.weight_decay": 0.0,
-    })  # fmt: skip
+    return Config().replace(
+        **{
+            "model.device": "cpu",
+            "model.finetune": finetune,
+            "model.lora_target_modules": ["q_proj", "v_proj"],
+            "grpo.lr": 1.0e-3,
+            "grpo.warmup_steps": 1,
+            "grpo.mini_batches": 2,
+            "grpo.micro_batch_tokens": 40,
+            "grpo.weight_decay": 0.0,
+        }
+    )
 
 
 def problem_batch(role: str, vocab: int) -> list[TrainBatch]:
@@ -103,9 +122,10 @@ def problem_batch(role: str, vocab: int) -> list[TrainBatch]:
 
 def concat(parts: list[TrainBatch]) -> TrainBatch:
     return TrainBatch(
-        [p for b in parts for p in b.prompt_ids], [c for b in parts for c in b.completion_ids],
+        [p for b in parts for p in b.prompt_ids],
+        [c for b in parts for c in b.completion_ids],
         [a for b in parts for a in b.advantages],
-    )  # fmt: skip
+    )
 
 
 def trainable(pol: Policy) -> dict[str, torch.Tensor]:

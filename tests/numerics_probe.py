@@ -2,7 +2,8 @@
 
 ``python tests/numerics_probe.py WORKDIR PREPARED_DIR [key=value ...]`` runs, in ``WORKDIR``, the warm start
 (a tiny lab model, one SFT epoch), 2 training steps and the evaluation — the real stage flows, as ``dvc repro``
-runs them — on the prepared sets in ``PREPARED_DIR`` (prepared first when absent), then prints one JSON line: the SHA-256 of every trained
+runs them — on the prepared sets in ``PREPARED_DIR`` (prepared first when absent), then prints one JSON line:
+the SHA-256 of every trained
 weight file, the warm start's losses, the training history and every evaluation metric. Timings are left out:
 everything printed is decided by the seed and the CPU kernels. A config the stages refuse exits 2 with the
 stage's one-line error on stderr, as the stages do.
@@ -20,14 +21,33 @@ from pathlib import Path
 import flows  # noqa: F401  (first: the process defaults, before torch loads)
 
 TINY = [
-    "lab.train_per_family=1", "lab.heldout_per_family=1", "lab.hidden_size=32", "lab.num_layers=1",
-    "lab.num_heads=2", "lab.intermediate_size=64", "lab.vocab_size=512",
-    "lab.warmstart_epochs=1", "lab.warmstart_code_epochs=1", "lab.warmstart_code_problems_per_family=1",
-    "lab.warmstart_batch_size=4", "data.train_batch_size=2", "rollout.n_code=2", "rollout.n_tests=2",
-    "rollout.max_new_tokens_code=24", "rollout.max_new_tokens_test=24", "orchestration.max_steps=2",
-    "grpo.warmup_steps=1", "eval.n_samples=4", "eval.k_list=[1]", "eval.max_new_tokens=24", "eval.every=0",
-    "eval.max_mutants=2", "eval.baseline=false", "tracking.backend=null", "sandbox.workers=1",
-]  # fmt: skip
+    "lab.train_per_family=1",
+    "lab.heldout_per_family=1",
+    "lab.hidden_size=32",
+    "lab.num_layers=1",
+    "lab.num_heads=2",
+    "lab.intermediate_size=64",
+    "lab.vocab_size=512",
+    "lab.warmstart_epochs=1",
+    "lab.warmstart_code_epochs=1",
+    "lab.warmstart_code_problems_per_family=1",
+    "lab.warmstart_batch_size=4",
+    "data.train_batch_size=2",
+    "rollout.n_code=2",
+    "rollout.n_tests=2",
+    "rollout.max_new_tokens_code=24",
+    "rollout.max_new_tokens_test=24",
+    "orchestration.max_steps=2",
+    "grpo.warmup_steps=1",
+    "eval.n_samples=4",
+    "eval.k_list=[1]",
+    "eval.max_new_tokens=24",
+    "eval.every=0",
+    "eval.max_mutants=2",
+    "eval.baseline=false",
+    "tracking.backend=null",
+    "sandbox.workers=1",
+]
 """The short run: one problem per lab family, a 32-wide one-layer model, a few SFT steps, 2 GRPO steps of 2
 problems, a 4-sample evaluation."""
 

@@ -66,8 +66,9 @@ def build_tiny(out_dir: Path) -> Path:
     from codea1_core.models.tiny_model import build_tiny_model
 
     corpus = tokenizer_corpus(Config().lab, k=8)[:300]
-    return build_tiny_model(out_dir, corpus, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
-                            vocab_size=512)  # fmt: skip
+    return build_tiny_model(
+        out_dir, corpus, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, vocab_size=512
+    )
 
 
 def tiny_config(tmp: Path, model: Path, **overrides: object) -> Config:
@@ -308,13 +309,33 @@ def both_paths(pol: Policy, prompts: list, n: int, sp: SamplingParams, monkeypat
 
 
 STEP_CONFIGS = {
-    "lab": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
-            "intermediate_size": 256, "vocab_size": 1529},
-    "gqa": {"hidden_size": 96, "num_hidden_layers": 3, "num_attention_heads": 6, "num_key_value_heads": 2,
-            "intermediate_size": 200, "vocab_size": 777, "rope_theta": 1000000.0},
-    "eager": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "intermediate_size": 128, "vocab_size": 400, "attn_implementation": "eager"},
-}  # fmt: skip
+    "lab": {
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "intermediate_size": 256,
+        "vocab_size": 1529,
+    },
+    "gqa": {
+        "hidden_size": 96,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "intermediate_size": 200,
+        "vocab_size": 777,
+        "rope_theta": 1000000.0,
+    },
+    "eager": {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 400,
+        "attn_implementation": "eager",
+    },
+}
 
 
 def random_qwen2(name: str, lora: bool = False):
@@ -420,7 +441,7 @@ def make_repo(repo: Path, model: Path, repo_root: Path) -> dict[str, str]:
         "plots": [
             {"outputs/train/history.csv": {"cache": False, "x": "iteration"}},
             {"outputs/train/plots/training.png": {"cache": False}},
-        ],  # fmt: skip
+        ],
     }
     (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"train": stage}}, sort_keys=False))
     from prefect.settings import PREFECT_API_URL

@@ -1,6 +1,7 @@
 """``make lab-compare``: the paper's comparison in small, as DVC experiments (docs/method.md §14, §15, D10).
 
-What it does: one DVC experiment per (mode, seed) — the arms of ``codea1_core.evaluation.comparison.MODES``: ``golden_sparse``
+What it does: one DVC experiment per (mode, seed) — the arms of ``codea1_core.evaluation.comparison.MODES``:
+``golden_sparse``
 (golden tests as scarce as real data's), ``golden_boundary`` (exhaustive boundary tests: the oracle ceiling),
 ``selfplay``, ``codea1``, ``codea1`` without the Mistake Book (``codea1_nomb``) and at α = 0 / 1 (``codea1_a0``,
 ``codea1_a1``), and ``codea1_boundary`` (codea1 with the boundary tests; ``codea1`` is the default
@@ -23,7 +24,8 @@ keeps them versioned): otherwise the comparison stops with a clear error before 
 comparison holds ``.dvc/tmp/lab_compare.lock`` (``flock``): a second one in the same repo, which would share
 DVC's queue and edit the same ``params.yaml`` while queueing, stops with a clear error; ``--collect-only`` takes
 no lock and reads only results: ``<out>/runs/<name>/`` when that holds the experiments (a published
-comparison, ``docs/lab_compare/``), else the experiment commits. MLflow: queued runs log to their temp copy's ``mlflow/`` store (dropped with it).
+comparison, ``docs/lab_compare/``), else the experiment commits. MLflow: queued runs log to their temp copy's
+``mlflow/`` store (dropped with it).
 Prepare and warmstart are shared through DVC (unchanged stage / run cache) only where their params agree:
 both read ``seed`` and ``lab.golden_tests`` and warmstart also reads ``mode``, so they run once per seed (and
 coverage, and mode) — except where an experiment's params for them equal the committed ``dvc.lock``'s (seed 1
@@ -309,10 +311,15 @@ def write_outputs(out: Path, results: Sequence[RunResult], wall_s: float) -> str
             )
             write_text_atomic(out / "runs" / res.experiment.name / HISTORY_JSON, json.dumps(res.history))
     experiments = {
-        r.experiment.name: {"mode": r.experiment.mode, "seed": r.experiment.seed,
-                            "overrides": list(r.experiment.overrides), "error": r.error or None, **r.run}
+        r.experiment.name: {
+            "mode": r.experiment.mode,
+            "seed": r.experiment.seed,
+            "overrides": list(r.experiment.overrides),
+            "error": r.error or None,
+            **r.run,
+        }
         for r in results
-    }  # fmt: skip
+    }
     timed = [r.run["wall_s"] for r in results if isinstance(r.run.get("wall_s"), int | float)]
     experiments_wall_s = round(sum(timed), 1) if timed and len(timed) == len(results) else None
     commits = sorted({str(r.run["commit"]) for r in results if r.run.get("commit")})
@@ -399,8 +406,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wall time: {wall_s:.0f} s ({wall_s / 60:.1f} min); outputs in {out}")
         timed = [r.run["wall_s"] for r in results if isinstance(r.run.get("wall_s"), int | float)]
         if timed:
-            print(f"experiments' own wall time, summed over every session that ran them: {sum(timed) / 60:.1f} min "
-                  f"({len(timed)} of {len(results)} timed)")  # fmt: skip
+            print(
+                f"experiments' own wall time, summed over every session that ran them: {sum(timed) / 60:.1f} min "
+                f"({len(timed)} of {len(results)} timed)"
+            )
         outcome["failed"] = sum(1 for r in results if r.error)
 
     code = run_user_errors(run)

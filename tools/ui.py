@@ -51,9 +51,19 @@ def commands(prefect_port: int, mlflow_port: int, tracking_uri: str, artifacts: 
     """The two server command lines."""
     return [
         [_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
-        [_bin("mlflow"), "ui", "--host", "127.0.0.1", "--port", str(mlflow_port),
-         "--backend-store-uri", tracking_uri, "--default-artifact-root", artifacts],
-    ]  # fmt: skip
+        [
+            _bin("mlflow"),
+            "ui",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(mlflow_port),
+            "--backend-store-uri",
+            tracking_uri,
+            "--default-artifact-root",
+            artifacts,
+        ],
+    ]
 
 
 def stop(procs: list[subprocess.Popen], grace_s: float = 15.0) -> None:

@@ -192,7 +192,8 @@ class MlflowTracker:
     def register(self, role: str, model_dir: str | Path, step: int) -> str | None:
         """Log an exported HF model dir as an MLflow 3 *logged model* (the Models tab; ``transformers`` flavour
         plus the chat ``python_function`` of :func:`tracking.packaging.add_chat_flavour`), linked to this run,
-        and register it as a version of ``codea1-<role>`` (``mlflow.transformers.load_model("models:/codea1-code@champion")``
+        and register it as a version of ``codea1-<role>``
+        (``mlflow.transformers.load_model("models:/codea1-code@champion")``
         loads it, ``mlflow models serve -m models:/codea1-code@champion`` serves it)."""
         import tempfile
 

@@ -90,8 +90,16 @@ class AttackPlan:
                 agreed.append(Finding(t.call, t.answer, repr(got.value), n))
             else:
                 wrong.append(Finding(t.call, t.answer, repr(got.value), n))
-        return AttackReport(self.problem.entry_point, len(self.tests), tuple(agreed), _ranked(wrong),
-                            _ranked(errors), tuple(invalid), self.unparsed, self.suites)  # fmt: skip
+        return AttackReport(
+            self.problem.entry_point,
+            len(self.tests),
+            tuple(agreed),
+            _ranked(wrong),
+            _ranked(errors),
+            tuple(invalid),
+            self.unparsed,
+            self.suites,
+        )
 
 
 def _ranked(findings: list[Finding]) -> tuple[Finding, ...]:

@@ -35,9 +35,26 @@ from codea1_core.types import ParsedTest, literal_value
 OK = "ok"
 DUPLICATE = "duplicate"
 FORBIDDEN_NAMES = frozenset(
-    {"eval", "exec", "compile", "open", "input", "breakpoint", "globals", "locals", "vars", "getattr",
-     "setattr", "delattr", "exit", "quit", "importlib", "help", "memoryview"}
-)  # fmt: skip
+    {
+        "eval",
+        "exec",
+        "compile",
+        "open",
+        "input",
+        "breakpoint",
+        "globals",
+        "locals",
+        "vars",
+        "getattr",
+        "setattr",
+        "delattr",
+        "exit",
+        "quit",
+        "importlib",
+        "help",
+        "memoryview",
+    }
+)
 _PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError)
 _SUSPECT = re.compile(r"__|:=|\b(?:await|yield|" + "|".join(sorted(FORBIDDEN_NAMES)) + r")\b")
 _INT = r"-?(?:0|[1-9][0-9]*)"

@@ -25,9 +25,22 @@ from pathlib import Path
 
 import torch
 
-CBWR_BRANCHES = {0: "OFF", 1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1",
-                 8: "SSE4_2", 9: "AVX", 10: "AVX2", 11: "AVX512_MIC", 12: "AVX512", 13: "AVX512_MIC_E1",
-                 14: "AVX512_E1"}  # fmt: skip
+CBWR_BRANCHES = {
+    0: "OFF",
+    1: "OFF",
+    2: "AUTO",
+    3: "COMPATIBLE",
+    4: "SSE2",
+    6: "SSSE3",
+    7: "SSE4_1",
+    8: "SSE4_2",
+    9: "AVX",
+    10: "AVX2",
+    11: "AVX512_MIC",
+    12: "AVX512",
+    13: "AVX512_MIC_E1",
+    14: "AVX512_E1",
+}
 """``mkl_cbwr_get(MKL_CBWR_BRANCH)`` values (``mkl_cbwr.h``); ``OFF``: no CNR, MKL picks kernels per CPU and call."""
 
 _MKL_CBWR_BRANCH = 1
@@ -61,7 +74,8 @@ def batch_invariant_gemm() -> bool:
 
     True only in MKL's ``COMPATIBLE`` branch: measured (torch 2.13, MKL 2024.2, AMD EPYC), MKL's default mode
     rounds a small batched GEMM (``[9, 16] x [16, 9]`` per batch) differently for 8 and 14 batches, and its
-    other branches pick kernels per CPU. ``tests/core/models/cpu_decode/test_shared_decode.py`` checks the split decode under it.
+    other branches pick kernels per CPU. ``tests/core/models/cpu_decode/test_shared_decode.py`` checks the
+    split decode under it.
     """
     return mkl_cbwr_branch() == "COMPATIBLE"
 

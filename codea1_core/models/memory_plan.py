@@ -84,8 +84,15 @@ class ModelShape:
     def projections(self) -> dict[str, tuple[int, int]]:
         """(in, out) features of each linear module of one decoder layer, by its HF name."""
         h, kv, i = self.hidden, self.kv_dim, self.intermediate
-        return {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}  # fmt: skip
+        return {
+            "q_proj": (h, h),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (h, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
 
     def param_count(self) -> int:
         """All parameters (embedding, layers, final norm, untied LM head)."""
@@ -133,7 +140,8 @@ def n_policies(cfg: Config) -> int:
 def activation_bytes_per_token_layer(shape: ModelShape, compute_bytes: int) -> float:
     """Bytes one token's pass through one decoder layer saves for backward (Qwen2/Llama layer, SDPA).
 
-    Counted with ``torch.autograd.graph.saved_tensors_hooks`` on a Qwen2 layer (``tests/core/models/test_memory_plan.py``
+    Counted with ``torch.autograd.graph.saved_tensors_hooks`` on a Qwen2 layer
+    (``tests/core/models/test_memory_plan.py``
     checks it on other shapes): about 7 hidden-sized tensors (norm outputs, q, rotary q, attention output,
     o_proj input, residuals), 3 key/value-sized ones (k, rotary k, v) and 4 intermediate-sized ones (gate,
     up, silu(gate), their product). In a half dtype each RMSNorm also keeps a float32 copy of its input.
@@ -216,8 +224,10 @@ def estimate(
         parts["fsdp_gather"] = 2 * (n / max(1, shape.layers)) * compute
         # the whole copy each rank samples from (distributed.whole_copy), in the compute dtype
         parts["sampling_copy"] = pols * (n * compute + (0 if full else trainable * 4))
-    notes = [f"{pols} polic{'ies' if pols > 1 else 'y'}, {n / 1e9:.2f}B parameters each, "
-             f"{'full' if full else 'LoRA'} ({trainable / 1e6:.1f}M trainable), {dtype} compute"]  # fmt: skip
+    notes = [
+        f"{pols} polic{'ies' if pols > 1 else 'y'}, {n / 1e9:.2f}B parameters each, "
+        f"{'full' if full else 'LoRA'} ({trainable / 1e6:.1f}M trainable), {dtype} compute"
+    ]
     if ranks > 1:
         notes.append(f"per rank of {ranks} ({strategy}); each rank rolls out and updates B/{ranks} problems")
     if on_gpu:

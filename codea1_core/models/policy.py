@@ -3,7 +3,8 @@
 What it does: loads an HF causal LM + tokenizer, wraps it in a LoRA adapter (``model.finetune == "lora"``;
 the reference policy is the same model with the adapter disabled, docs/method.md D8) or keeps a frozen
 reference copy (``full``); samples completions in left-padded batches (:meth:`Policy.generate`: through
-:mod:`codea1_core.models.cpu_decode.engine` where that reproduces HF ``generate`` token for token, else ``generate``); runs one
+:mod:`codea1_core.models.cpu_decode.engine` where that reproduces HF ``generate`` token for token, else
+``generate``); runs one
 GRPO training step (:meth:`Policy.step`, docs/method.md §3 steps 13-15 and §10) with its own AdamW optimizer
 and warm-up + cosine schedule; saves/loads resumable checkpoints and exports merged HF model directories.
 Two ``Policy`` objects (code and test) live in one process and never share parameters or optimizers.
@@ -199,13 +200,15 @@ class Policy:
         self.fast_generate = True
         """Sample through :mod:`codea1_core.models.cpu_decode.engine` where it supports the model (False: always HF)."""
         self.share_prompt = cfg.rollout.share_prompt
-        """Fast path: one prefill and one key/value copy per prompt (``rollout.share_prompt``; False: bitwise ``generate``)."""
+        """Fast path: one prefill and one key/value copy per prompt (``rollout.share_prompt``; False: bitwise
+        ``generate``)."""
         self.dist_module: Any = None
         """DDP / FSDP2 wrapper of the log-prob forward (:func:`codea1_core.models.distributed.wrap_policy`)."""
         self.data_parallel: Any = None
         """:class:`codea1_core.models.distributed.DataParallel` when the update is reduced over ranks."""
         self.whole_model: Any = None
-        """FSDP2: a plain copy of the weights to sample from and export (``distributed.whole_copy``); None: ``model``."""
+        """FSDP2: a plain copy of the weights to sample from and export (``distributed.whole_copy``); None:
+        ``model``."""
         self.gathered: dict | None = None
         """FSDP2: the checkpoint state gathered to rank 0 since the last update (``distributed.gather_for_save``)."""
         self.rebuild_optimizer()
@@ -331,7 +334,8 @@ class Policy:
         return warpers
 
     def _fast_unsupported(self) -> str | None:
-        """Why :mod:`codea1_core.models.cpu_decode.engine` cannot stand in for ``generate`` here (None: it can); logged once."""
+        """Why :mod:`codea1_core.models.cpu_decode.engine` cannot stand in for ``generate`` here (None: it
+        can); logged once."""
         from codea1_core.models import cpu_decode
 
         reason = cpu_decode.unsupported_reason(self.whole)
@@ -572,9 +576,18 @@ class Policy:
                 # Dividing by the mini-batch's token count makes the sum over micro-batches its token mean
                 # (§10); over W ranks the count is global and DDP/FSDP2 average gradients, hence x W.
                 loss, parts = policy_loss(
-                    lp, old_t, ref_t, adv, cmask, g.clip_low, g.clip_high, g.dual_clip_c, g.kl_coef,
-                    g.kl_clamp, num_tokens_total=mb_tokens,
-                )  # fmt: skip
+                    lp,
+                    old_t,
+                    ref_t,
+                    adv,
+                    cmask,
+                    g.clip_low,
+                    g.clip_high,
+                    g.dual_clip_c,
+                    g.kl_coef,
+                    g.kl_clamp,
+                    num_tokens_total=mb_tokens,
+                )
                 (loss * world if world > 1 else loss).backward()
             sums["entropy"] += float((ent * cmask).sum())
             w = parts["tokens"]

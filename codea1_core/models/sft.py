@@ -35,8 +35,9 @@ def progress_callback(label: str) -> Any:
     class Progress(TrainerCallback):
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.t0 = time.perf_counter()
-            self.bar = tqdm(total=state.max_steps, desc=f"sft {label}", disable=not sys.stderr.isatty(),
-                            leave=False)  # fmt: skip
+            self.bar = tqdm(
+                total=state.max_steps, desc=f"sft {label}", disable=not sys.stderr.isatty(), leave=False
+            )
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.bar.update(1)
@@ -47,9 +48,17 @@ def progress_callback(label: str) -> Any:
             spent = time.perf_counter() - self.t0
             left = spent / max(state.global_step, 1) * (state.max_steps - state.global_step)
             epochs = int(round(args.num_train_epochs))
-            log.info("sft %s: epoch %d/%d  loss %.4f  step %d/%d  %.0f s  ETA %.0f s", label,
-                     round(state.epoch or 0), epochs, logs["loss"], state.global_step, state.max_steps, spent,
-                     left)  # fmt: skip
+            log.info(
+                "sft %s: epoch %d/%d  loss %.4f  step %d/%d  %.0f s  ETA %.0f s",
+                label,
+                round(state.epoch or 0),
+                epochs,
+                logs["loss"],
+                state.global_step,
+                state.max_steps,
+                spent,
+                left,
+            )
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.bar.close()

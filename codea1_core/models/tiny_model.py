@@ -12,7 +12,8 @@ What it does:
 
 What it does not: pretrain anything (the lab's warm start does that through :mod:`codea1_core.models.sft`).
 
-Run: ``python -c "from codea1_core.models.tiny_model import build_tiny_model; build_tiny_model('/tmp/tiny', ['def f(): pass'])"``
+Run: ``python -c "from codea1_core.models.tiny_model import build_tiny_model; build_tiny_model('/tmp/tiny',
+['def f(): pass'])"``
 """
 
 from __future__ import annotations

@@ -30,14 +30,31 @@ import runpy
 runpy.run_path({str(ROOT / "bench" / "gpu_step_bench.py")!r}, run_name="__main__")
 """
 )
-PHASES = {"load_lora", "rollout_code", "rollout_tests", "parse_plan", "sandbox", "rewards", "mistake_book",
-          "update_code_lora", "update_test_lora", "load_full", "update_code_full"}  # fmt: skip
+PHASES = {
+    "load_lora",
+    "rollout_code",
+    "rollout_tests",
+    "parse_plan",
+    "sandbox",
+    "rewards",
+    "mistake_book",
+    "update_code_lora",
+    "update_test_lora",
+    "load_full",
+    "update_code_full",
+}
 
 
 def run_bench(tmp_path: Path, *args: str, timeout: int) -> tuple[dict, str]:
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-c", RUNNER, *args, "--json", str(out)], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT, env={"OMP_NUM_THREADS": "1", "PATH": ""})  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNNER, *args, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={"OMP_NUM_THREADS": "1", "PATH": ""},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text()), proc.stdout
 
@@ -59,8 +76,23 @@ def check(result: dict, stdout: str, steps: int) -> None:
 @pytest.mark.timeout(900)  # the bench subprocess may take 600 s
 @pytest.mark.e2e
 def test_shrunken_bench_runs_the_core_path_on_cpu(tmp_path):
-    args = ["--shrink", "--device", "cpu", "--steps", "2", "--problems", "2", "--n-code", "2", "--n-tests", "2",
-            "--new-tokens", "12", "--workers", "1"]  # fmt: skip
+    args = [
+        "--shrink",
+        "--device",
+        "cpu",
+        "--steps",
+        "2",
+        "--problems",
+        "2",
+        "--n-code",
+        "2",
+        "--n-tests",
+        "2",
+        "--new-tokens",
+        "12",
+        "--workers",
+        "1",
+    ]
     result, stdout = run_bench(tmp_path, *args, timeout=600)
     check(result, stdout, steps=2)
     assert result["config"]["num_hidden_layers"] == 2  # shrunken
@@ -79,8 +111,13 @@ def test_config_and_memory_plan_need_no_pyyaml():
 
 @pytest.mark.e2e
 def test_bench_rejects_bad_arguments_in_one_line():
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_step_bench.py"), "--steps", "0"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_step_bench.py"), "--steps", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2 and "--steps: expected >= 1" in proc.stderr and "Traceback" not in proc.stderr
 
 

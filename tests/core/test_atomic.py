@@ -110,9 +110,16 @@ def test_regression_prepared_parquet_gets_the_normal_file_mode(tmp_path: Path) -
     from codea1_core.data.prepared import save_prepared
     from codea1_core.types import Problem, TestCase
 
-    problem = Problem(id="t/1", source="mbpp", split="train", prompt="def f(x):\n", description="d",
-                      entry_point="f", reference_solution="def f(x):\n    return x\n",
-                      tests=(TestCase("f(1)", 1),))  # fmt: skip
+    problem = Problem(
+        id="t/1",
+        source="mbpp",
+        split="train",
+        prompt="def f(x):\n",
+        description="d",
+        entry_point="f",
+        reference_solution="def f(x):\n    return x\n",
+        tests=(TestCase("f(1)", 1),),
+    )
     path = save_prepared([problem], tmp_path / "train.parquet")
     assert _mode(path) == _umask_mode()
 

@@ -84,8 +84,11 @@ def test_absolute_params_from_another_folder_reads_the_projects_paths(tmp_path: 
     elsewhere.mkdir()
     proc = subprocess.run(
         [sys.executable, "-m", "flows.cli", "plan", "--params", str(root / "params.yaml"), "--gpu-gb", "80"],
-        cwd=elsewhere, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode in (0, 1), proc.stderr  # 1: does not fit; both mean the plan was made
     assert "memory plan for models/tiny" in proc.stdout, proc.stdout + proc.stderr

@@ -1,7 +1,8 @@
 """The reproducible numerics mode (``model.cpu_numerics``): which CPU kernels round the numbers, pinned and checked.
 
 Guards the bug where a fresh clone's ``make run`` on another x86-64 machine (another vendor, AVX-512) gave other
-numbers from the warm start on, and ``tests/core/models/test_shared_decode.py``'s bitwise split test failed there: MKL and
+numbers from the warm start on, and ``tests/core/models/cpu_decode/test_shared_decode.py``'s bitwise split
+test failed there: MKL and
 ATen picked that CPU's kernels, which round otherwise. The short-run test forces the kernel levels other CPUs
 would pick and asserts the same numbers; it also shows that the levels do change the numbers outside the mode.
 """
@@ -86,9 +87,12 @@ def test_native_session_env_sets_nothing(clean_env):
 def test_a_conflicting_variable_or_kernels_chosen_too_early_are_one_line_errors(clean_env):
     apply()
     clean_env.setenv("MKL_CBWR", "AUTO")
-    with pytest.raises(ConfigError, match=r"^model\.cpu_numerics: reproducible pins MKL_CBWR=COMPATIBLE, but the "
-                                          r"environment sets MKL_CBWR=AUTO \(unset it, or run with "
-                                          r"model\.cpu_numerics=native\)$"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^model\.cpu_numerics: reproducible pins MKL_CBWR=COMPATIBLE, but the "
+        r"environment sets MKL_CBWR=AUTO \(unset it, or run with "
+        r"model\.cpu_numerics=native\)$",
+    ):
         pin_numerics("reproducible")
     pin_numerics("native")  # native: the user's variable is theirs to set
     assert os.environ["MKL_CBWR"] == "AUTO"
@@ -172,14 +176,21 @@ def _short_runs(tmp_path: Path) -> None:
         "error: model.cpu_numerics: reproducible pins ATEN_CPU_CAPABILITY=avx2, but the environment sets "
         "ATEN_CPU_CAPABILITY=default (unset it, or run with model.cpu_numerics=native)"
     )
-    native = _probe(tmp_path / "native", prepared, {"ATEN_CPU_CAPABILITY": "default", NUMERICS_ENV: "native"},
-                    "model.cpu_numerics=native")  # fmt: skip
+    native = _probe(
+        tmp_path / "native",
+        prepared,
+        {"ATEN_CPU_CAPABILITY": "default", NUMERICS_ENV: "native"},
+        "model.cpu_numerics=native",
+    )
     native = _numbers(native, "native, ATen default")
     assert native["numerics"]["mkl_cbwr"] == "OFF" and native["numerics"]["aten_capability"] == "DEFAULT"
     assert "weights" in _differences(reference, native), "the kernel levels did not change a number"
 
 
-SPLIT_TEST = "tests/core/models/test_shared_decode.py::test_two_or_three_decode_processes_give_the_one_process_result_bitwise"
+SPLIT_TEST = (
+    "tests/core/models/cpu_decode/test_shared_decode.py"
+    "::test_two_or_three_decode_processes_give_the_one_process_result_bitwise"
+)
 LEVELS = [
     {"ATEN_CPU_CAPABILITY": "avx2"},
     {"ATEN_CPU_CAPABILITY": "default"},

@@ -101,9 +101,12 @@ def test_a_cut_download_is_resumed_with_range(server: str, fixture_release: Rele
 
 
 def test_a_cut_download_left_by_a_failed_run_is_resumed_by_the_next(
-    server: str, fixture_release: Release, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    server: str,
+    fixture_release: Release,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     Handler.files[fixture_release.file] = BODY
     Handler.cut_once.add(fixture_release.file)
     args = ["fetch", "humanevalplus", "--dir", str(tmp_path), "--mirror", server]

@@ -48,8 +48,17 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def two_rank_steps(tmp_path_factory, tiny_model_dir):
     out = tmp_path_factory.mktemp("dp")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(ROOT / "tests" / "distributed_worker.py"), str(tiny_model_dir), str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(ROOT / "tests" / "distributed_worker.py"),
+        str(tiny_model_dir),
+        str(out),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
@@ -96,8 +105,11 @@ def test_fsdp2_samples_checkpoints_and_resumes_like_one_process(two_rank_steps, 
     one = torch.load(two_rank_steps / f"{finetune}-fsdp2-{role}-w1.pt")
 
     def same(a: dict, b: dict) -> bool:  # the same tokens, log-probs within rounding
-        close = [math.isclose(x, y, rel_tol=1e-4, abs_tol=1e-5) for u, v in zip(a["logprobs"], b["logprobs"],
-                 strict=True) for x, y in zip(u, v, strict=True)]  # fmt: skip
+        close = [
+            math.isclose(x, y, rel_tol=1e-4, abs_tol=1e-5)
+            for u, v in zip(a["logprobs"], b["logprobs"], strict=True)
+            for x, y in zip(u, v, strict=True)
+        ]
         return a["tokens"] == b["tokens"] and all(close)
 
     assert all(one["sampled"]["tokens"])

@@ -50,11 +50,21 @@ def _alive(proc: psutil.Process) -> bool:
 @pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
 def test_failed_rank_stops_the_run_then_resume_on_one_rank(tmp_path: Path, fault: signal.Signals) -> None:
     model = build_tiny(tmp_path / "model")
-    cfg = tiny_config(tmp_path, model, **{
-        "data.train_batch_size": 4, "data.epochs": 20, "orchestration.max_steps": 4, "rollout.batch_size": 2,
-        "lab.train_per_family": 2, "model.cpu_threads": 1, "sandbox.workers": 1,
-        "distributed.nproc_per_node": 2, "distributed.timeout_s": TIMEOUT_S,
-    })  # fmt: skip
+    cfg = tiny_config(
+        tmp_path,
+        model,
+        **{
+            "data.train_batch_size": 4,
+            "data.epochs": 20,
+            "orchestration.max_steps": 4,
+            "rollout.batch_size": 2,
+            "lab.train_per_family": 2,
+            "model.cpu_threads": 1,
+            "sandbox.workers": 1,
+            "distributed.nproc_per_node": 2,
+            "distributed.timeout_s": TIMEOUT_S,
+        },
+    )
     params = write_params(cfg, tmp_path / "params.yaml")
     env = {
         **os.environ,
@@ -96,8 +106,9 @@ def test_failed_rank_stops_the_run_then_resume_on_one_rank(tmp_path: Path, fault
     )
     assert done["history"] and done["history"][-1]["iteration"] < 4  # it stopped before the end
 
-    resume = subprocess.run([*cmd, "distributed.nproc_per_node=1"], env=env, cwd=ROOT, capture_output=True,
-                            text=True, timeout=900)  # fmt: skip
+    resume = subprocess.run(
+        [*cmd, "distributed.nproc_per_node=1"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
     assert resume.returncode == 0, resume.stderr[-3000:]
     rows = json.loads((tmp_path / "train" / "metrics.json").read_text())
     assert rows["iteration"] == 4

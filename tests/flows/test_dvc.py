@@ -39,8 +39,14 @@ for kind in ("outs", "metrics", "plots"):
 
 
 def _dvc(cwd: Path, *args: str) -> str:
-    env = dict(os.environ, DVC_NO_ANALYTICS="1", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
-               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")  # fmt: skip
+    env = dict(
+        os.environ,
+        DVC_NO_ANALYTICS="1",
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@t",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@t",
+    )
     proc = subprocess.run([DVC, *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, f"dvc {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout + proc.stderr

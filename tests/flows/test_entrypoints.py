@@ -63,9 +63,18 @@ def _commands() -> dict[str, str]:
 
 def test_cli_knows_every_subcommand() -> None:
     assert set(_commands()) == {
-        "prepare", "warmstart", "train", "evaluate", "register", "solve", "attack", "plan", "serve", "deploy",
+        "prepare",
+        "warmstart",
+        "train",
+        "evaluate",
+        "register",
+        "solve",
+        "attack",
+        "plan",
+        "serve",
+        "deploy",
         "data",
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize("name", sorted(_commands()))

@@ -24,12 +24,22 @@ def tiny_dir(tmp_path_factory):
 
 
 def eval_cfg(tmp_path, tiny_dir, backend: str) -> Config:
-    return Config().replace(**{
-        "model.device": "cpu", "model.code_path": tiny_dir, "model.test_path": tiny_dir,
-        "rollout.backend": backend, "rollout.max_model_len": 2048, "eval.n_samples": 3, "eval.k_list": [1, 2],
-        "eval.max_new_tokens": 8, "eval.solve_candidates": 2, "eval.out_dir": str(tmp_path / "eval"),
-        "orchestration.checkpoint_dir": str(tmp_path / "train"), "tracking.backend": "null",
-    })  # fmt: skip
+    return Config().replace(
+        **{
+            "model.device": "cpu",
+            "model.code_path": tiny_dir,
+            "model.test_path": tiny_dir,
+            "rollout.backend": backend,
+            "rollout.max_model_len": 2048,
+            "eval.n_samples": 3,
+            "eval.k_list": [1, 2],
+            "eval.max_new_tokens": 8,
+            "eval.solve_candidates": 2,
+            "eval.out_dir": str(tmp_path / "eval"),
+            "orchestration.checkpoint_dir": str(tmp_path / "train"),
+            "tracking.backend": "null",
+        }
+    )
 
 
 @pytest.fixture

@@ -103,8 +103,14 @@ def test_sigterm_stops_a_run_after_the_current_task(prefect_harness, tiny_model,
     params.write_text(yaml.safe_dump(cfg.to_dict()))
     env = _env(PREFECT_API_URL=str(PREFECT_API_URL.value()))
     env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.Popen([sys.executable, "-m", "flows.train", "--params", str(params)], cwd=repo_root, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.train", "--params", str(params)],
+        cwd=repo_root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     latest = tmp_path / "train" / "checkpoints" / "LATEST"
     deadline = time.monotonic() + 300
     while not latest.is_file() and proc.poll() is None and time.monotonic() < deadline:

@@ -61,8 +61,12 @@ def test_every_entry_point_applies_the_prefect_defaults_before_prefect_reads_the
     for module in _entry_modules():
         proc = subprocess.run(
             [sys.executable, "-c", _settings_probe([module])],
-            cwd=tmp_path, env=_pristine_env(tmp_path), capture_output=True, text=True, timeout=240,
-        )  # fmt: skip
+            cwd=tmp_path,
+            env=_pristine_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert proc.returncode == 0, f"{module}: {proc.stderr[-2000:]}"
         budget, analytics = proc.stdout.split()
         assert float(budget) == 180 and analytics == "False", (
@@ -74,8 +78,12 @@ def test_an_explicit_user_setting_wins(tmp_path: Path) -> None:
     env = _pristine_env(tmp_path, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="77")
     proc = subprocess.run(
         [sys.executable, "-c", _settings_probe(["flows.train"])],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert float(proc.stdout.split()[0]) == 77
 
@@ -140,9 +148,13 @@ def test_one_prefect_api_serves_every_stage_and_stops_after(tmp_path: Path) -> N
         " 'logs': [o.stdout + o.stderr for o in outs]}))\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=_pristine_env(tmp_path),
-        capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=_pristine_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["rc"] == [0, 0], result["logs"]
@@ -164,9 +176,13 @@ def _start_holding_the_api(tmp_path: Path, body: str) -> tuple[subprocess.Popen,
         "    print('stopped', flush=True)\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-c", code], cwd=tmp_path, env=_pristine_env(tmp_path),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=_pristine_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = proc.stdout.readline().strip()
     if not url.startswith("http://127.0.0.1:"):
         proc.kill()

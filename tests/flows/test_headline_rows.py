@@ -15,8 +15,10 @@ PROMOTE = "code/lab_heldout_seen/base/pass@1"
 def test_mut_row_is_mut_at_k_and_mut_all_has_its_own_row() -> None:
     metrics = {PROMOTE: 58.5, f"warmstart/{PROMOTE}": 45.4, f"delta/{PROMOTE}": 13.1}
     for key, (warm, trained) in {
-        "pass@5": (23.5, 29.7), "mut@5": (40.6, 36.1), "mut@5_all": (1.3, 2.4)
-    }.items():  # fmt: skip
+        "pass@5": (23.5, 29.7),
+        "mut@5": (40.6, 36.1),
+        "mut@5_all": (1.3, 2.4),
+    }.items():
         full = f"test/lab_heldout/{key}"
         metrics |= {full: trained, f"warmstart/{full}": warm, f"delta/{full}": round(trained - warm, 1)}
     top = headline(metrics, PROMOTE)

@@ -80,16 +80,26 @@ def test_evaluate_reports_warmstart_and_delta(tmp_path, prefect_harness):
     wrong = TextPolicy(lambda text: fenced("def add(a, b):\n    return 0\n"))
     golden = TextPolicy(lambda text: fenced("assert add(1, 2) == 3\nassert add(-1, 1) == 0"))
     silly = TextPolicy(lambda text: fenced("assert add(1, 2) == 4"))
-    m = evaluate(_cfg(tmp_path), code_policy=oracle, test_policy=golden, executor=FakeExecutor(),
-            baseline_policies=(wrong, silly))  # fmt: skip
+    m = evaluate(
+        _cfg(tmp_path),
+        code_policy=oracle,
+        test_policy=golden,
+        executor=FakeExecutor(),
+        baseline_policies=(wrong, silly),
+    )
     assert m["code/toy/base/pass@1"] == 100.0 and m["warmstart/code/toy/base/pass@1"] == 0.0
     assert m["delta/code/toy/base/pass@1"] == 100.0
     assert m["delta/test/toy/pass@5"] == 100.0 and m["warmstart/test/toy/pass@5"] == 0.0
     assert "delta/code/toy/n_problems" not in m  # deltas only for rates
     on_disk = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert on_disk == m
-    off = evaluate(_cfg(tmp_path, baseline=False), code_policy=oracle, test_policy=golden,
-              executor=FakeExecutor(), baseline_policies=(wrong, silly))  # fmt: skip
+    off = evaluate(
+        _cfg(tmp_path, baseline=False),
+        code_policy=oracle,
+        test_policy=golden,
+        executor=FakeExecutor(),
+        baseline_policies=(wrong, silly),
+    )
     assert not any(k.startswith(("warmstart/", "delta/")) for k in off)
 
 
@@ -139,8 +149,14 @@ def test_short_lab_code_pass_rate_rises_over_warmstart(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     env = os.environ | {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     for stage in ("prepare", "warmstart", "train", "evaluate"):
-        proc = subprocess.run([sys.executable, "-m", f"flows.{stage}"], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=1200)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", f"flows.{stage}"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
         assert proc.returncode == 0, f"{stage} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     m = json.loads((tmp_path / "outputs" / "eval" / "metrics.json").read_text())
     key = "code/lab_heldout_seen/base/pass@1"

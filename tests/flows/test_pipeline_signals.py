@@ -78,9 +78,16 @@ def test_stopping_the_pipeline_during_train_stops_the_stage(
     params["orchestration"]["max_steps"], params["data"]["epochs"] = 50, 50
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     started = dt.datetime.now(dt.UTC)
-    proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline"], cwd=repo, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            preexec_fn=_as_foreground_job)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.pipeline"],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_as_foreground_job,
+    )
     out = repo / "outputs" / "train"
     deadline = time.monotonic() + 400
     while (
@@ -156,14 +163,24 @@ def test_stopping_the_pipeline_during_warm_start_or_evaluate_leaves_nothing_runn
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
     started = dt.datetime.now(dt.UTC)
-    proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline"], cwd=repo, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            preexec_fn=_as_foreground_job)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.pipeline"],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_as_foreground_job,
+    )
 
     def running() -> list:
         with get_client(sync_client=True) as prefect:
-            return [r for r in prefect.read_flow_runs()
-                    if r.created and r.created >= started and r.name.startswith(f"{stage}-")]  # fmt: skip
+            return [
+                r
+                for r in prefect.read_flow_runs()
+                if r.created and r.created >= started and r.name.startswith(f"{stage}-")
+            ]
 
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:

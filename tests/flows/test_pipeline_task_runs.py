@@ -69,9 +69,13 @@ READ_BACK = (
 @pytest.mark.e2e  # a Prefect server and a stage-like flow in subprocesses
 def test_a_stage_run_under_the_shared_api_records_its_task_runs(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-c", READ_BACK], cwd=tmp_path, env=_pristine_env(tmp_path),
-        capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
+        [sys.executable, "-c", READ_BACK],
+        cwd=tmp_path,
+        env=_pristine_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["rc"] == 0, result["log"][-3000:]

@@ -19,18 +19,31 @@ from flows.prepare import main, prepare
 
 def _cfg(tmp_path: Path, **data) -> Config:
     base = {
-        "data": {"prepared_dir": str(tmp_path / "data" / "prepared"), "data_dir": str(tmp_path / "no-data"),
-                 "train_sources": ["lab"], "val_sources": ["lab"], "eval_benchmarks": ["lab_heldout"],
-                 "max_problems_per_source": 4, "reference_call_timeout_s": 5.0, **data},
+        "data": {
+            "prepared_dir": str(tmp_path / "data" / "prepared"),
+            "data_dir": str(tmp_path / "no-data"),
+            "train_sources": ["lab"],
+            "val_sources": ["lab"],
+            "eval_benchmarks": ["lab_heldout"],
+            "max_problems_per_source": 4,
+            "reference_call_timeout_s": 5.0,
+            **data,
+        },
         "lab": {"train_per_family": 1, "heldout_per_family": 1},
         "sandbox": {"workers": 2},
-    }  # fmt: skip
+    }
     return Config.from_dict(base)
 
 
 def _mbpp_row(task_id: int, code: str, asserts: list[str]) -> dict:
-    return {"task_id": task_id, "text": f"Task {task_id}.", "code": code, "test_list": asserts,
-            "test_setup_code": "", "challenge_test_list": []}  # fmt: skip
+    return {
+        "task_id": task_id,
+        "text": f"Task {task_id}.",
+        "code": code,
+        "test_list": asserts,
+        "test_setup_code": "",
+        "challenge_test_list": [],
+    }
 
 
 @pytest.mark.e2e
@@ -40,7 +53,11 @@ def test_prepare_offline_lab_and_humaneval_then_cached_rerun(tmp_path, prefect_h
     out = Path(cfg.data.prepared_dir)
     assert "no humanevalplus/HumanEvalPlus" in report["skipped_sources"]["eval_humanevalplus/humanevalplus"]
     assert sorted(p.name for p in out.glob("*.parquet")) == [
-        "eval_humaneval.parquet", "eval_lab_heldout.parquet", "train.parquet", "val.parquet"]  # fmt: skip
+        "eval_humaneval.parquet",
+        "eval_lab_heldout.parquet",
+        "train.parquet",
+        "val.parquet",
+    ]
     assert json.loads((out / "report.json").read_text())["outputs"]["eval_humaneval"]["problems"] == 4
     assert "skipped" in capsys.readouterr().out and report["sandbox_programs"] > 0
 
@@ -76,7 +93,7 @@ def test_prepare_excludes_and_rejects_with_reasons(tmp_path, prefect_harness):
             604,
             "def slow(x):\n    while x:\n        pass\n    return 0",
             ["assert slow(0) == 0", "assert slow(1) == 0"],
-        ),  # fmt: skip
+        ),
         _mbpp_row(605, "def sq(x):\n    return x * x", ["assert sq(y) == 4"]),
     ]
     data_dir = tmp_path / "data_in"
@@ -84,13 +101,25 @@ def test_prepare_excludes_and_rejects_with_reasons(tmp_path, prefect_harness):
     (data_dir / "mbpp" / "mbpp.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8"
     )
-    kod = {"question_id": "Q_1", "question": "Add one.", "solution": "def inc(x):\n    return x + 1\n",
-           "test": "from solution import inc\n\ndef test_inc():\n    assert inc(1) == 2\n",
-           "test_info": [{"function_name": "inc", "function_declaration": "def inc(x):"}],
-           "gpt_difficulty": "hard", "subset": "Leetcode", "style": "instruct"}  # fmt: skip
+    kod = {
+        "question_id": "Q_1",
+        "question": "Add one.",
+        "solution": "def inc(x):\n    return x + 1\n",
+        "test": "from solution import inc\n\ndef test_inc():\n    assert inc(1) == 2\n",
+        "test_info": [{"function_name": "inc", "function_declaration": "def inc(x):"}],
+        "gpt_difficulty": "hard",
+        "subset": "Leetcode",
+        "style": "instruct",
+    }
     (tmp_path / "kod.jsonl").write_text(json.dumps(kod) + "\n", encoding="utf-8")
-    cfg = _cfg(tmp_path, data_dir=str(data_dir), train_sources=["mbpp", "kodcode"], max_problems_per_source=0,
-               reference_call_timeout_s=1.0, kodcode_path=str(tmp_path / "kod.jsonl"))  # fmt: skip
+    cfg = _cfg(
+        tmp_path,
+        data_dir=str(data_dir),
+        train_sources=["mbpp", "kodcode"],
+        max_problems_per_source=0,
+        reference_call_timeout_s=1.0,
+        kodcode_path=str(tmp_path / "kod.jsonl"),
+    )
     report = prepare(cfg)
     kept = {p.id: p for p in load_prepared(Path(cfg.data.prepared_dir) / "train.parquet")}
     assert sorted(kept) == ["kodcode/Q_1", "mbpp/601", "mbpp/603", "mbpp/604"]
@@ -125,8 +154,14 @@ def test_prepare_bad_input_is_one_line_error_and_writes_nothing(tmp_path, prefec
 
 @pytest.mark.e2e
 def test_prepare_shared_data_subset(tmp_path, shared_data_dir, prefect_harness):
-    cfg = _cfg(tmp_path, data_dir=str(shared_data_dir), train_sources=["mbpp"], val_sources=["mbpp"],
-               eval_benchmarks=["humanevalplus", "mbppplus"], max_problems_per_source=1)  # fmt: skip
+    cfg = _cfg(
+        tmp_path,
+        data_dir=str(shared_data_dir),
+        train_sources=["mbpp"],
+        val_sources=["mbpp"],
+        eval_benchmarks=["humanevalplus", "mbppplus"],
+        max_problems_per_source=1,
+    )
     report = prepare(cfg)
     out = Path(cfg.data.prepared_dir)
     assert report["rejected"] == [] and report["skipped_sources"] == {}
@@ -145,9 +180,15 @@ def test_prepare_shared_data_subset(tmp_path, shared_data_dir, prefect_harness):
 @pytest.mark.slow
 def test_prepare_full_evalplus_and_mbpp(tmp_path, shared_data_dir, prefect_harness):
     """Acceptance: 164 HumanEval+ and 378 MBPP+ problems and the MBPP splits, each reference passing its goldens."""
-    cfg = _cfg(tmp_path, data_dir=str(shared_data_dir), train_sources=["mbpp"], val_sources=["mbpp"],
-               eval_benchmarks=["humanevalplus", "mbppplus"], max_problems_per_source=0,
-               reference_call_timeout_s=20.0)  # fmt: skip
+    cfg = _cfg(
+        tmp_path,
+        data_dir=str(shared_data_dir),
+        train_sources=["mbpp"],
+        val_sources=["mbpp"],
+        eval_benchmarks=["humanevalplus", "mbppplus"],
+        max_problems_per_source=0,
+        reference_call_timeout_s=20.0,
+    )
     report = prepare(cfg)
     outputs = report["outputs"]
     assert outputs["eval_humanevalplus"]["problems"] == 164 and outputs["eval_mbppplus"]["problems"] == 378

@@ -25,13 +25,20 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 
 @pytest.mark.e2e
 def test_prepare_twice_writes_the_same_bytes_and_keeps_run_numbers_apart(tmp_path, prefect_harness):
-    cfg = Config.from_dict({
-        "data": {"prepared_dir": str(tmp_path / "data" / "prepared"), "data_dir": str(tmp_path / "no-data"),
-                 "train_sources": ["lab"], "val_sources": ["lab"], "eval_benchmarks": ["lab_heldout"],
-                 "max_problems_per_source": 3},
-        "lab": {"train_per_family": 1, "heldout_per_family": 1},
-        "sandbox": {"workers": 2},
-    })  # fmt: skip
+    cfg = Config.from_dict(
+        {
+            "data": {
+                "prepared_dir": str(tmp_path / "data" / "prepared"),
+                "data_dir": str(tmp_path / "no-data"),
+                "train_sources": ["lab"],
+                "val_sources": ["lab"],
+                "eval_benchmarks": ["lab_heldout"],
+                "max_problems_per_source": 3,
+            },
+            "lab": {"train_per_family": 1, "heldout_per_family": 1},
+            "sandbox": {"workers": 2},
+        }
+    )
     out, cache = Path(cfg.data.prepared_dir), tmp_path / "data" / "cache"
     first = prepare(cfg)
     before = _snapshot(out)

@@ -27,7 +27,8 @@ def cfg(mlflow_cfg: Config, tmp_path: Path) -> Config:
 
 @pytest.fixture(autouse=True)
 def fast_model_save(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The promotion logic does not need real MLflow models (tests/tracking/test_packaging.py loads those): a marker file."""
+    """The promotion logic does not need real MLflow models (tests/tracking/test_packaging.py loads those): a
+    marker file."""
     monkeypatch.setattr(packaging, "save_transformers_model", lambda src, out, role, step: _marker(out))
 
 
@@ -38,9 +39,13 @@ def _marker(out: Path) -> Path:
 
 
 def _train_and_eval(
-    cfg: Config, tmp_path: Path, value: float, test: float | None = None, warm: dict | None = None,
+    cfg: Config,
+    tmp_path: Path,
+    value: float,
+    test: float | None = None,
+    warm: dict | None = None,
     roles: tuple[str, ...] = ("code", "test"),
-) -> Path:  # fmt: skip
+) -> Path:
     """What the train + evaluate stages leave behind: registered versions, DONE.json, eval metrics."""
     tr = MlflowTracker(cfg)
     versions = {role: tr.register(role, tmp_path, 1) for role in roles}

@@ -50,8 +50,12 @@ def _spawn(params: Path, repo_root: Path) -> subprocess.Popen:
     env.pop("MLFLOW_TRACKING_URI", None)
     return subprocess.Popen(
         [sys.executable, "-m", "flows.train", "--params", str(params)],
-        cwd=repo_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=repo_root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _kill_when(proc: subprocess.Popen, ready, timeout_s: float = 300) -> bool:

@@ -39,9 +39,16 @@ def _workspace(tmp_path: Path, cfg: Config, iterations: int) -> Path:
 
 
 def _cfg(tmp_path: Path, **extra: object) -> Config:
-    return Config().replace(**{"orchestration.checkpoint_dir": str(tmp_path / "train"), "tracking.backend": "null",
-                               "data.prepared_dir": str(tmp_path / "prepared"), "data.train_sources": ["lab"],
-                               "data.train_batch_size": 4, **extra})  # fmt: skip
+    return Config().replace(
+        **{
+            "orchestration.checkpoint_dir": str(tmp_path / "train"),
+            "tracking.backend": "null",
+            "data.prepared_dir": str(tmp_path / "prepared"),
+            "data.train_sources": ["lab"],
+            "data.train_batch_size": 4,
+            **extra,
+        }
+    )
 
 
 def test_a_step_budget_below_the_last_checkpoint_is_refused_in_one_line(tmp_path, capsys) -> None:

@@ -51,7 +51,8 @@ def test_deployment_objects(tmp_path: Path, repo_root: Path) -> None:
 
 
 def test_every_flow_takes_params_and_overrides() -> None:
-    """One flow signature: flows took their config three ways (a dict, a ``Config`` with ``validate_parameters=False``, an
+    """One flow signature: flows took their config three ways (a dict, a ``Config`` with
+    ``validate_parameters=False``, an
     adapter's ``mode``); every flow now starts with ``(params="params.yaml", overrides=None)``, JSON-friendly."""
     import inspect
 
@@ -134,8 +135,13 @@ def test_pipeline_deployment_trains_evaluates_and_registers_in_its_run_folder(tm
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(cfg.to_dict()))
     run_dir = tmp_path / "runs" / "p1"
-    small = ["eval.n_samples=2", "eval.k_list=[1]", "eval.baseline=false", "eval.max_mutants=2",
-             "eval.promote_metric=code/lab_heldout/base/pass@1"]  # fmt: skip
+    small = [
+        "eval.n_samples=2",
+        "eval.k_list=[1]",
+        "eval.baseline=false",
+        "eval.max_mutants=2",
+        "eval.promote_metric=code/lab_heldout/base/pass@1",
+    ]
     decision = pipeline_flow.fn(str(params), small, run_dir=str(run_dir))
     assert set(decision["models"]) == {"code"} and decision["models"]["code"]["alias"] in {
         "champion",
@@ -172,8 +178,12 @@ def test_serve_end_to_end(tmp_path: Path, repo_root: Path) -> None:
     env.pop("MLFLOW_TRACKING_URI", None)
     server = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     serving = None
     try:
         wait_healthy(api, server, 180)
@@ -182,9 +192,14 @@ def test_serve_end_to_end(tmp_path: Path, repo_root: Path) -> None:
         for name in ("flows", "tasks", "codea1_core", "sandbox"):
             (work / name).symlink_to(repo_root / name)
         serving = subprocess.Popen(
-            [sys.executable, "-m", "flows.serve", "--params", str(params)], cwd=work, env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        )  # fmt: skip
+            [sys.executable, "-m", "flows.serve", "--params", str(params)],
+            cwd=work,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         run = asyncio.run(_trigger(api, f"train/{TRAIN_DEPLOYMENT}", serving, {"overrides": ["mode=golden"]}))
         assert run.state.is_completed(), run.state
         assert run.name == "train-golden-seed1"

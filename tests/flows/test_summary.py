@@ -9,13 +9,19 @@ PROMOTE = "code/lab_heldout_seen/base/pass@1"
 
 def test_headline_rows_are_the_learning_table() -> None:
     metrics = {
-        PROMOTE: 34.5, f"warmstart/{PROMOTE}": 23.7, f"delta/{PROMOTE}": 10.8,
-        "test/lab_heldout/pass@5": 22.4, "warmstart/test/lab_heldout/pass@5": 14.0,
-        "delta/test/lab_heldout/pass@5": 8.4, "test/lab_heldout/mut@5": 38.5,
-        "warmstart/test/lab_heldout/mut@5": 0.0, "delta/test/lab_heldout/mut@5": 38.5,
-        "test/lab_heldout/pass@5_ult": 9.0, "delta/test/lab_heldout/pass@5_ult": 1.0,
+        PROMOTE: 34.5,
+        f"warmstart/{PROMOTE}": 23.7,
+        f"delta/{PROMOTE}": 10.8,
+        "test/lab_heldout/pass@5": 22.4,
+        "warmstart/test/lab_heldout/pass@5": 14.0,
+        "delta/test/lab_heldout/pass@5": 8.4,
+        "test/lab_heldout/mut@5": 38.5,
+        "warmstart/test/lab_heldout/mut@5": 0.0,
+        "delta/test/lab_heldout/mut@5": 38.5,
+        "test/lab_heldout/pass@5_ult": 9.0,
+        "delta/test/lab_heldout/pass@5_ult": 1.0,
         "code/lab_heldout/base/avg@8": 30.0,
-    }  # fmt: skip
+    }
     top = headline(metrics, PROMOTE)
     assert top == {
         "code": {"warm": 23.7, "trained": 34.5, "delta": 10.8},

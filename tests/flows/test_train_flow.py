@@ -77,8 +77,14 @@ def test_group_batches_mask_and_topvar() -> None:
     grpo = Config().grpo
     comps = [[_Comp([1], [10 + m]) for m in range(3)]]
     tests = [[[_Comp([2], [20 + 3 * m + n]) for n in range(3)] for m in range(3)]]
-    scores = [_Scores([1.0, 0.0, 0.5], [[0.1, 0.1, 0.1], [0.0, 1.0, 0.5], [0.2, 0.3, 0.2]], [True, True, False],
-                      [[True] * 3, [True] * 3, [False] * 3])]  # fmt: skip
+    scores = [
+        _Scores(
+            [1.0, 0.0, 0.5],
+            [[0.1, 0.1, 0.1], [0.0, 1.0, 0.5], [0.2, 0.3, 0.2]],
+            [True, True, False],
+            [[True] * 3, [True] * 3, [False] * 3],
+        )
+    ]
     code = batches.build_group_batch(batches.code_groups(comps, scores), grpo)
     assert code.completion_ids == [[10], [11]]  # the infra-masked code is left out (D4)
     assert code.advantages[0] > 0 > code.advantages[1]
@@ -225,13 +231,29 @@ def test_codea1_flow_end_to_end(prefect_harness: None, tiny_model: Path, tmp_pat
     assert _flow_run_name(state.state_details.flow_run_id) == "train-codea1-seed1-alpha0.5"
     names = _task_run_names(state.state_details.flow_run_id)
     for it in (1, 2):
-        for task in ("rollout_code", "rollout_tests", "gate_tests", "execute", "score", "merge_mistake_book",
-                     "update_code", "update_test", "checkpoint", "log_iteration"):  # fmt: skip
+        for task in (
+            "rollout_code",
+            "rollout_tests",
+            "gate_tests",
+            "execute",
+            "score",
+            "merge_mistake_book",
+            "update_code",
+            "update_test",
+            "checkpoint",
+            "log_iteration",
+        ):
             assert f"{task}[it={it}]" in names, (task, it, sorted(names))
     out = tmp_path / "train"
     assert (out / "checkpoints" / "LATEST").read_text() == "it_000002"
     assert sorted(p.name for p in (out / "checkpoints" / "it_000002").iterdir()) == [
-        "MANIFEST.json", "code", "mistake_book.json", "rng.pt", "state.json", "test"]  # fmt: skip
+        "MANIFEST.json",
+        "code",
+        "mistake_book.json",
+        "rng.pt",
+        "state.json",
+        "test",
+    ]
     book = (out / "checkpoints" / "it_000002" / "mistake_book.json").read_bytes()
     assert book == (out / "mistake_book.json").read_bytes()  # the DVC out and the checkpoint: the same bytes
     assert (out / "final" / "code" / "config.json").is_file() and (
@@ -247,8 +269,15 @@ def test_codea1_flow_end_to_end(prefect_harness: None, tiny_model: Path, tmp_pat
     done = json.loads((out / "final" / "DONE.json").read_text())
     client = _mlflow(cfg)
     run = client.get_run(done["run_id"])
-    for key in ("code/reward_mean", "test/reward_mean", "mistake_book/size", "sandbox/calls", "time/execute_s",
-                "grpo/code/loss", "grpo/test/loss"):  # fmt: skip
+    for key in (
+        "code/reward_mean",
+        "test/reward_mean",
+        "mistake_book/size",
+        "sandbox/calls",
+        "time/execute_s",
+        "grpo/code/loss",
+        "grpo/test/loss",
+    ):
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2], key
     assert run.data.params["mode"] == "codea1" and run.info.status == "FINISHED"
     assert client.get_model_version("codea1-code", done["versions"]["code"]).run_id == run.info.run_id

@@ -13,9 +13,16 @@ from codea1_core.config import Config
 
 
 def _params(tmp_path: Path, **extra: object) -> Path:
-    cfg = Config().replace(**{"orchestration.checkpoint_dir": str(tmp_path / "train"), "tracking.backend": "null",
-                              "data.prepared_dir": str(tmp_path / "prepared"), "data.train_batch_size": 4,
-                              "data.train_sources": ["lab"], **extra})  # fmt: skip
+    cfg = Config().replace(
+        **{
+            "orchestration.checkpoint_dir": str(tmp_path / "train"),
+            "tracking.backend": "null",
+            "data.prepared_dir": str(tmp_path / "prepared"),
+            "data.train_batch_size": 4,
+            "data.train_sources": ["lab"],
+            **extra,
+        }
+    )
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(cfg.to_dict()))
     return path

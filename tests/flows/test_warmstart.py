@@ -87,8 +87,9 @@ def test_short_warm_start_models_load_and_generate(tmp_path, monkeypatch):
     for role in ("code", "test"):
         tok = AutoTokenizer.from_pretrained(root / role)
         model = AutoModelForCausalLM.from_pretrained(root / role)
-        ids = tok.apply_chat_template(code_messages(problem), add_generation_prompt=True, return_tensors="pt",
-                                      return_dict=True)  # fmt: skip
+        ids = tok.apply_chat_template(
+            code_messages(problem), add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
         out = model.generate(**ids, max_new_tokens=8, do_sample=False)
         assert out.shape[1] > ids["input_ids"].shape[1]
     base = AutoModelForCausalLM.from_pretrained(root / "base")
@@ -115,9 +116,12 @@ def test_stage_main_reports_bad_override(tmp_path, monkeypatch, capsys):
     assert stage_main(warmstart.run, "warmstart", ["lab.warmstart_lr=fast"]) == 2
     assert "lab.warmstart_lr" in capsys.readouterr().err
     # Lab values the loader accepts but the lab cannot use fail before any flow run, in one line.
-    for override, key in [("lab.families=[nope]", "lab.families"), ("lab.buggy_fraction=1.5", "lab.buggy_fraction"),
-                          ("lab.warmstart_test_examples_per_problem=0", "lab.warmstart_test_examples_per_problem"),
-                          ("lab.train_per_family=70", "lab.train_per_family")]:  # fmt: skip
+    for override, key in [
+        ("lab.families=[nope]", "lab.families"),
+        ("lab.buggy_fraction=1.5", "lab.buggy_fraction"),
+        ("lab.warmstart_test_examples_per_problem=0", "lab.warmstart_test_examples_per_problem"),
+        ("lab.train_per_family=70", "lab.train_per_family"),
+    ]:
         assert stage_main(warmstart.run, "warmstart", [override]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and key in err and err.count("\n") == 1
@@ -174,8 +178,15 @@ def measure_code_model(model_dir: Path, problems: list, n_samples: int, sandbox_
         n = enc["input_ids"].shape[1]
         with torch.no_grad():
             greedy = model.generate(**enc, max_new_tokens=96, do_sample=False)
-            sampled = model.generate(**enc, max_new_tokens=96, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                                     num_return_sequences=n_samples)  # fmt: skip
+            sampled = model.generate(
+                **enc,
+                max_new_tokens=96,
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                num_return_sequences=n_samples,
+            )
         rows.append((p, "greedy", extract_code(tok.decode(greedy[0][n:], skip_special_tokens=True))))
         rows += [(p, "t1", extract_code(tok.decode(s[n:], skip_special_tokens=True))) for s in sampled]
     with make_executor(sandbox_cfg) as ex:
@@ -225,13 +236,20 @@ def measure_test_model(model_dir: Path, problems: list, n_samples: int, sandbox_
     torch.manual_seed(0)
     for p in problems:
         bug = buggy_variants(p)[0]
-        enc = tok.apply_chat_template(test_messages(p, bug, 8), add_generation_prompt=True, return_tensors="pt",
-                                      return_dict=True)  # fmt: skip
+        enc = tok.apply_chat_template(
+            test_messages(p, bug, 8), add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
         n = enc["input_ids"].shape[1]
         with torch.no_grad():
             greedy = model.generate(**enc, max_new_tokens=200, do_sample=False)
-            sampled = model.generate(**enc, max_new_tokens=200, do_sample=True, temperature=1.0, top_k=0,
-                                     num_return_sequences=n_samples)  # fmt: skip
+            sampled = model.generate(
+                **enc,
+                max_new_tokens=200,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                num_return_sequences=n_samples,
+            )
         texts = [("greedy", greedy[0])] + [("t1", s) for s in sampled]
         for kind, ids in texts:
             suite = extract_tests(tok.decode(ids[n:], skip_special_tokens=True), p.entry_point)
@@ -261,10 +279,12 @@ def measure_test_model(model_dir: Path, problems: list, n_samples: int, sandbox_
         acc["bug_caught"] += float(any(not (c.ok and values_equal(c.value, r.value)) for _, r, c in valid))
     out = {}
     for kind, acc in sums.items():
-        out |= {f"test/{kind}/asserts_per_suite": acc["asserts"] / acc["n"],
-                f"test/{kind}/runs_on_reference_frac": acc["runs_on_reference"] / max(1.0, acc["asserts"]),
-                f"test/{kind}/right_answer_frac": acc["right_answer"] / max(1.0, acc["runs_on_reference"]),
-                f"test/{kind}/bug_caught": acc["bug_caught"] / acc["n"]}  # fmt: skip
+        out |= {
+            f"test/{kind}/asserts_per_suite": acc["asserts"] / acc["n"],
+            f"test/{kind}/runs_on_reference_frac": acc["runs_on_reference"] / max(1.0, acc["asserts"]),
+            f"test/{kind}/right_answer_frac": acc["right_answer"] / max(1.0, acc["runs_on_reference"]),
+            f"test/{kind}/bug_caught": acc["bug_caught"] / acc["n"],
+        }
     return out
 
 

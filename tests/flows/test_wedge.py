@@ -20,8 +20,14 @@ from support import build_tiny, make_repo
 
 from codea1_core.evaluation.comparison import parse_history
 
-KILL_POINTS = ["finish:history", "finish:export_code", "finish:register_code", "finish:export_test",
-               "finish:register_test", "finish:done"]  # fmt: skip
+KILL_POINTS = [
+    "finish:history",
+    "finish:export_code",
+    "finish:register_code",
+    "finish:export_test",
+    "finish:register_test",
+    "finish:done",
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +36,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def repro(repo: Path, env: dict[str, str], **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["dvc", "repro"], cwd=repo, env=dict(env, **extra), capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    return subprocess.run(
+        ["dvc", "repro"], cwd=repo, env=dict(env, **extra), capture_output=True, text=True, timeout=600
+    )
 
 
 def versions(repo: Path, name: str) -> list[int]:
@@ -52,8 +59,9 @@ def versions(repo: Path, name: str) -> list[int]:
         pytest.param(KILL_POINTS, id="every_point", marks=pytest.mark.slow),  # ~8 min on 2 busy cores
     ],
 )
-def test_kills_inside_finish_and_a_failed_start_never_wedge_dvc_repro(prefect_harness, tiny_model, tmp_path,
-                                                                       repo_root, points):  # fmt: skip
+def test_kills_inside_finish_and_a_failed_start_never_wedge_dvc_repro(
+    prefect_harness, tiny_model, tmp_path, repo_root, points
+):
     repo = tmp_path / "repo"
     env = make_repo(repo, tiny_model, repo_root)
     for point in points:

@@ -44,8 +44,10 @@ def test_deployments_target_the_pool_with_code_from_the_checkout(repo_root: Path
             "run_dir": "auto",
         }
     assert [d.entrypoint for d in (train, evaluate, pipeline)] == [
-        "flows/train.py:train_flow", "flows/evaluate.py:evaluate_flow", "flows/deploy.py:pipeline_flow",
-    ]  # fmt: skip
+        "flows/train.py:train_flow",
+        "flows/evaluate.py:evaluate_flow",
+        "flows/deploy.py:pipeline_flow",
+    ]
     assert train.schedules and train.schedules[0].schedule.cron == "0 3 * * *" and not evaluate.schedules
     steps = train.storage.to_pull_step()  # the worker runs the flow in the checkout
     assert steps["prefect.deployments.steps.set_working_directory"]["directory"] == str(repo_root)
@@ -88,9 +90,14 @@ def test_a_run_triggered_through_the_api_is_executed_by_a_process_worker(
         """A child in its own session, its output in a file (a full pipe would block it)."""
         with open(logs / f"{args[1]}.log", "w") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", *args], cwd=repo_root, env=env, stdout=out,
-                stderr=subprocess.STDOUT, text=True, start_new_session=True,
-            )  # fmt: skip
+                [sys.executable, "-m", *args],
+                cwd=repo_root,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
         procs.append(proc)
         return proc
 
@@ -102,8 +109,12 @@ def test_a_run_triggered_through_the_api_is_executed_by_a_process_worker(
         wait_healthy(api, server, 180)
         deployed = subprocess.run(
             [sys.executable, "-m", "flows.deploy", "--params", str(params), "--pool", pool],
-            cwd=repo_root, env=env, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            cwd=repo_root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         run_dir = tmp_path / "run"  # not the default runs/<name> under the checkout (the worker's cwd)
         flow_run = asyncio.run(_trigger(api, f"train/{TRAIN_DEPLOYMENT}", {"run_dir": str(run_dir)}))

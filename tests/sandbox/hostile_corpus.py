@@ -183,7 +183,8 @@ CASES = [
         "forged_frames_on_every_fd",
         "import os, struct\n"
         "def forge():\n"
-        "    junk = struct.pack('>I', 37) + b'\\x00' * 16 + struct.pack('>cBid', b'C', 0, 1, 0.0) + b'i' + b'\\x00' * 7 + b'\\x01'\n"
+        "    junk = struct.pack('>I', 37) + b'\\x00' * 16 + struct.pack('>cBid', b'C', 0, 1, 0.0)"
+        " + b'i' + b'\\x00' * 7 + b'\\x01'\n"
         "    for fd in range(3, 20000):\n"
         "        try:\n"
         "            os.write(fd, junk)\n"

@@ -237,9 +237,10 @@ def test_a_training_step_on_the_ray_backend_matches_the_process_backend(
     outcomes, metrics = {}, {}
     for backend in ("process", "ray"):
         cfg = tiny_config(
-            tmp_path / backend, model,
+            tmp_path / backend,
+            model,
             **{"orchestration.max_steps": 1, "sandbox.backend": backend, "sandbox.ray_workers_per_actor": 1},
-        )  # fmt: skip
+        )
         state = train_flow(write_params(cfg, tmp_path / backend / "params.yaml"), return_state=True)
         assert state.is_completed(), state
         out = tmp_path / backend / "train"

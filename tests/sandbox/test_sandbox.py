@@ -32,7 +32,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 LIMITS = ExecLimits(call_timeout_s=1.0, program_timeout_s=8.0, memory_mb=512, max_output_bytes=1000)
-PROGRAM = "import math\n\ndef f(x):\n    return x * 2\n\nstate = []\n\ndef push(v):\n    state.append(v)\n    return len(state)\n"
+PROGRAM = (
+    "import math\n\ndef f(x):\n    return x * 2\n\n"
+    "state = []\n\ndef push(v):\n    state.append(v)\n    return len(state)\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +255,10 @@ def test_a_worker_reporting_infra_is_replaced_and_its_job_retried():
 def test_deep_tree_is_removed_without_namespaces():
     """Without namespaces the program's temp dir is removed by a walk: a 1500-deep tree made the old
     recursive removal raise RecursionError (infra_error for that job and the worker kept failing)."""
-    program = "import os\ndef deep(n):\n    for _ in range(n):\n        os.mkdir('d')\n        os.chdir('d')\n    return os.getcwd()[:30]\n"
+    program = (
+        "import os\ndef deep(n):\n    for _ in range(n):\n"
+        "        os.mkdir('d')\n        os.chdir('d')\n    return os.getcwd()[:30]\n"
+    )
     with ProcessExecutor(workers=1, network_isolation="off", drop_privileges=False, hide_paths=[]) as plain:
         out = plain.run(program, ["deep(1500)"])
         assert out[0].status == "ok", out

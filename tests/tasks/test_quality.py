@@ -14,9 +14,17 @@ from tasks.quality import DataQualityError, gate_columns, gx_gate_tests, validat
 
 
 def _problem(pid: str, **kw) -> Problem:
-    base = dict(id=pid, source="lab", split="train", prompt="def f(x):\n", description="d", entry_point="f",
-                reference_solution="def f(x):\n    return x\n", tests=(TestCase("f(1)", 1),),
-                metadata={"reference_passes": True})  # fmt: skip
+    base = dict(
+        id=pid,
+        source="lab",
+        split="train",
+        prompt="def f(x):\n",
+        description="d",
+        entry_point="f",
+        reference_solution="def f(x):\n    return x\n",
+        tests=(TestCase("f(1)", 1),),
+        metadata={"reference_passes": True},
+    )
     return Problem(**{**base, **kw})
 
 

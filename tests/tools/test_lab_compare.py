@@ -137,9 +137,15 @@ def test_table_markdown_rows_in_mode_order_and_failures_listed():
 
 def test_arms_cover_the_papers_comparison_and_only_the_ceiling_sees_boundary_tests(repo_root):
     assert set(cmp.MODES) == {
-        "golden_sparse", "golden_boundary", "selfplay", "codea1", "codea1_nomb", "codea1_a0", "codea1_a1",
+        "golden_sparse",
+        "golden_boundary",
+        "selfplay",
+        "codea1",
+        "codea1_nomb",
+        "codea1_a0",
+        "codea1_a1",
         "codea1_boundary",
-    }  # fmt: skip
+    }
     for mode, overrides in cmp.MODES.items():
         boundary = mode in ("golden_boundary", "codea1_boundary")
         coverage = "lab.golden_tests=boundary" if boundary else "lab.golden_tests=sparse"
@@ -354,8 +360,15 @@ def test_quick_compare_in_a_temp_clone(repo_root, tmp_path):
     # params differ from the committed dvc.lock's: with the lock's own params DVC wants the committed outputs by
     # hash, which a clone lacks (prepare's report is not byte-reproducible), so every experiment reruns prepare;
     # with other params both experiments meet the run cache, the sharing this checks.
-    args = ["--quick", "--modes", "codea1,selfplay", "--repo", str(clone), "tracking.backend='null'",
-            "data.max_problems_per_source=100000"]  # fmt: skip
+    args = [
+        "--quick",
+        "--modes",
+        "codea1,selfplay",
+        "--repo",
+        str(clone),
+        "tracking.backend='null'",
+        "data.max_problems_per_source=100000",
+    ]
     code = lc.main(args)
     out = clone / "outputs" / "lab_compare"
     log = (out / "dvc.log").read_text()
@@ -405,10 +418,16 @@ def test_the_lock_dies_with_its_process(tmp_path):
     """A hard-killed comparison does not leave the repo locked: the kernel drops a dead process's flock."""
     (tmp_path / ".dvc" / "tmp").mkdir(parents=True)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl,sys,time; f=open(sys.argv[1],'a'); fcntl.flock(f, fcntl.LOCK_EX); "
-         "print('held', flush=True); time.sleep(60)", str(tmp_path / lc.LOCK)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import fcntl,sys,time; f=open(sys.argv[1],'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+            "print('held', flush=True); time.sleep(60)",
+            str(tmp_path / lc.LOCK),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(UserError, match="another lab-compare"), lc.comparison_lock(tmp_path):

@@ -42,8 +42,12 @@ def test_ui_api_url_follows_port_and_sigterm_stops_both(tmp_path: Path, repo_roo
     import httpx
 
     pp, mp = _free_port(), _free_port()
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "ph"), PREFECT_API_URL="http://127.0.0.1:4200/api",
-               PYTHONPATH=str(repo_root))  # fmt: skip
+    env = dict(
+        os.environ,
+        PREFECT_HOME=str(tmp_path / "ph"),
+        PREFECT_API_URL="http://127.0.0.1:4200/api",
+        PYTHONPATH=str(repo_root),
+    )
     code = f"from tools.ui import start_uis; raise SystemExit(start_uis('none.yaml', {pp}, {mp}))"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env, start_new_session=True)
     import psutil

@@ -81,8 +81,14 @@ def test_evaluate_and_register_probe_the_store_first(stage, silent_server, tmp_p
     env = dict(os.environ, MLFLOW_TRACKING_URI=silent_server, PYTHONPATH=str(repo_root), OMP_NUM_THREADS="1")
     t0 = time.monotonic()
     try:
-        proc = subprocess.run([sys.executable, "-m", f"flows.{stage}", "--params", str(params)], cwd=tmp_path,
-                              env=env, capture_output=True, text=True, timeout=90)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", f"flows.{stage}", "--params", str(params)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
     except subprocess.TimeoutExpired:
         raise AssertionError(f"{stage} still talking to an unreachable store after 90 s") from None
     elapsed = time.monotonic() - t0

@@ -15,13 +15,16 @@ import pytest
 
 from workspace.lock import LOCK_NAME, WorkspaceLock, WorkspaceLockedError
 
-HOLD = "import sys, time; from workspace.lock import WorkspaceLock; WorkspaceLock(sys.argv[1]).acquire(); " \
-       "print('held', flush=True); time.sleep(60)"  # fmt: skip
+HOLD = (
+    "import sys, time; from workspace.lock import WorkspaceLock; WorkspaceLock(sys.argv[1]).acquire(); "
+    "print('held', flush=True); time.sleep(60)"
+)
 
 
 def test_a_second_run_in_the_same_workspace_is_refused_in_one_line(tmp_path, repo_root):
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], cwd=repo_root, stdout=subprocess.PIPE,
-                              text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(tmp_path)], cwd=repo_root, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(WorkspaceLockedError) as err:
@@ -55,13 +58,19 @@ def test_the_train_stage_refuses_a_second_start_in_one_line_before_any_work(tmp_
     params = tmp_path / "params.yaml"
     out = tmp_path / "train"
     params.write_text(f"orchestration:\n  checkpoint_dir: {out}\ntracking:\n  backend: 'null'\n")
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], cwd=repo_root, stdout=subprocess.PIPE,
-                              text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(out)], cwd=repo_root, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         t0 = time.monotonic()
-        second = subprocess.run([sys.executable, "-m", "flows.train", "--params", str(params)], cwd=repo_root,
-                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        second = subprocess.run(
+            [sys.executable, "-m", "flows.train", "--params", str(params)],
+            cwd=repo_root,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert time.monotonic() - t0 < 60
     finally:
         holder.kill()

@@ -1,6 +1,7 @@
 """The CPU decoder: HF ``generate`` for small Qwen2 decoders on the CPU, behind one function, :func:`generate`.
 
-* :mod:`~codea1_core.models.cpu_decode.engine`: the entry point (what :func:`generate` runs): which models, which decoder;
+* :mod:`~codea1_core.models.cpu_decode.engine`: the entry point (what :func:`generate` runs): which models,
+which decoder;
 * :mod:`~codea1_core.models.cpu_decode.exact`: the exact decoder (``generate``'s tokens bit for bit);
 * :mod:`~codea1_core.models.cpu_decode.shared`: the shared-prompt decoder (one key/value copy per prompt);
 * :mod:`~codea1_core.models.cpu_decode.prefill`: ``generate``'s prefill and the result type both decoders share;

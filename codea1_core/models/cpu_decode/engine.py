@@ -21,7 +21,8 @@ decoding, repetition penalties or any other logits processor, sliding-window or 
 model families it was not checked on. :func:`unsupported_reason`
 says when a model is outside that set; :class:`~codea1_core.models.policy.Policy` then calls ``generate``.
 
-Run: ``pytest tests/core/models/cpu_decode/test_engine.py tests/core/models/cpu_decode/test_shared_decode.py``; throughput: ``python bench/rollout_bench.py``.
+Run: ``pytest tests/core/models/cpu_decode/test_engine.py
+tests/core/models/cpu_decode/test_shared_decode.py``; throughput: ``python bench/rollout_bench.py``.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def sample(
     warpers: Sequence[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = (),
     share_prompt: bool = False,
 ) -> Sampled:
-    """Sample ``n`` completions per prompt as ``generate`` on the ``n``-times repeated batch does (see ``share_prompt``).
+    """Sample ``n`` completions per prompt as ``generate`` on the ``n``-times repeated batch does (see
+    ``share_prompt``).
 
     Args:
         model: An HF causal LM (or PEFT wrapper) for which :func:`unsupported_reason` is None, in eval mode.
@@ -108,7 +110,8 @@ def sample(
             state after).
 
     Returns:
-        :class:`~codea1_core.models.cpu_decode.prefill.Sampled` on the CPU, with as many steps as ``generate`` would have run.
+        :class:`~codea1_core.models.cpu_decode.prefill.Sampled` on the CPU, with as many steps as ``generate``
+        would have run.
     """
     if max_new_tokens < 1 or n < 1:
         raise ValueError(f"max_new_tokens and n: expected >= 1, got {max_new_tokens} and {n}")

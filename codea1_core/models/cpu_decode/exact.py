@@ -51,8 +51,9 @@ class _ViewCache:
             self.values.append(vb)
         self.length = prefill_cache.layers[0].keys.shape[2]
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
-               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this step's key/value column and return the filled prefix (length + 1)."""
         end = self.length + key_states.shape[2]
         self.keys[layer_idx][:, :, self.length : end] = key_states

@@ -39,7 +39,8 @@ Two things make a row's numbers depend on its batch on the CPU (measured with to
 
 The shared decode runs every step on a multiple of 16 rows (:class:`DecodeStep` ``min_rows``: ghost rows), so
 splitting the prompts over processes, or prompts leaving the batch, never changes another row's tokens
-(``tests/core/models/cpu_decode/test_shared_decode.py`` checks both on four model shapes). That holds with MKL in its ``COMPATIBLE``
+(``tests/core/models/cpu_decode/test_shared_decode.py`` checks both on four model shapes). That holds with MKL
+in its ``COMPATIBLE``
 branch (``model.cpu_numerics: reproducible``): in its default mode MKL's GEMM kernels depend on the CPU, and
 on an AMD EPYC (MKL 2024.2) a batched GEMM of the shared attention rounded otherwise for another batch count,
 so outside that branch the decode is not split (``codea1_core.models.cpu_numerics``)."""
@@ -74,8 +75,9 @@ def unsupported_reason(base: Any) -> str | None:
         return f"rope type {config.rope_parameters.get('rope_type')!r} (default only)"
     if config.hidden_act != "silu":
         return f"hidden_act {config.hidden_act!r} (silu only)"
-    norms = [base.model.norm] + [n for layer in base.model.layers for n in (layer.input_layernorm,
-                                                                          layer.post_attention_layernorm)]  # fmt: skip
+    norms = [base.model.norm] + [
+        n for layer in base.model.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)
+    ]
     if any(
         type(n).forward is not mq.Qwen2RMSNorm.forward or n._forward_hooks or n._forward_pre_hooks
         for n in norms
@@ -112,8 +114,9 @@ class DecodeStep:
         self.embed = model.embed_tokens
         self.rotary = model.rotary_emb
         self.apply_rotary = mq.apply_rotary_pos_emb
-        self.attention = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation,
-                                                               mq.eager_attention_forward)  # fmt: skip
+        self.attention = ALL_ATTENTION_FUNCTIONS.get_interface(
+            config._attn_implementation, mq.eager_attention_forward
+        )
         self.eager = config._attn_implementation == "eager"
         self.mask, self.dtype = mask, next(base.parameters()).dtype
         if mask is not None:
@@ -170,8 +173,15 @@ class DecodeStep:
         hidden = _rms_norm(hidden, *self.final_norm)
         return self.lm_head(hidden)[:rows, -1].to(copy=True, dtype=torch.float32)
 
-    def _attend(self, idx: int, layer: dict[str, Any], hidden: torch.Tensor, position_embeddings: tuple,
-                mask: torch.Tensor | None, rows: int) -> torch.Tensor:  # fmt: skip
+    def _attend(
+        self,
+        idx: int,
+        layer: dict[str, Any],
+        hidden: torch.Tensor,
+        position_embeddings: tuple,
+        mask: torch.Tensor | None,
+        rows: int,
+    ) -> torch.Tensor:
         """``Qwen2Attention.forward`` for one token: projections, rotary, cache write, HF's attention, o_proj.
 
         ``hidden`` holds the ``rows`` real rows, then any ghost rows (``min_rows``): the projections and rotary
@@ -190,8 +200,16 @@ class DecodeStep:
             out = self.shared_attend(idx, query, key, value, attn.scaling)
         else:
             key, value = self.cache.update(key, value, idx)
-            out, _ = self.attention(attn, query, key, value, mask, dropout=0.0, scaling=attn.scaling,
-                                    sliding_window=attn.sliding_window)  # fmt: skip
+            out, _ = self.attention(
+                attn,
+                query,
+                key,
+                value,
+                mask,
+                dropout=0.0,
+                scaling=attn.scaling,
+                sliding_window=attn.sliding_window,
+            )
         out = out.reshape(rows, hidden.shape[1], -1).contiguous()
         if hidden.shape[0] > rows:
             out = torch.cat([out, out.new_zeros((hidden.shape[0] - rows, *out.shape[1:]))])

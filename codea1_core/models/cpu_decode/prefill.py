@@ -37,6 +37,12 @@ def prefill(base: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) ->
     # generate's positions count real tokens only (left padding at 0)
     positions = attention_mask.long().cumsum(-1) - 1
     positions = positions.masked_fill(attention_mask == 0, 0)
-    out = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
-               logits_to_keep=1, return_dict=True)  # fmt: skip
+    out = base(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+        return_dict=True,
+    )
     return out.logits[:, -1].to(copy=True, dtype=torch.float32), out.cache, positions[:, -1:]

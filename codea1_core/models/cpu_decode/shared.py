@@ -72,8 +72,11 @@ class PromptState:
         ):
             return self
         bias = None if self.bias is None else self.bias.index_select(0, prompts)
-        return PromptState([k.index_select(0, prompts) for k in self.keys],
-                           [v.index_select(0, prompts) for v in self.values], bias)  # fmt: skip
+        return PromptState(
+            [k.index_select(0, prompts) for k in self.keys],
+            [v.index_select(0, prompts) for v in self.values],
+            bias,
+        )
 
 
 class _SharedPromptCache:
@@ -106,8 +109,9 @@ class _SharedPromptCache:
         if self.prompt_bias is not None:
             self.prompt_bias = self.prompt_bias.index_select(0, prompts)
 
-    def attend(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               scaling: float) -> torch.Tensor:  # fmt: skip
+    def attend(
+        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float
+    ) -> torch.Tensor:
         """Store this step's key/value column; attention output ``[rows, 1, heads, head_dim]`` (HF's layout).
 
         ``query`` is ``[rows, heads, 1, head_dim]``, ``key``/``value`` ``[rows, kv_heads, 1, head_dim]``; rows are
@@ -195,7 +199,8 @@ class _Decode:
     def run(self, prompts: torch.Tensor) -> int:
         """Decode the rows of ``prompts`` (ascending indices); returns the steps they ran (their longest row).
 
-        Each row's numbers do not depend on which other rows share its batch (``tests/core/models/cpu_decode/test_shared_decode.py``
+        Each row's numbers do not depend on which other rows share its batch
+        (``tests/core/models/cpu_decode/test_shared_decode.py``
         checks split against whole bitwise), so any partition of the prompts gives the same result.
         """
         n, device = self.n, self.logits.device
@@ -250,16 +255,25 @@ class _Decode:
             tensors[f"keys.{layer}"], tensors[f"values.{layer}"] = keys, values
         if state.bias is not None:
             tensors["bias"] = state.bias
-        meta = {"layers": len(state.keys), "n": self.n, "eos": list(self.eos), "pad_id": self.pad_id,
-                "do_sample": self.do_sample, "warpers": list(self.warpers), "max_new": self.tokens.shape[1]}  # fmt: skip
+        meta = {
+            "layers": len(state.keys),
+            "n": self.n,
+            "eos": list(self.eos),
+            "pad_id": self.pad_id,
+            "do_sample": self.do_sample,
+            "warpers": list(self.warpers),
+            "max_new": self.tokens.shape[1],
+        }
         return tensors, meta
 
 
 def _worker_job(base: Any, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> tuple[dict, int]:
-    """A decode worker's job (:mod:`codea1_core.models.cpu_decode.workers`): :meth:`_Decode.run` over all its prompts."""
+    """A decode worker's job (:mod:`codea1_core.models.cpu_decode.workers`): :meth:`_Decode.run` over all its
+    prompts."""
     layers = range(meta["layers"])
-    state = PromptState([tensors[f"keys.{i}"] for i in layers], [tensors[f"values.{i}"] for i in layers],
-                        tensors.get("bias"))  # fmt: skip
+    state = PromptState(
+        [tensors[f"keys.{i}"] for i in layers], [tensors[f"values.{i}"] for i in layers], tensors.get("bias")
+    )
     rows, max_new = tensors["logits"].shape[0], meta["max_new"]
     decode = _Decode(
         base=base,
@@ -300,7 +314,8 @@ def sample_shared(
       ``u[row, t]``, all drawn up front from the default generator (``rows x max_new_tokens`` of them, so it
       ends in the same place whatever stops early). ``generate`` draws a ``[rows, vocab]`` exponential block
       per step (6 ms on one core at the lab's test rollout, more than the forward); the same seed therefore
-      gives other tokens than ``generate``'s, from the same distribution (``tests/core/models/cpu_decode/test_shared_decode.py``);
+      gives other tokens than ``generate``'s, from the same distribution
+      (``tests/core/models/cpu_decode/test_shared_decode.py``);
     * work skipped: once all ``n`` rows of a prompt have stopped, its rows leave the batch (their tokens are
       pad from then on, as ``generate`` writes them; their log-probs 0, unused by ``Policy``);
     * small models (:data:`SMALL_MODEL_HIDDEN`) decode on one intra-op thread per process, in as many processes
@@ -412,7 +427,8 @@ def _decode_split(decode: _Decode, processes: int) -> int:
 
 
 def _inverse_cdf(scores: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """One token per row from ``softmax(scores)`` at the row's uniform in [0, 1): the first index whose CDF exceeds it."""
+    """One token per row from ``softmax(scores)`` at the row's uniform in [0, 1): the first index whose CDF
+    exceeds it."""
     cdf = torch.softmax(scores, dim=-1, dtype=torch.float32).cumsum_(dim=-1)
     total = cdf[:, -1:]
     if not bool(((total > 0) & (total < float("inf"))).all()):  # what multinomial refuses (nan/inf logits)

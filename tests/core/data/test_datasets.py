@@ -68,7 +68,7 @@ MBPP_ROWS = [
      "test_setup_code": "", "challenge_test_list": []},
     {"task_id": 520, "text": "Write a function to negate.", "code": "def neg(x):\n  return -x",
      "test_list": ["assert neg(1) == -1"], "test_setup_code": "", "challenge_test_list": []},
-]  # fmt: skip
+]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -234,9 +234,9 @@ def _kod_rows() -> list[dict]:
                         "        if target - x in seen:\n            return [seen[target - x], i]\n        seen[x] = i\n    return []\n",
             "test": KOD_TEST,
             "test_info": [{"function_name": "two_sum", "function_declaration": "def two_sum(nums, target):",
-                           "parameter_list": "(nums, target)", "docstring": "Two sum."}]}  # fmt: skip
+                           "parameter_list": "(nums, target)", "docstring": "Two sum."}]}
     return [{**base, "question_id": "Leetcode_1", "gpt_difficulty": "hard"},
-            {**base, "question_id": "Leetcode_2", "gpt_difficulty": "easy"}]  # fmt: skip
+            {**base, "question_id": "Leetcode_2", "gpt_difficulty": "easy"}]
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
@@ -276,7 +276,7 @@ def test_kodcode_missing_column_and_corrupt_line(tmp_path):
 
 def _problem(tests: tuple[TestCase, ...], **kw) -> Problem:
     return Problem(id="t/1", source="mbpp", split="train", prompt="def f(x):\n", description="d", entry_point="f",
-                   reference_solution="def f(x):\n    return x\n", tests=tests, **kw)  # fmt: skip
+                   reference_solution="def f(x):\n    return x\n", tests=tests, **kw)
 
 
 def test_resolve_fills_values_and_drops_disagreeing_tests():
@@ -315,7 +315,7 @@ def test_resolve_uses_the_task_atol():
 def test_prepared_parquet_round_trip_and_errors(tmp_path):
     values = [float("nan"), (1, "a"), {1, 2}, {"k": [None, b"x"]}, -0.0, 10**40]
     p = _problem(tuple(TestCase(f"f({i})", v) for i, v in enumerate(values)), imports=("import math",), atol=1e-4,
-                 plus_tests=(TestCase("f(9)", True),), metadata={"reference_passes": True, "family": "x"})  # fmt: skip
+                 plus_tests=(TestCase("f(9)", True),), metadata={"reference_passes": True, "family": "x"})
     path = save_prepared([p], tmp_path / "sub" / "train.parquet")
     (back,) = load_prepared(path)
     assert back.imports == ("import math",) and back.atol == 1e-4 and back.metadata == p.metadata

@@ -82,11 +82,11 @@ def test_warmstart_stage_feeds_the_extra_problems_to_the_code_role_only(tmp_path
     lab = {"families": ["is_above", "first_or"], "train_per_family": 2, "heldout_per_family": 1,
            "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "vocab_size": 512,
            "warmstart_code_examples_per_problem": 1, "warmstart_test_examples_per_problem": 1,
-           "warmstart_code_problems_per_family": 5}  # fmt: skip
+           "warmstart_code_problems_per_family": 5}
     root = tmp_path / "ws"
     model = {"code_path": str(root / "code"), "test_path": str(root / "test")}
     cfg = Config.from_dict({"mode": "codea1", "lab": lab, "model": model, "tracking": {"backend": "null"},
-                            "data": {"prepared_dir": str(tmp_path / "none")}})  # fmt: skip
+                            "data": {"prepared_dir": str(tmp_path / "none")}})
     metrics = warmstart.warm_start(cfg, root=root)
     prompts = {role: {ex["messages"][-2]["content"] for ex in seen[role]} for role in ("code", "test")}
     assert len(seen["code"]) == 2 * 5 and len(prompts["code"]) == 2 * 5  # 5 distinct problems per family

@@ -72,12 +72,18 @@ def test_match_returning_task_keeps_every_input_and_fails_a_none_sample(tmp_path
     _write_evalplus(tmp_path / "data" / "mbppplus", "MbppPlus", [MATCH_ROW])
     cfg = Config.from_dict(
         {
-            "data": {"prepared_dir": str(tmp_path / "prepared"), "data_dir": str(tmp_path / "data"),
-                     "train_sources": ["lab"], "val_sources": ["lab"], "eval_benchmarks": ["mbppplus"],
-                     "max_problems_per_source": 2, "reference_call_timeout_s": 5.0},
+            "data": {
+                "prepared_dir": str(tmp_path / "prepared"),
+                "data_dir": str(tmp_path / "data"),
+                "train_sources": ["lab"],
+                "val_sources": ["lab"],
+                "eval_benchmarks": ["mbppplus"],
+                "max_problems_per_source": 2,
+                "reference_call_timeout_s": 5.0,
+            },
             "lab": {"train_per_family": 1, "heldout_per_family": 1},
         }
-    )  # fmt: skip
+    )
     report = prepare(cfg)
     assert report["excluded_tests"] == {} and report["rejected"] == []
     (problem,) = load_prepared(Path(cfg.data.prepared_dir) / "eval_mbppplus.parquet")
@@ -110,9 +116,15 @@ def test_not_none_tasks_of_mbppplus_keep_all_inputs(shared_data_dir):
 
 def _problem(pid: str, tests: tuple[TestCase, ...], source: str = "mbppplus") -> Problem:
     return Problem(
-        id=pid, source=source, split="test", prompt="", description="", entry_point="f",
-        reference_solution="def f(x):\n    return x\n", tests=tests,
-    )  # fmt: skip
+        id=pid,
+        source=source,
+        split="test",
+        prompt="",
+        description="",
+        entry_point="f",
+        reference_solution="def f(x):\n    return x\n",
+        tests=tests,
+    )
 
 
 def test_problem_without_tests_is_excluded_and_counted_never_passed():
@@ -135,8 +147,13 @@ def test_problem_without_tests_is_rejected_by_prepare_and_masked_in_golden_rewar
     from flows.prepare import _verify
 
     problem = _problem("Mbpp/3", (TestCase("f(1)", PENDING), TestCase("f(2)", PENDING)))
-    report = {"sources": {"eval_x/mbppplus": {"loaded": 1}}, "excluded_test_reasons": Counter(),
-              "excluded_tests": {}, "skipped_asserts": {}, "rejected": []}  # fmt: skip
+    report = {
+        "sources": {"eval_x/mbppplus": {"loaded": 1}},
+        "excluded_test_reasons": Counter(),
+        "excluded_tests": {},
+        "skipped_asserts": {},
+        "rejected": [],
+    }
     outcomes = [CallOutcome("unsupported_output", None, "UnsupportedValue: re.Match"), CallOutcome("timeout")]
     kept = _verify(Config(), "eval_x", [("mbppplus", problem)], [outcomes], report)
     assert kept == [] and report["rejected"][0]["id"] == "Mbpp/3"
@@ -191,18 +208,30 @@ def test_sample_runs_as_written_and_slow_inputs_fail_under_the_evalplus_protocol
     """Bug: the reference's imports were put in front of the sample (a forgotten ``import math`` passed),
     the float tolerance was 1e-6 relative, and the time limit flat. Training rules stay available."""
     problem = Problem(
-        id="HumanEval/0", source="humanevalplus", split="test", prompt="", description="", entry_point="f",
+        id="HumanEval/0",
+        source="humanevalplus",
+        split="test",
+        prompt="",
+        description="",
+        entry_point="f",
         reference_solution="import math\ndef f(x):\n    return math.sqrt(x)\n",
-        tests=(TestCase("f(4e12)", 2e6),), plus_tests=(TestCase("f(9e12)", 3e6),),
+        tests=(TestCase("f(4e12)", 2e6),),
+        plus_tests=(TestCase("f(9e12)", 3e6),),
         metadata={"ref_time_s": [0.001, 0.001]},
-    )  # fmt: skip
+    )
     forgot_import = "def f(x):\n    return math.sqrt(x)\n"
     close = "import math\ndef f(x):\n    return math.sqrt(x) * (1 + 5e-7)\n"  # 1.0 off at 2e6: 5e-7 relative
     slow = "import math, time\ndef f(x):\n    time.sleep(1.3 if x > 5e12 else 0)\n    return math.sqrt(x)\n"
     assert _judge(problem, [forgot_import, close, slow], evalplus=True) == [
-        (False, False), (False, False), (True, False)]  # fmt: skip
+        (False, False),
+        (False, False),
+        (True, False),
+    ]
     assert _judge(problem, [forgot_import, close, slow], evalplus=False) == [
-        (True, True), (True, True), (True, True)]  # fmt: skip
+        (True, True),
+        (True, True),
+        (True, True),
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -232,9 +261,16 @@ def test_a_run_past_evalplus_run_cap_fails_its_remaining_inputs():
     samples of heavy tasks (HumanEval/15) fail there, input limits notwithstanding."""
     tests = tuple(TestCase(f"f({i})", i) for i in range(70))
     problem = Problem(
-        id="HumanEval/15", source="humanevalplus", split="test", prompt="", description="", entry_point="f",
-        reference_solution="def f(x):\n    return x\n", tests=tests, metadata={"ref_time_s": [0.1] * 70},
-    )  # fmt: skip
+        id="HumanEval/15",
+        source="humanevalplus",
+        split="test",
+        prompt="",
+        description="",
+        entry_point="f",
+        reference_solution="def f(x):\n    return x\n",
+        tests=tests,
+        metadata={"ref_time_s": [0.1] * 70},
+    )
     fast = [CallOutcome("ok", i, duration_s=0.5) for i in range(70)]  # 35 s in all: under the 62 s cap
     slow = [CallOutcome("ok", i, duration_s=0.95) for i in range(70)]  # each under 1 s, 66.5 s in all
     assert judge_sample(problem, fast, 1e-6, 1e-6, True).base

@@ -320,7 +320,8 @@ def test_score_suites_pass_mut_mul_with_golden_suite(tmp_path):
     ref = "def clamp(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n    return x\n"
     p = problem("c", entry="clamp", reference=ref, tests=(), plus=())
     good = fenced(
-        "assert clamp(-5, 0, 10) == 0\nassert clamp(50, 0, 10) == 10\nassert clamp(3, 0, 10) == 3\nassert clamp(0, 0, 10) == 0"
+        "assert clamp(-5, 0, 10) == 0\nassert clamp(50, 0, 10) == 10\n"
+        "assert clamp(3, 0, 10) == 3\nassert clamp(0, 0, 10) == 0"
     )
     weak = fenced("assert clamp(3, 0, 10) == 3\nassert clamp(1, 0, 10) == 2")
     cfg = small_cfg(tmp_path)
@@ -396,7 +397,10 @@ BCB_ROW = {
     "instruct_prompt": "Write task_func(x) returning the square root of x.",
     "canonical_solution": "    return math.sqrt(x)\n",
     "code_prompt": "import math\ndef task_func(x):\n",
-    "test": "import unittest\nclass TestCases(unittest.TestCase):\n    def test_a(self):\n        self.assertEqual(task_func(9), 3.0)\n",
+    "test": (
+        "import unittest\nclass TestCases(unittest.TestCase):\n"
+        "    def test_a(self):\n        self.assertEqual(task_func(9), 3.0)\n"
+    ),
     "entry_point": "task_func",
     "doc_struct": "{}",
     "libs": "['math']",

@@ -13,13 +13,21 @@ from codea1_core.evaluation.report import learning_rows, render_report
 
 PROMOTE = "code/lab_heldout_seen/base/pass@1"
 METRICS = {
-    PROMOTE: 58.5, f"warmstart/{PROMOTE}": 45.4, f"delta/{PROMOTE}": 13.1,
-    "code/lab_heldout/base/pass@1": 50.0, "warmstart/code/lab_heldout/base/pass@1": 40.0,
+    PROMOTE: 58.5,
+    f"warmstart/{PROMOTE}": 45.4,
+    f"delta/{PROMOTE}": 13.1,
+    "code/lab_heldout/base/pass@1": 50.0,
+    "warmstart/code/lab_heldout/base/pass@1": 40.0,
     "delta/code/lab_heldout/base/pass@1": 10.0,
-    "test/lab_heldout/pass@5": 29.7, "warmstart/test/lab_heldout/pass@5": 23.5, "delta/test/lab_heldout/pass@5": 6.2,
-    "test/lab_heldout/mut@5": 36.1, "warmstart/test/lab_heldout/mut@5": 40.6, "delta/test/lab_heldout/mut@5": -4.5,
-    "test/lab_heldout/pass@5_ult": 26.9, "code/lab_heldout/base/avg@8": 30.0,
-}  # fmt: skip
+    "test/lab_heldout/pass@5": 29.7,
+    "warmstart/test/lab_heldout/pass@5": 23.5,
+    "delta/test/lab_heldout/pass@5": 6.2,
+    "test/lab_heldout/mut@5": 36.1,
+    "warmstart/test/lab_heldout/mut@5": 40.6,
+    "delta/test/lab_heldout/mut@5": -4.5,
+    "test/lab_heldout/pass@5_ult": 26.9,
+    "code/lab_heldout/base/avg@8": 30.0,
+}
 
 
 def test_learning_rows_promote_first_then_code_then_test() -> None:

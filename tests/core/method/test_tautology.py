@@ -22,9 +22,15 @@ from tasks.quality import gx_gate_tests
 REF = "def f(x):\n    return x + 1\n"
 BUGGY = "def f(x):\n    return x + 1 if x < 3 else x"
 PROBLEM = Problem(
-    id="toy/taut", source="lab", split="train", prompt="def f(x):", description="f(x) returns x + 1.",
-    entry_point="f", reference_solution=REF, tests=(TestCase("f(1)", 2),),
-)  # fmt: skip
+    id="toy/taut",
+    source="lab",
+    split="train",
+    prompt="def f(x):",
+    description="f(x) returns x + 1.",
+    entry_point="f",
+    reference_solution=REF,
+    tests=(TestCase("f(1)", 2),),
+)
 TAUTOLOGIES = [
     "assert f(2) == f(2)",
     "y = f(3)\nassert f(3) == y",

@@ -28,10 +28,24 @@ QWEN_YAML = ROOT / "configs" / "qwen2.5-coder-1.5b.yaml"
 QWEN_SHAPE = ModelShape.from_hf_config(
     json.loads((ROOT / "configs" / "qwen2.5-coder-1.5b.config.json").read_text())
 )
-GQA = {"vocab_size": 2048, "hidden_size": 128, "num_hidden_layers": 3, "intermediate_size": 640,
-       "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True, "model_type": "qwen2"}  # fmt: skip
-MHA = {**GQA, "hidden_size": 256, "num_hidden_layers": 2, "intermediate_size": 1024, "num_key_value_heads": 4,
-       "tie_word_embeddings": False}  # fmt: skip
+GQA = {
+    "vocab_size": 2048,
+    "hidden_size": 128,
+    "num_hidden_layers": 3,
+    "intermediate_size": 640,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "tie_word_embeddings": True,
+    "model_type": "qwen2",
+}
+MHA = {
+    **GQA,
+    "hidden_size": 256,
+    "num_hidden_layers": 2,
+    "intermediate_size": 1024,
+    "num_key_value_heads": 4,
+    "tie_word_embeddings": False,
+}
 
 
 def cpu_cfg(**overrides) -> Config:
@@ -46,9 +60,15 @@ def models(tmp_path_factory):
     torch.set_num_threads(1)
     work = tmp_path_factory.mktemp("plan")
     tiny = build_tiny_model(work / "tok", ["def f(x):\n    return x\n"] * 20, vocab_size=300)
-    return {name: random_init_like({k: v for k, v in raw.items() if k != "model_type"}, work / name,
-                                   tokenizer_dir=tiny, dtype="float32")
-            for name, raw in (("gqa", GQA), ("mha", MHA))}  # fmt: skip
+    return {
+        name: random_init_like(
+            {k: v for k, v in raw.items() if k != "model_type"},
+            work / name,
+            tokenizer_dir=tiny,
+            dtype="float32",
+        )
+        for name, raw in (("gqa", GQA), ("mha", MHA))
+    }
 
 
 @pytest.mark.parametrize("raw", [GQA, MHA], ids=["gqa-tied", "mha-untied"])
@@ -72,8 +92,10 @@ def test_saved_activations_match_the_real_forward(models, name, checkpointing):
     cfg = cpu_cfg(**{"model.gradient_checkpointing": checkpointing})
     policy = Policy(str(models[name]), cfg, role="code")
     rng = random.Random(0)
-    samples = [([rng.randrange(3, 2048) for _ in range(16)], [rng.randrange(3, 2048) for _ in range(240)])
-               for _ in range(8)]  # fmt: skip
+    samples = [
+        ([rng.randrange(3, 2048) for _ in range(16)], [rng.randrange(3, 2048) for _ in range(240)])
+        for _ in range(8)
+    ]
     weights = {p.untyped_storage().data_ptr() for p in policy.model.parameters()}
     storages: dict[int, int] = {}
 
@@ -111,12 +133,22 @@ def test_step_peak_matches_measured_rss_without_full_vocab_logits(tmp_path):
         "--tokens",
         "4096",
     ]
-    out = subprocess.run([sys.executable, str(probe), *args, "--finetune", "full"], capture_output=True,
-                         text=True, timeout=600, check=True, cwd=ROOT)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(probe), *args, "--finetune", "full"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+        cwd=ROOT,
+    )
     measured = json.loads(out.stdout.strip().splitlines()[-1])
     raw = {**measured["config"], "model_type": "qwen2"}
-    plan = estimate(cpu_cfg(**{"model.finetune": "full", "grpo.micro_batch_tokens": 4096}),
-                    ModelShape.from_hf_config(raw), 0, on_gpu=False)  # fmt: skip
+    plan = estimate(
+        cpu_cfg(**{"model.finetune": "full", "grpo.micro_batch_tokens": 4096}),
+        ModelShape.from_hf_config(raw),
+        0,
+        on_gpu=False,
+    )
     step_parts = sum(plan.parts[k] for k in ("gradients", "optimizer", "activations", "lm_head"))
     ratio = measured["step_bytes"] / step_parts
     assert 0.7 < ratio < 1.5, f"step peak {measured['step_bytes'] / 2**20:.0f} MiB = {ratio:.2f}x the plan"
@@ -156,10 +188,13 @@ def test_qwen_recipe_verdicts():
     ("overrides", "key"),
     [
         (["rollout.gpu_memory_utilization=0.9"], "rollout.gpu_memory_utilization="),
-        (["model.gradient_checkpointing=false", "rollout.gpu_memory_utilization=0.2"], "model.gradient_checkpointing=true"),
+        (
+            ["model.gradient_checkpointing=false", "rollout.gpu_memory_utilization=0.2"],
+            "model.gradient_checkpointing=true",
+        ),
         (["grpo.micro_batch_tokens=262144", "rollout.backend=hf"], "grpo.micro_batch_tokens="),
     ],
-)  # fmt: skip
+)
 def test_a_config_that_cannot_fit_names_the_key_to_change(overrides, key):
     cfg = qwen_cfg(*overrides)
     ok, line = verdict(cfg, QWEN_SHAPE, 80)
@@ -170,8 +205,13 @@ def test_a_config_that_cannot_fit_names_the_key_to_change(overrides, key):
 
 @pytest.mark.e2e
 def test_codea1_plan_prints_both_gpu_verdicts():
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "plan", "--params", str(QWEN_YAML)],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "plan", "--params", str(QWEN_YAML)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr
     assert "80 GB GPU: fits" in out.stdout and "141 GB GPU: fits" in out.stdout
     assert "activations" in out.stdout and "vllm" in out.stdout
@@ -180,8 +220,15 @@ def test_codea1_plan_prints_both_gpu_verdicts():
 @pytest.mark.e2e
 def test_train_start_stops_in_one_line_when_it_cannot_fit(tmp_path):
     """Only with a GPU (or ``model.gpu_memory_gb``): here 8 GB for two 1.5B policies cannot fit."""
-    args = [sys.executable, "-m", "flows.train", "--params", str(QWEN_YAML), "model.gpu_memory_gb=8.0",
-            f"orchestration.checkpoint_dir={tmp_path / 'train'}"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "flows.train",
+        "--params",
+        str(QWEN_YAML),
+        "model.gpu_memory_gb=8.0",
+        f"orchestration.checkpoint_dir={tmp_path / 'train'}",
+    ]
     out = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 2
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]

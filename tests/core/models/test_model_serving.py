@@ -81,8 +81,21 @@ def _serve(cfg: Config, cwd: Path, model_dir: Path, max_new_tokens: int = 6) -> 
     env |= {"MLFLOW_TRACKING_URI": cfg.tracking.tracking_uri, "PYTHONPATH": str(REPO)}
     mlflow_bin = Path(sys.executable).parent / "mlflow"
     env["PATH"] = f"{mlflow_bin.parent}:{env.get('PATH', '')}"  # the venv active, as a user has it (uvicorn)
-    cmd = [str(mlflow_bin), "models", "serve", "-m", "models:/codea1-code@champion", "--env-manager", "local",
-           "-h", "127.0.0.1", "-p", str(port), "-w", "1"]  # fmt: skip
+    cmd = [
+        str(mlflow_bin),
+        "models",
+        "serve",
+        "-m",
+        "models:/codea1-code@champion",
+        "--env-manager",
+        "local",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "-w",
+        "1",
+    ]
     cwd.mkdir(exist_ok=True)
     log = cwd / "serve.log"
     with open(log, "wb") as out:

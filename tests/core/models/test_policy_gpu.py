@@ -45,8 +45,10 @@ def _batch(vocab: int, seed: int):
 
     rng = random.Random(seed)
     prompts = [[rng.randrange(3, vocab) for _ in range(PROMPT_TOKENS)] for _ in range(SAMPLES)]
-    completions = [[rng.randrange(3, vocab) for _ in range(rng.randint(COMPLETION_TOKENS // 2, COMPLETION_TOKENS))]
-                   for _ in range(SAMPLES)]  # fmt: skip
+    completions = [
+        [rng.randrange(3, vocab) for _ in range(rng.randint(COMPLETION_TOKENS // 2, COMPLETION_TOKENS))]
+        for _ in range(SAMPLES)
+    ]
     advantages = [rng.gauss(0.0, 1.0) for _ in range(SAMPLES)]
     return TrainBatch(prompts, completions, advantages)
 

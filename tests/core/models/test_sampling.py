@@ -9,10 +9,19 @@ from codea1_core.models.sampling import SamplingParams, sampling_params
 from codea1_core.types import Problem, TestCase
 
 CFG = Config().replace(
-    **{"rollout.temperature": 0.9, "rollout.top_p": 0.8, "rollout.top_k": 7, "rollout.max_new_tokens_code": 11,
-       "rollout.max_new_tokens_test": 13, "rollout.max_prompt_tokens_test": 17, "eval.temperature": 0.3,
-       "eval.top_p": 0.6, "eval.max_new_tokens": 19, "seed": 5}
-)  # fmt: skip
+    **{
+        "rollout.temperature": 0.9,
+        "rollout.top_p": 0.8,
+        "rollout.top_k": 7,
+        "rollout.max_new_tokens_code": 11,
+        "rollout.max_new_tokens_test": 13,
+        "rollout.max_prompt_tokens_test": 17,
+        "eval.temperature": 0.3,
+        "eval.top_p": 0.6,
+        "eval.max_new_tokens": 19,
+        "seed": 5,
+    }
+)
 
 
 def test_rollout_settings_per_role() -> None:
@@ -46,8 +55,16 @@ class _Recorder:
 
 
 def _problem() -> Problem:
-    return Problem(id="t/1", source="lab", split="train", prompt="def f(x):\n", description="d", entry_point="f",
-                   reference_solution="def f(x):\n    return x\n", tests=(TestCase("f(1)", 1),))  # fmt: skip
+    return Problem(
+        id="t/1",
+        source="lab",
+        split="train",
+        prompt="def f(x):\n",
+        description="d",
+        entry_point="f",
+        reference_solution="def f(x):\n    return x\n",
+        tests=(TestCase("f(1)", 1),),
+    )
 
 
 def test_training_rollouts_use_the_builder_with_the_iteration_seed() -> None:

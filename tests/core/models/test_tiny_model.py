@@ -13,8 +13,16 @@ CORPUS = ["def add(a, b):\n    return a + b\n", "assert add(1, 2) == 3\n", "Add 
 def test_build_tiny_model_is_a_loadable_qwen2_dir(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
 
-    out = build_tiny_model(tmp_path / "m", CORPUS, hidden_size=32, num_layers=1, num_heads=2,
-                           intermediate_size=64, vocab_size=400, seed=1)  # fmt: skip
+    out = build_tiny_model(
+        tmp_path / "m",
+        CORPUS,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        intermediate_size=64,
+        vocab_size=400,
+        seed=1,
+    )
     assert not (tmp_path / "m.tmp").exists()
     model = AutoModelForCausalLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)

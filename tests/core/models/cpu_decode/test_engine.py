@@ -33,10 +33,17 @@ def lab_dir(tmp_path_factory):
 
     lab = Config().lab
     return str(
-        build_tiny_model(tmp_path_factory.mktemp("fast-lab") / "model", tokenizer_corpus(lab),
-                         hidden_size=lab.hidden_size, num_layers=lab.num_layers, num_heads=lab.num_heads,
-                         intermediate_size=lab.intermediate_size, vocab_size=lab.vocab_size, seed=0)
-    )  # fmt: skip
+        build_tiny_model(
+            tmp_path_factory.mktemp("fast-lab") / "model",
+            tokenizer_corpus(lab),
+            hidden_size=lab.hidden_size,
+            num_layers=lab.num_layers,
+            num_heads=lab.num_heads,
+            intermediate_size=lab.intermediate_size,
+            vocab_size=lab.vocab_size,
+            seed=0,
+        )
+    )
 
 
 def make_policy(model_dir: str, **overrides) -> Policy:
@@ -92,10 +99,18 @@ def reference_generate(model, ids, mask, n, eos_ids, max_new_tokens):
     """Today's path by hand: ``generate`` on the n-times repeated batch with the raw log-prob recorder."""
     recorder = _RawLogprobRecorder()
     seqs = model.generate(
-        input_ids=ids.repeat_interleave(n, 0), attention_mask=mask.repeat_interleave(n, 0), do_sample=True,
-        temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
-        pad_token_id=0, eos_token_id=eos_ids, logits_processor=LogitsProcessorList([recorder]),
-    )  # fmt: skip
+        input_ids=ids.repeat_interleave(n, 0),
+        attention_mask=mask.repeat_interleave(n, 0),
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        repetition_penalty=1.0,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=0,
+        eos_token_id=eos_ids,
+        logits_processor=LogitsProcessorList([recorder]),
+    )
     new = seqs[:, ids.shape[1] :]
     recorder.take(new[:, -1])
     return new, torch.stack(recorder.logprobs, 1)
@@ -168,10 +183,18 @@ def test_models_off_the_cpu_fall_back_to_generate(tiny_dir):
     assert "device meta" in engine.unsupported_reason(model)
 
 
-@pytest.mark.parametrize(("name", "lora", "padded"), [("lab", False, True), ("lab", False, False),
-                                                      ("gqa", False, True), ("gqa", False, False),
-                                                      ("eager", False, True), ("eager", False, False),
-                                                      ("gqa", True, True)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "lora", "padded"),
+    [
+        ("lab", False, True),
+        ("lab", False, False),
+        ("gqa", False, True),
+        ("gqa", False, False),
+        ("eager", False, True),
+        ("eager", False, False),
+        ("gqa", True, True),
+    ],
+)
 def test_hand_written_decode_step_equals_hf_forward(name, lora, padded):
     """DecodeStep's logits are bitwise HF's forward with its DynamicCache (what ``generate`` runs), 4 steps.
 
@@ -198,8 +221,17 @@ def test_hand_written_decode_step_equals_hf_forward(name, lora, padded):
         tokens = out.logits[:, -1].argmax(-1)
         for t in range(4):
             position, full_mask = position + 1, torch.cat([full_mask, torch.ones_like(mask[:, :1])], 1)
-            ref = model(input_ids=tokens[:, None], attention_mask=full_mask, position_ids=position,
-                        cache=ref_cache, use_cache=True).logits[:, -1].float()  # fmt: skip
+            ref = (
+                model(
+                    input_ids=tokens[:, None],
+                    attention_mask=full_mask,
+                    position_ids=position,
+                    cache=ref_cache,
+                    use_cache=True,
+                )
+                .logits[:, -1]
+                .float()
+            )
             cache.length = ids.shape[1] + t
             got = step(tokens, position)
             assert torch.equal(got, ref), f"step {t}: max diff {(got - ref).abs().max().item()}"

@@ -34,8 +34,9 @@ from codea1_core.models.cpu_decode import engine, prefill, shared
 from codea1_core.models.policy import Policy, SamplingParams
 
 
-def teacher_forced_logprobs(model, ids: torch.Tensor, mask: torch.Tensor, n: int, tokens: torch.Tensor,
-                            eos_ids: list[int]) -> list[torch.Tensor]:  # fmt: skip
+def teacher_forced_logprobs(
+    model, ids: torch.Tensor, mask: torch.Tensor, n: int, tokens: torch.Tensor, eos_ids: list[int]
+) -> list[torch.Tensor]:
     """Per row, HF's log-softmax at each sampled token up to and including its stop (one full forward)."""
     out = []
     for r in range(tokens.shape[0]):
@@ -58,8 +59,9 @@ def test_logprobs_equal_hf_forward_with_padding_and_finished_prompts(name, lora,
     """The decode's logits are HF's (teacher-forced, 1e-5), while prompts finish and leave the batch."""
     kept = []
     real_keep = shared._SharedPromptCache.keep
-    monkeypatch.setattr(shared._SharedPromptCache, "keep",
-                        lambda self, p, r: kept.append(len(p)) or real_keep(self, p, r))  # fmt: skip
+    monkeypatch.setattr(
+        shared._SharedPromptCache, "keep", lambda self, p, r: kept.append(len(p)) or real_keep(self, p, r)
+    )
     model = random_qwen2(name, lora)
     vocab = engine._base_model(model).config.vocab_size
     ids = torch.randint(3, vocab, (6, 7), generator=torch.Generator().manual_seed(2))
@@ -67,8 +69,9 @@ def test_logprobs_equal_hf_forward_with_padding_and_finished_prompts(name, lora,
     mask = (ids != 0).long()
     eos_ids = list(range(3, 3 + vocab // 12))  # ~8% of the vocabulary ends a row
     torch.manual_seed(3)
-    out = engine.sample(model, ids, mask, n=3, max_new_tokens=30, eos_ids=eos_ids, pad_id=0,
-                               do_sample=True, share_prompt=True)  # fmt: skip
+    out = engine.sample(
+        model, ids, mask, n=3, max_new_tokens=30, eos_ids=eos_ids, pad_id=0, do_sample=True, share_prompt=True
+    )
     assert kept, "no prompt left the batch: the test does not cover the compaction"
     expected = teacher_forced_logprobs(model, ids, mask, 3, out.tokens, eos_ids)
     for r, ref in enumerate(expected):
@@ -98,9 +101,18 @@ def test_first_token_frequencies_match_the_warped_softmax(tiny_dir, temperature,
         scores = warp(enc["input_ids"], scores)
     probs = torch.softmax(scores, -1)[0]
     torch.manual_seed(4)
-    out = engine.sample(pol.model, enc["input_ids"], enc["attention_mask"], n=rows, max_new_tokens=1,
-                               eos_ids=pol.eos_ids, pad_id=0, do_sample=True, warpers=pol._warpers(sp),
-                               share_prompt=True)  # fmt: skip
+    out = engine.sample(
+        pol.model,
+        enc["input_ids"],
+        enc["attention_mask"],
+        n=rows,
+        max_new_tokens=1,
+        eos_ids=pol.eos_ids,
+        pad_id=0,
+        do_sample=True,
+        warpers=pol._warpers(sp),
+        share_prompt=True,
+    )
     counts = torch.bincount(out.tokens[:, 0], minlength=probs.numel()).double()
     assert counts[probs == 0].sum() == 0, "a token the warpers removed was drawn"
     expected = probs.double() * rows
@@ -119,8 +131,13 @@ def test_inverse_cdf_picks_by_cumulative_mass_and_refuses_bad_logits():
     scores = torch.log(torch.tensor([[0.1, 0.0, 0.6, 0.3]]))  # token 1 has probability 0 (-inf score)
     pick = shared._inverse_cdf
     assert [int(pick(scores, torch.tensor([u]))) for u in (0.0, 0.0999, 0.1001, 0.6999, 0.7001, 0.99999)] == [
-        0, 0, 2, 2, 3, 3,
-    ]  # fmt: skip
+        0,
+        0,
+        2,
+        2,
+        3,
+        3,
+    ]
     for bad in (float("nan"), float("inf")):
         with pytest.raises(RuntimeError, match="probability tensor"):
             pick(torch.tensor([[0.0, bad]]), torch.tensor([0.5]))
@@ -137,8 +154,19 @@ def test_same_seed_same_tokens_rng_advances_by_the_uniforms_and_threads_restored
     runs = []
     for _ in range(2):
         torch.manual_seed(8)
-        runs.append(engine.sample(model, ids, mask, n=4, max_new_tokens=12, eos_ids=[1], pad_id=0,
-                                         do_sample=True, share_prompt=True))  # fmt: skip
+        runs.append(
+            engine.sample(
+                model,
+                ids,
+                mask,
+                n=4,
+                max_new_tokens=12,
+                eos_ids=[1],
+                pad_id=0,
+                do_sample=True,
+                share_prompt=True,
+            )
+        )
         after = torch.rand(3)
         assert torch.get_num_threads() == 2
     assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[0].logprobs, runs[1].logprobs)
@@ -215,9 +243,18 @@ def _split_call(model, processes: int, warpers=(), seed: int = 6) -> prefill.Sam
     mask = (ids != 0).long()
     torch.manual_seed(seed)
     with torch.no_grad():  # as sample() calls it
-        return shared.sample_shared(engine._base_model(model), ids, mask, 3, 40,
-                                            list(range(3, 3 + vocab // 6)), 0, True, list(warpers),
-                                            processes=processes)  # fmt: skip
+        return shared.sample_shared(
+            engine._base_model(model),
+            ids,
+            mask,
+            3,
+            40,
+            list(range(3, 3 + vocab // 6)),
+            0,
+            True,
+            list(warpers),
+            processes=processes,
+        )
 
 
 def _same(a: prefill.Sampled, b: prefill.Sampled) -> bool:
@@ -246,8 +283,9 @@ def test_two_or_three_decode_processes_give_the_one_process_result_bitwise(name,
 
     kept = []
     real_keep = shared._SharedPromptCache.keep
-    monkeypatch.setattr(shared._SharedPromptCache, "keep",
-                        lambda self, p, r: kept.append(len(p)) or real_keep(self, p, r))  # fmt: skip
+    monkeypatch.setattr(
+        shared._SharedPromptCache, "keep", lambda self, p, r: kept.append(len(p)) or real_keep(self, p, r)
+    )
     model = random_qwen2(name)
     warpers = [TemperatureLogitsWarper(0.8), TopPLogitsWarper(0.9)]
     one = _split_call(model, 1, warpers)

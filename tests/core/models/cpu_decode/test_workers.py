@@ -1,6 +1,7 @@
 """``codea1_core.models.cpu_decode.workers``: warm workers run a job on the model's current weights, and go away.
 
-The shared decode's use of it (bitwise the one-process result, failures) is in ``tests/core/models/cpu_decode/test_shared_decode.py``;
+The shared decode's use of it (bitwise the one-process result, failures) is in
+``tests/core/models/cpu_decode/test_shared_decode.py``;
 here the pool itself, with a tiny linear model: weights followed after in-place updates, the arena grown for a
 big job, fresh workers after a config change, no worker left once the model is gone.
 """
