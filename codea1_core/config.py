@@ -19,7 +19,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 
 class ConfigError(ValueError):
@@ -543,7 +543,7 @@ def _check(tp: Any, value: Any, path: str, source: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise _fail(source, path, f"expected a mapping (section), got {_describe(value)}")
-        return _build(tp, value, path=path, source=source)
+        return _build(cast(type, tp), value, path=path, source=source)
     if origin is Literal:
         allowed = typing.get_args(tp)
         if value is None and "null" in allowed:  # YAML reads an unquoted `null` as None: same meaning

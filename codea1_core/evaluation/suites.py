@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from codea1_core.evaluation.verdicts import INFRA
-from codea1_core.method.parsing import extract_tests
+from codea1_core.method.parsing import ParseMode, extract_tests
 from codea1_core.types import CallOutcome, ParsedTest, Problem
 from codea1_core.values import values_equal
 
@@ -276,7 +276,7 @@ def plan_suites(
     problems: Sequence[Problem],
     texts: Sequence[str],
     k: int,
-    parse_mode: str,
+    parse_mode: ParseMode,
     literal_answers: bool,
 ) -> SuitePlan:
     """Parse one test response per problem (``texts[i]`` for ``problems[i]``) into its first ``k`` asserts."""

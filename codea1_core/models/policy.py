@@ -24,9 +24,10 @@ import copy
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -175,7 +176,7 @@ class Policy:
         self.param_dtype, self.autocast_dtype = master_dtypes(cfg.model.finetune, self.dtype)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-            model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.param_dtype)
+            model: Any = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.param_dtype)
         except OSError as exc:
             raise OSError(f"model.{role}_path: cannot load model {self.model_path!r}: {exc}") from exc
         self.tokenizer.padding_side = "left"
@@ -313,7 +314,7 @@ class Policy:
             stop = next((i for i, t in enumerate(toks) if t in self.eos_ids), None)
             toks = toks if stop is None else toks[: stop + 1]
             prompt = ids[r][mask[r].bool()].tolist()
-            text = self.tokenizer.decode(toks, skip_special_tokens=True)
+            text = cast(str, self.tokenizer.decode(toks, skip_special_tokens=True))
             reason = "stop" if stop is not None else "length"
             rows.append(Completion(text, prompt, toks, lps[r, : len(toks)].tolist(), reason))
         return [rows[i : i + n] for i in range(0, len(rows), n)]
@@ -414,7 +415,7 @@ class Policy:
         model = self.ref_model if reference and self.ref_model is not None else self.model
         kwargs = {"input_ids": ids, "attention_mask": attn, "position_ids": pos}
         targets, cmask = ids[:, p_max:], attn[:, p_max:].bool()
-        run = _completion_logprobs
+        run: Callable[..., tuple[torch.Tensor, torch.Tensor]] = _completion_logprobs
         if self.dist_module is not None and model is self.model:  # through DDP/FSDP2's root (distributed.py)
             model, run = None, lambda _m, *a: self.dist_module(*a)
         with self._autocast():
@@ -433,7 +434,9 @@ class Policy:
 
     def _micro_batches(self, idx: list[int], batch: TrainBatch) -> list[list[int]]:
         """Greedy split of sample indices so that padded tokens per micro-batch stay under the budget."""
-        budget, out, cur, p_max, c_max = self.cfg.grpo.micro_batch_tokens, [], [], 0, 0
+        budget, p_max, c_max = self.cfg.grpo.micro_batch_tokens, 0, 0
+        out: list[list[int]] = []
+        cur: list[int] = []
         for i in idx:
             p, c = max(p_max, len(batch.prompt_ids[i])), max(c_max, len(batch.completion_ids[i]))
             if cur and (len(cur) + 1) * (p + c) > budget:
@@ -597,8 +600,8 @@ class Policy:
             sums["clip_frac"] += (parts["clip_frac_low"] + parts["clip_frac_high"]) * w
             sums["dual_clip_frac"] += parts["dual_clip_frac"] * w
         params = [p for p in self.model.parameters() if p.requires_grad]
-        norm = torch.nn.utils.clip_grad_norm_(params, g.grad_clip)
-        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
+        total = torch.nn.utils.clip_grad_norm_(params, g.grad_clip)
+        norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)  # FSDP2: a DTensor
         if not math.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(f"policy {self.role}: non-finite grad norm at step {self.step_count}")
@@ -646,6 +649,7 @@ def _completion_logprobs(
     from codea1_core.method.grpo import blocked_token_logprobs
 
     parts = _decoder_and_head(model)
+    ent_sel: torch.Tensor | None
     zeros = torch.zeros(targets.shape, dtype=torch.float32, device=targets.device)
     if parts is None:  # fallback: the model's own (post-processed) logits, materialised for these rows
         logits = model(**kwargs, logits_to_keep=targets.shape[1] + 1).logits[:, :-1][cmask].float()

@@ -71,8 +71,9 @@ def unsupported_reason(base: Any) -> str | None:
     if type(base) is not mq.Qwen2ForCausalLM:
         return f"model class {type(base).__name__} (Qwen2ForCausalLM only)"
     config = base.config
-    if (config.rope_parameters or {}).get("rope_type", "default") != "default":
-        return f"rope type {config.rope_parameters.get('rope_type')!r} (default only)"
+    rope = config.rope_parameters or {}
+    if rope.get("rope_type", "default") != "default":
+        return f"rope type {rope.get('rope_type')!r} (default only)"
     if config.hidden_act != "silu":
         return f"hidden_act {config.hidden_act!r} (silu only)"
     norms = [base.model.norm] + [

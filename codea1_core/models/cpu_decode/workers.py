@@ -43,7 +43,7 @@ import struct
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,7 +68,7 @@ Job = Callable[
 # ------------------------------------------------------------------------------------------------
 
 
-def _place(arena: mmap.mmap, start: int, tensors: dict[str, torch.Tensor]) -> tuple[dict[str, tuple], int]:
+def _place(arena: mmap.mmap, start: int, tensors: Mapping[Any, torch.Tensor]) -> tuple[dict[str, tuple], int]:
     """Copy ``tensors`` into ``arena`` from ``start``; returns their descriptions and the end offset."""
     out, offset = {}, start
     for name, tensor in tensors.items():
@@ -97,7 +97,7 @@ def _views(arena: mmap.mmap, described: dict[str, tuple]) -> dict[str, torch.Ten
     return {name: _view(arena, offset, shape, dtype) for name, (offset, shape, dtype) in described.items()}
 
 
-def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
+def _nbytes(tensors: Mapping[Any, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() + _ALIGN for t in tensors.values())
 
 
@@ -375,7 +375,8 @@ def _reaped(pid: int) -> bool:
 def _signature(model: torch.nn.Module, state: list[torch.Tensor]) -> tuple:
     """What a worker's copy must share with the model beyond tensor values: shapes, dtypes, config."""
     config = getattr(model, "config", None)
-    text = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
+    to_json = getattr(config, "to_json_string", None)
+    text = to_json(use_diff=False) if to_json is not None else repr(config)
     return (tuple((tuple(t.shape), t.dtype) for t in state), type(model), text)
 
 
