@@ -164,7 +164,7 @@ def _prepare_zygote(ctx: dict) -> None:
     os.environ.clear()
     os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"})
     # Dropped here, once, so no child can import them, and no child pays for dropping them (a pop per
-    # module in each child wrote ~11 pages, each a copy-on-write fault); this reference keeps each module
+    # module in each child would write pages, each a copy-on-write fault); this reference keeps each module
     # alive (the zygote's own code still runs from them; it imports nothing after this).
     ctx["trusted_modules"] = {
         m: v for m, v in sys.modules.items() if m.split(".")[0] in ("sandbox", "codea1_core")
@@ -235,7 +235,7 @@ def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
             if offered > 0:  # its own group (_reap kills the group with every descendant) and the
                 try:  # worker's cgroup (memory.max, pids.max), both before the worker can send its job:
                     setpgid(offered, offered)  # done here, where these paths are warm, they cost the
-                    for fd in cgroup_fds:  # child no page faults (~20 when it did them itself)
+                    for fd in cgroup_fds:  # child no page faults (it would fault doing them itself)
                         write(fd, b"%d" % offered)
                 except OSError as exc:
                     reap(offered, uid)
