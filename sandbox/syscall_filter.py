@@ -23,7 +23,7 @@ released since 2021; the six functions used here are bound below in a few lines 
 installs it where missing). Where it cannot be loaded the filter is off and ``ex.isolation["seccomp"]``
 says why (``network_isolation="require"`` then refuses to start).
 
-The allow-list was measured: the lab programs, the HumanEval+/MBPP+ canonical solutions and the
+The allow-list is measured, not guessed: the lab programs, the HumanEval+/MBPP+ canonical solutions and the
 hostile corpus run under a filter whose default action kills the process, and no correct program is
 killed (``tests/sandbox/test_sandbox_allowlist.py``). Anchors: Docker's default profile (minus everything a
 container's root may need), nsjail's and gVisor's host lists. Denied, among everything not listed:
