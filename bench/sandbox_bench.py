@@ -12,7 +12,7 @@ children, from /proc) are printed too, with the CPU-bound throughput they imply 
 cores, beside the physical floor measured in the same run: a bare ``python3`` looping
 ``os.fork(); os._exit(0); os.waitpid()`` (CPU ms per fork, parent + child), and the ratio to it.
 
-With ``--compare-ref REF`` (e.g. ``e7470d3``) it instead measures this checkout's executor against the
+With ``--compare-ref REF`` (e.g. ``main``) it instead measures this checkout's executor against the
 one of git revision REF (extracted with ``git archive`` into a temporary directory) in ONE run: ABBA-
 interleaved rounds, each a fresh process running the same workloads with full isolation, and prints the
 median programs/s and CPU ms/program of each side, their ratios, and each side's CPU ms/program as a
@@ -22,7 +22,7 @@ others: interleaving spreads that load over both sides).
 What it does not do: check results beyond counting statuses (the tests do that).
 
 Run: ``python bench/sandbox_bench.py [--trivial 2000] [--workers 2] [--data-dir DIR]``, or
-``python bench/sandbox_bench.py --compare-ref e7470d3 [--rounds 3]``.
+``python bench/sandbox_bench.py --compare-ref main [--rounds 3]``.
 
 With ``--deny-compare`` it measures instead the CPU per program with the deny-by-default layers (the
 seccomp allow-list, Landlock, a fresh keyring per program) and without (``deny="off"``), and with each

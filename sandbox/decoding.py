@@ -80,7 +80,7 @@ class DecodeBudget:
             self.check_time()
 
     def check_time(self) -> None:
-        """Raise once the program's decode time is spent (checked every 1,024 objects: ~50 us apart)."""
+        """Raise once the program's decode time is spent (checked every 1,024 objects)."""
         if self.deadline is not None and _cpu() > self.deadline:
             self.left = -1  # every later call of the program is refused at once
             self.spent = f"decode time over the program's cap ({self.max_cpu_s} s of parent CPU)"

@@ -50,14 +50,14 @@ def _make_harness(lim: _limits.ExecLimits) -> Callable[..., None]:
 
     Bound before any untrusted code exists, so patching builtins, modules or ``sys.modules`` afterwards
     cannot change what is sent (see the threat model); and bound once, so a child writes (hence copies)
-    only the pages of the objects its program's path actually uses (binding them in every child wrote
-    to each of them, ~35 page faults).
+    only the pages of the objects its program's path actually uses (binding them in every child would
+    write to each of them: a page fault apiece).
     """
     write, pack_hdr, pack_frame, exit_ = os.write, _HDR.pack, _FRAME.pack, os._exit
     encode, unsupported = values.encode, values.UnsupportedValue
     # _signal.signal, not signal.signal: the latter's Python wrapper converts the previous handler to a
     # Handlers enum member, and for our own handler that conversion fails and formats a ValueError (an
-    # enum look-up, an exception and a repr in every child: ~25 page faults and their CPU).
+    # enum look-up, an exception and a repr in every child: page faults and their CPU).
     setitimer, real, now, sig, alarm = (
         signal.setitimer,
         signal.ITIMER_REAL,

@@ -51,7 +51,7 @@ class ExecLimits:
     max_decode_s: float = 60.0
     """CPU seconds the trusted parent may spend decoding one program's results; calls past it are
     ``unsupported_output`` (``sandbox/decoding.py``). Not lower: HumanEval/130's plus inputs
-    (``tri(1000002)``..., a million numbers each) took over 10 s in one program on a loaded machine
+    (``tri(1000002)``..., a million numbers each) take many seconds in one program on a loaded machine
     (``pytest -m slow tests/sandbox/test_sandbox_allowlist.py``)."""
 
     def __post_init__(self) -> None:

@@ -34,7 +34,7 @@ MNT_DETACH = 2
 
 
 # dlopen(NULL): the interpreter's own symbols, libc's included. Not ctypes.util.find_library, which
-# imports subprocess, hence threading (an at-fork handler in every zygote: ~0.6 ms CPU per child).
+# imports subprocess, hence threading (an at-fork handler in every zygote, run for every child).
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
@@ -71,8 +71,8 @@ def set_death_signal(_bare=bare_prctl, _option=PR_SET_PDEATHSIG, _signal=_SIGKIL
     """SIGKILL when our parent dies (PR_SET_PDEATHSIG), through a bare ctypes call with plain ints.
 
     Why not :func:`prctl`: each forked child calls this twice, and the argument converters and errno
-    handling of a full ctypes call touch ~4x more pages (each a copy-on-write fault, ~0.1 ms of CPU
-    per child); a failure is retried through :func:`prctl` for its errno. The defaults bind the names
+    handling of a full ctypes call touch several times more pages (each a copy-on-write fault in every
+    child); a failure is retried through :func:`prctl` for its errno. The defaults bind the names
     once (no global look-ups in the child).
     """
     if _bare(_option, _signal, 0, 0, 0) != 0:

@@ -66,7 +66,7 @@ def _supervise(
     at once. Why: every frame woke the worker (a context switch, often a cross-CPU wake-up, and a pass
     of this loop), three per trivial program and one per call; a frame's arrival time is then known to
     within that window, which no time limit (seconds) can notice. A window that brings nothing ends the
-    coalescing, so slow calls still cost one wake-up per frame, as before.
+    coalescing, so slow calls cost one wake-up per frame, as without it.
     """
     st = _Progress(start, used)
     pidfd = os.pidfd_open(pid)
@@ -88,7 +88,7 @@ def _supervise(
             if coalesce:
                 exited = bool(exit_poller.poll(min(wait_ms, _COALESCE_MS)))
                 # (bounded: a child writing without pause must not fill our memory before a frame is
-                # checked; more than a window's worth turns coalescing off, and the rest is read as before)
+                # checked; more than a window's worth turns coalescing off; the rest is read frame by frame)
                 st.buf += _read_available(chan_r, 1 << 20)
                 _drain_output(out_r, output, lim.max_output_bytes, None)
             for fd, _ev in () if coalesce else poller.poll(wait_ms):
@@ -108,7 +108,7 @@ def _supervise(
             now, new = time.monotonic(), len(st.buf) - got
             # a window that brought small frames is followed by another; so is a wake-up before the
             # program is defined (the next frames are near), or one whose frame came soon after the
-            # previous ones (so slow calls still cost one wake-up per frame, as before)
+            # previous ones (so slow calls cost one wake-up per frame, as without coalescing)
             soon = coalesce or not st.defined or now - last_data < _COALESCE_MS / 1000
             coalesce = 0 < new < _COALESCE_BYTES and soon
             if new:

@@ -23,7 +23,7 @@ released since 2021; the six functions used here are bound below in a few lines 
 installs it where missing). Where it cannot be loaded the filter is off and ``ex.isolation["seccomp"]``
 says why (``network_isolation="require"`` then refuses to start).
 
-The allow-list was measured: the lab programs, the HumanEval+/MBPP+ canonical solutions and the
+The allow-list is measured, not guessed: the lab programs, the HumanEval+/MBPP+ canonical solutions and the
 hostile corpus run under a filter whose default action kills the process, and no correct program is
 killed (``tests/sandbox/test_sandbox_allowlist.py``). Anchors: Docker's default profile (minus everything a
 container's root may need), nsjail's and gVisor's host lists. Denied, among everything not listed:
@@ -158,13 +158,13 @@ def build_filters(
     where children keep privileges.
 
     Why the zygote's alone: loading a filter costs the kernel a check, a JIT compilation and a pass of
-    the filter over every syscall number (its action cache): ~0.5 ms for the whole list, about half a
-    trivial program's CPU. So the zygote loads the list once and every child inherits it. The set-up
-    calls it must allow (:data:`SET_UP_ONLY`) are narrowed to the arguments the set-up uses; each then
-    needs a capability an unprivileged child does not have. A child that keeps its privileges
-    (``children_privileged``: no uid drop, running with capabilities) would keep them usable, so it
-    loads a second, short filter denying :data:`SET_UP_ONLY` whatever the arguments (a syscall passes
-    only if both filters allow it; ~80 us of CPU per child, measured by ``bench/sandbox_bench.py``).
+    the filter over every syscall number (its action cache): for the whole list, about half a trivial
+    program's CPU (``bench/sandbox_bench.py``). So the zygote loads the list once and every child
+    inherits it. The set-up calls it must allow (:data:`SET_UP_ONLY`) are narrowed to the arguments the
+    set-up uses; each then needs a capability an unprivileged child does not have. A child that keeps its
+    privileges (``children_privileged``: no uid drop, running with capabilities) would keep them usable, so
+    it loads a second, short filter denying :data:`SET_UP_ONLY` whatever the arguments (a syscall passes
+    only if both filters allow it; its cost per child is measured by ``bench/sandbox_bench.py``).
 
     Args:
         default: ``eperm`` (production: a denied call fails with EPERM) or ``kill`` (the measurement:

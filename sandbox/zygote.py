@@ -164,7 +164,7 @@ def _prepare_zygote(ctx: dict) -> None:
     os.environ.clear()
     os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"})
     # Dropped here, once, so no child can import them, and no child pays for dropping them (a pop per
-    # module in each child wrote ~11 pages, each a copy-on-write fault); this reference keeps each module
+    # module in each child would write pages, each a copy-on-write fault); this reference keeps each module
     # alive (the zygote's own code still runs from them; it imports nothing after this).
     ctx["trusted_modules"] = {
         m: v for m, v in sys.modules.items() if m.split(".")[0] in ("sandbox", "codea1_core")
@@ -235,7 +235,7 @@ def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
             if offered > 0:  # its own group (_reap kills the group with every descendant) and the
                 try:  # worker's cgroup (memory.max, pids.max), both before the worker can send its job:
                     setpgid(offered, offered)  # done here, where these paths are warm, they cost the
-                    for fd in cgroup_fds:  # child no page faults (~20 when it did them itself)
+                    for fd in cgroup_fds:  # child no page faults (it would fault doing them itself)
                         write(fd, b"%d" % offered)
                 except OSError as exc:
                     reap(offered, uid)
@@ -281,8 +281,8 @@ def _prepare_child(ctx: dict) -> tuple[str, int, int, int, int, int, int]:
         for _ in range(3):
             fds += os.pipe()
         # In [1024, 1280): above RLIMIT_NOFILE, and the descriptor table stays at 2,048 slots, which fork
-        # copies and close_range walks in every child (anywhere up to 9,215, as before, grew it to up to
-        # 16,384: ~0.05 ms of CPU per program).
+        # copies and close_range walks in every child (a descriptor anywhere up to 9,215 would grow the
+        # table to 16,384 slots, more for every program to copy and walk).
         high = 1024 + os.urandom(1)[0]
         chan_w = fcntl.fcntl(fds[3], fcntl.F_DUPFD_CLOEXEC, high)
         os.close(fds[3])
@@ -303,7 +303,7 @@ def _make_child_main(ctx: dict) -> Callable[[int, int, int, int, str], None]:
 
     Why a closure: every function, constant and setting it needs is bound here, so a child looks up no
     module global and no ``ctx`` key (each look-up writes the reference count of what it finds, and a
-    written page is a copy-on-write fault: ~2.5 us of CPU each). Whatever is the same for every child
+    written page is a copy-on-write fault, paid in CPU by every child). Whatever is the same for every child
     was done once by the zygote (:func:`_prepare_zygote`), or for this child just before the fork
     (:func:`_prepare_child`: its temp dir, ``random``'s seed, its result channel ``chan`` at a random
     high descriptor).
@@ -325,7 +325,7 @@ def _make_child_main(ctx: dict) -> Callable[[int, int, int, int, str], None]:
         int.from_bytes,
     )
     devnull, harness = ctx["devnull"], ctx["harness"]
-    buffers = [bytearray(65536)]  # the job lands here: no allocation (a 64 KiB bytes object was ~6 faults)
+    buffers = [bytearray(65536)]  # the job lands here: no allocation (a fresh bytes object costs page faults)
     buffer = view(buffers[0])
     confine = _confinement.child_confiner(ctx["rlimits"], ctx["uid"])
     # The deny-by-default layers, all prepared by the worker (sandbox/child.py, _deny_layers): a fresh
@@ -340,10 +340,10 @@ def _make_child_main(ctx: dict) -> Callable[[int, int, int, int, str], None]:
             # (the zygote has put us in our own process group and in the worker's cgroup)
             if enter_ipc is not None and not enter_ipc():
                 exit_(72)
-            if join_keyring is not None and join_keyring() < 0:  # before the uid drop (issue: keyrings)
+            if join_keyring is not None and join_keyring() < 0:  # before the uid drop (sandbox/child.py)
                 exit_(73)
-            # The job, usually in one read (see _read_job_rest for the rest); reads of 1 MiB to EOF, as
-            # before, were an mmap + mremap + munmap per child.
+            # The job, usually in one read into the preallocated buffer (see _read_job_rest for the rest):
+            # reads of 1 MiB to EOF would cost an mmap + mremap + munmap per child.
             n = readv(job_r, buffers)
             if n >= 8 and n == 8 + size_of(buffer[:8], "big"):
                 job = loads(buffer[8:n])

@@ -46,7 +46,7 @@ def shared_data_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def prefect_harness():
-    """One Prefect ephemeral API for the whole session (it needs 5-10 s to start)."""
+    """One Prefect ephemeral API for the whole session (it takes seconds to start)."""
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 
 # ------------------------------------------------------------------------------------------------
-# The tiny training run (was in test_train_flow.py)
+# The tiny training run
 # ------------------------------------------------------------------------------------------------
 
 TINY_LAB = {
@@ -110,7 +110,7 @@ def write_params(cfg: Config, path: Path) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# Evaluation fakes: problems, an in-process executor, a fixed-text policy (was in test_evaluation.py)
+# Evaluation fakes: problems, an in-process executor, a fixed-text policy
 # ------------------------------------------------------------------------------------------------
 
 
@@ -171,7 +171,7 @@ def fenced(code: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# A fake ``vllm`` module (vLLM is GPU-only; was in test_vllm_engine.py)
+# A fake ``vllm`` module (vLLM is GPU-only)
 # ------------------------------------------------------------------------------------------------
 
 
@@ -252,7 +252,7 @@ def install_fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
 
 
 # ------------------------------------------------------------------------------------------------
-# Decode comparisons: the tiny model, two threads, fast path vs HF generate (was in cpu_decode/test_engine.py)
+# Decode comparisons: the tiny model, two threads, fast path vs HF generate
 # ------------------------------------------------------------------------------------------------
 
 
@@ -361,7 +361,7 @@ def random_qwen2(name: str, lora: bool = False):
 
 
 # ------------------------------------------------------------------------------------------------
-# Prefect server helpers of the end-to-end tests (was in test_serve_e2e.py)
+# Prefect server helpers of the end-to-end tests
 # ------------------------------------------------------------------------------------------------
 
 

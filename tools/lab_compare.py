@@ -30,8 +30,8 @@ Prepare and warmstart are shared through DVC (unchanged stage / run cache) only 
 both read ``seed`` and ``lab.golden_tests`` and warmstart also reads ``mode``, so they run once per seed (and
 coverage, and mode) — except where an experiment's params for them equal the committed ``dvc.lock``'s (seed 1
 of the arms on the default coverage): DVC then wants the committed outputs by hash, which a clone does not have
-(they are not byte-reproducible: timings in reports), and reruns the stage in each such experiment (measured:
-prepare ~4 s; warmstart ~2 min for each of the four codea1 arms at seed 1).
+(they are not byte-reproducible: timings in reports), and reruns the stage in each such experiment (a cost
+in wall time: a warm start per such codea1 arm).
 
 The numbers (aggregates, table, plots, HTML) are computed by ``codea1_core/evaluation/comparison.py``; this flow plans,
 runs, collects and writes.

@@ -22,8 +22,8 @@ What it does (pure functions the data layer and the evaluator share):
   time on it)`` (``DEFAULT_MIN_TIME_LIMIT``, ``DEFAULT_GT_TIME_LIMIT_FACTOR``), and each run (the base
   inputs, then the plus inputs) ``min(60 s, sum of its limits) + 2 s`` in all (``untrusted_check``'s
   ``EVALPLUS_TIMEOUT_PER_TASK`` and join slack, ``evaluate``'s default ``fast_check``): inputs past it fail.
-  A verdict under that cap depends on the machine's speed — HumanEval/15's plus inputs need ~60 s on a
-  loaded 2-core machine — as it does in evalplus.
+  A verdict under that cap depends on the machine's speed — HumanEval/15's plus inputs come close to it
+  on a small loaded machine — as it does in evalplus.
 
 What it does not: run code, or reproduce evalplus' defects (HumanEval/32's ``find_zero`` oracle never
 records a pass; its memory limit counts the checker's inherited copy of the expected outputs): those

@@ -285,9 +285,10 @@ def _layout(
 ) -> tuple[tuple[TestCase, ...], tuple[TestCase, ...]]:
     """``(tests, plus_tests)`` of one problem: what training sees in ``tests``.
 
-    ``test`` (evaluation) always gets the full boundary set as ``tests`` (so ``base`` pass@k means what
-    it always meant) and the sparse calls it lacks as ``plus_tests``. Training splits get the selected
-    set: ``boundary`` exactly as before (no plus), ``sparse`` the sparse tests with the rest as plus.
+    ``test`` (evaluation) always gets the full boundary set as ``tests`` (so ``base`` pass@k is over the
+    same tests whatever the setting) and the sparse calls it lacks as ``plus_tests``. Training splits get
+    the selected set: ``boundary`` the boundary set alone (no plus), ``sparse`` the sparse tests with the
+    rest as plus.
     """
     if split == "test":
         known = {t.call for t in full}

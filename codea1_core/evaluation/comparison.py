@@ -39,7 +39,7 @@ tests (golden rewards, validation, the Test LLM's warm-start suites); evaluation
 ``codea1`` is also the default ``make run`` (``params.yaml`` as shipped; ``tests/tools/test_lab_compare.py`` keeps
 the two equal), so its seed 1 is the run the README's learning numbers come from. ``codea1_boundary`` is what
 picked that default: the same method with the boundary tests in the Test LLM's warm-start suites and
-validation (the default until the 5-seed comparison measured it)."""
+validation (the 5-seed comparison, docs/results.md, chose sparse over it)."""
 BASELINE_ARM = "golden_sparse"
 """The arm every other one is compared with seed by seed (:func:`paired`): the paper's Golden-Tests row."""
 MODE_COLORS = {

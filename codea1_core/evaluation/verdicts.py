@@ -82,9 +82,9 @@ class CodeJobs:
 def benchmark_calls(problem: Problem) -> list[str]:
     """Every call of a problem: base inputs first, then EvalPlus plus inputs.
 
-    The loader already wrapped the calls of EvalPlus' "output is not None" MBPP tasks (which return
-    ``re.Match`` objects, not plain data) in ``judged_call``; wrapping is idempotent, so prepared files
-    from before that change are judged the same way.
+    The loader wraps the calls of EvalPlus' "output is not None" MBPP tasks (which return ``re.Match``
+    objects, not plain data) in ``judged_call``; wrapping again here is idempotent, so prepared files whose
+    calls are not wrapped are judged the same way.
     """
     calls = [t.call for t in problem.tests] + [t.call for t in problem.plus_tests]
     return [judged_call(problem.source, problem.entry_point, c) for c in calls]

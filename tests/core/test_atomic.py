@@ -1,9 +1,9 @@
-"""The one atomic write (``codea1_core/atomic.py``) and the callers that used to carry their own copy.
+"""The one atomic write (``codea1_core/atomic.py``) and the callers that rely on it.
 
-Regression tests name their bug; each failed on fc37ae2, where the write was implemented ten times:
-``save_prepared``/the GX report/prepare's cache wrote 0600 files (``mkstemp``), the checkpoint writes left
-their temp file behind when the writer failed and shared one temp name per process, and a failed
-``save_checkpoint`` left its half-written ``.it_NNNNNN.tmp`` folder.
+Regression tests name their bug, each from a private copy of the write: ``save_prepared``/the GX
+report/prepare's cache wrote 0600 files (``mkstemp``), the checkpoint writes left their temp file behind
+when the writer failed and shared one temp name per process, and a failed ``save_checkpoint`` left its
+half-written ``.it_NNNNNN.tmp`` folder.
 """
 
 from __future__ import annotations

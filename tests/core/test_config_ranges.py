@@ -90,7 +90,8 @@ def test_tracking_backend_null_unquoted_means_the_null_tracker(tmp_path):
 
 
 def test_a_config_with_no_training_step_is_refused_before_the_flow(tmp_path, capsys):
-    """An ``epochs``/batch combination with 0 steps used to exit 0 and export the warm start as "final"."""
+    """Bug guarded: an ``epochs``/batch combination with 0 steps exited 0 and exported the warm start
+    as "final"."""
     from flows.train import run
 
     params = tmp_path / "params.yaml"

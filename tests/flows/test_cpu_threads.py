@@ -1,7 +1,7 @@
 """``model.cpu_threads``: every flow pins torch's CPU threads, because the count changes the numbers.
 
-CPU kernels split their sums by thread count, so the lab's seed-1 warm start measured 23.7 with 2 threads and
-18.1 with 1 (``bench/warmstart_seeds.py``); a pinned count makes other machines' core counts reproduce it.
+CPU kernels split their sums by thread count, so the lab's seed-1 warm start gives other numbers with 1 thread
+than with 2 (``bench/warmstart_seeds.py``); a pinned count makes other machines' core counts reproduce them.
 """
 
 from __future__ import annotations

@@ -238,8 +238,8 @@ def test_stage_deps_cover_the_code_the_stage_imports(repo_root: Path, stage: str
 
 @pytest.mark.parametrize("stage", ["prepare", "warmstart", "train", "evaluate", "register"])
 def test_stage_deps_list_no_code_the_stage_does_not_import(repo_root: Path, stage: str) -> None:
-    """Regression: the train stage listed ``mutants.py``, ``report.py`` and ``benchmarks.py``
-    (through a ``tasks/evaluate.py`` it no longer needs), so editing the mutant generator re-ran training.
+    """Bug guarded: the train stage listed ``mutants.py``, ``report.py`` and ``benchmarks.py`` (modules
+    it does not import), so editing the mutant generator re-ran training.
     Every listed code dep (a module of the four packages, or ``sandbox/`` as a whole) must be imported."""
     spec = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"][stage]
     module = repo_root / spec["cmd"].split("-m ")[1].split()[0].replace(".", "/")
@@ -267,4 +267,4 @@ def test_golden_tests_coverage_reprepares_the_data(repo_root: Path) -> None:
     assert "lab" in stages["warmstart"]["params"]
     assert all("data/prepared" in stages[s]["deps"] for s in ("warmstart", "train", "evaluate"))
     params = yaml.safe_load((repo_root / "params.yaml").read_text())
-    assert params["lab"]["golden_tests"] == "sparse"  # measured by make lab-compare (README); the codea1 arm
+    assert params["lab"]["golden_tests"] == "sparse"  # chosen by make lab-compare (README); the codea1 arm

@@ -34,7 +34,7 @@ def _env(**extra: str) -> dict[str, str]:
 def test_an_unreachable_mlflow_server_fails_in_one_line_within_15_s(
     tmp_path, capsys, monkeypatch, mlflow_cfg
 ):
-    """In-process (the imports, ~15 s wall on a loaded 2-core machine, are not what is measured)."""
+    """In-process (the imports take seconds and are not what is measured)."""
     from flows.common import stage_main
     from flows.train import run
 

@@ -77,7 +77,7 @@ def test_kills_inside_finish_and_a_failed_start_never_wedge_dvc_repro(
     params = (repo / "params.yaml").read_text()
     (repo / "params.yaml").write_text(
         params.replace("  alpha: 0.5", "  alphaa: 0.5")
-    )  # the typo of the issue
+    )  # a misspelt key: the stage must refuse it
     typo = repro(repo, env)
     assert typo.returncode != 0 and "reward.alphaa: unknown key" in typo.stdout + typo.stderr
     (repo / "params.yaml").write_text(params)

@@ -160,7 +160,7 @@ def _kill_after(ex: RayExecutor, delay_s: float, record: dict) -> threading.Thre
 
 def test_killing_an_actor_mid_step_loses_no_job(rex):
     before = dict(rex.stats)
-    jobs = [(SLEEPY, [f"f({i})"]) for i in range(24)]  # ~3 s on the two actors
+    jobs = [(SLEEPY, [f"f({i})"]) for i in range(24)]  # seconds of work: the kill lands mid-step
     record: dict = {}
     thread = _kill_after(rex, 1.0, record)
     results = rex.run_many(jobs)

@@ -253,8 +253,8 @@ def test_a_worker_reporting_infra_is_replaced_and_its_job_retried():
 
 
 def test_deep_tree_is_removed_without_namespaces():
-    """Without namespaces the program's temp dir is removed by a walk: a 1500-deep tree made the old
-    recursive removal raise RecursionError (infra_error for that job and the worker kept failing)."""
+    """Without namespaces the program's temp dir is removed by a walk. Bug guarded: a recursive removal
+    raised RecursionError on a 1500-deep tree (infra_error for that job, and the worker kept failing)."""
     program = (
         "import os\ndef deep(n):\n    for _ in range(n):\n"
         "        os.mkdir('d')\n        os.chdir('d')\n    return os.getcwd()[:30]\n"

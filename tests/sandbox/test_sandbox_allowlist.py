@@ -1,11 +1,10 @@
 """The syscall allow-list, measured: honest workloads never hit a denied syscall.
 
 The project's honest workloads — the lab's reference solutions and buggy variants on their golden tests,
-HumanEval+ / MBPP+ canonical solutions on their inputs (``$CODEA1_DATA_DIR``) — run twice: once as before
-the deny-by-default change (layers off, all calls in one namespace), once as the pipeline runs them now
-(calls isolated) in the allow-list's measurement mode (``deny="kill"``: a denied syscall KILLS the
-process, so an EPERM a program would have swallowed cannot go unseen). Every outcome must be the same. The
-default run takes a
+HumanEval+ / MBPP+ canonical solutions on their inputs (``$CODEA1_DATA_DIR``) — run twice: once with the
+deny-by-default layers off (all calls in one namespace), once as the pipeline runs them (calls isolated)
+in the allow-list's measurement mode (``deny="kill"``: a denied syscall KILLS the process, so an EPERM a
+program would have swallowed cannot go unseen). Every outcome must be the same. The default run takes a
 subset of EvalPlus (base inputs of the first tasks); the ``slow`` one takes every task with its plus
 inputs.
 """

@@ -41,13 +41,12 @@ def _minor_faults(pid: int) -> int:
 
 
 def test_a_trivial_program_costs_few_page_faults():
-    """Regression: ~720 minor faults per trivial program (worker, zygote and child) at 9832c81,
-    ~470 after: each child walked ``sys.modules``, built its text streams, signal dispositions and
-    environment, ran ``random``'s and ``threading``'s at-fork handlers and two full ctypes calls.
-    ~445 at 2af5b63, ~340 after: each child called ``signal.signal``'s Python wrapper (an enum
-    conversion that failed into a formatted ValueError), read its job with 1 MiB buffers (mmap,
-    mremap, munmap), dropped the trusted modules itself and looked its set-up up through module
-    globals, and the zygote's loop went through helpers and ``os.environ``'s encoders."""
+    """Minor faults per trivial program (worker, zygote and child). Bugs guarded: each child walked
+    ``sys.modules``, built its text streams, signal dispositions and environment, ran ``random``'s and
+    ``threading``'s at-fork handlers and two full ctypes calls; each child called ``signal.signal``'s
+    Python wrapper (an enum conversion that failed into a formatted ValueError), read its job with 1 MiB
+    buffers (mmap, mremap, munmap), dropped the trusted modules itself and looked its set-up up through
+    module globals, and the zygote's loop went through helpers and ``os.environ``'s encoders."""
     jobs = [(f"def f(x):\n    return x + {i}\n", ["f(1)"]) for i in range(120)]
     with ProcessExecutor(workers=1, limits=LIMITS) as one:
         one.run_many(jobs[:20])  # warm-up: the first programs fault in what every later one shares
@@ -60,9 +59,9 @@ def test_a_trivial_program_costs_few_page_faults():
 
 
 def test_a_trivial_programs_child_costs_few_page_faults():
-    """Regression: the forked child alone (the zygote's reaped children) took ~310 minor faults per
-    trivial program at 2af5b63, ~225 after (see the test above); ~50 of them came back if the harness
-    used ``signal.signal`` again, ~20 if the child joined its cgroup and process group itself."""
+    """The forked child alone (the zygote's reaped children): the bugs of the test above, and a harness
+    that uses ``signal.signal`` or a child that joins its cgroup and process group itself, each fault
+    pages in every child."""
     jobs = [(f"def f(x):\n    return x + {i}\n", ["f(1)"]) for i in range(120)]
     with ProcessExecutor(workers=1, limits=LIMITS) as one:
         one.run_many(jobs[:20])
@@ -97,9 +96,9 @@ def _worker_waits_per_program(jobs: list, warm: int) -> tuple[list, float]:
 
 
 def test_fast_calls_wake_the_worker_once_not_once_each():
-    """Regression: the worker woke up for every frame of the child (set-up done, defined, one per
-    call): ~14 blocking waits per program of 10 fast calls at 2af5b63, ~5 after (frames arriving together
-    are read together, see ``_supervise``); each wake-up is a context switch and a pass of its loop."""
+    """Bug guarded: the worker woke up for every frame of the child (set-up done, defined, one per
+    call); frames arriving together are read together (``_supervise``), since each wake-up is a context
+    switch and a pass of its loop."""
     jobs = [(f"def f(x):\n    return x + {i}\n", ["f(1)"] * 10) for i in range(120)]
     results, per_program = _worker_waits_per_program(jobs, warm=20)
     assert all([o.value for o in r] == [i + 21] * 10 for i, r in enumerate(results))
@@ -107,9 +106,8 @@ def test_fast_calls_wake_the_worker_once_not_once_each():
 
 
 def test_slow_calls_still_wake_the_worker_once_each():
-    """Guard: reading fast frames together must not cost programs with slow calls more wake-ups (a first
-    version waited a window after every frame: ~24 blocking waits per program of 10 calls of 3 ms, where
-    2af5b63 and this version take ~14-15)."""
+    """Guard: reading fast frames together must not cost programs with slow calls more wake-ups than
+    one per frame (the bug: waiting a window after every frame, even when none follows)."""
     program = "import time\ndef f(x):\n    time.sleep(0.003)\n    return x\n"
     jobs = [(program, ["f(1)"] * 10)] * 30
     results, per_program = _worker_waits_per_program(jobs, warm=5)
@@ -134,7 +132,7 @@ def test_every_child_draws_its_own_random_numbers(ex):
 
 
 def test_each_child_runs_with_the_set_up_it_had_itself(ex):
-    """Guard: what the zygote now does once is inherited unchanged by every child (no-new-privs, no core
+    """Guard: what the zygote does once is inherited unchanged by every child (no-new-privs, no core
     dumps, signal dispositions, scrubbed environment, unbuffered output) and the child's own steps still
     hold (its temp dir as cwd and HOME, only descriptors 0-2 and the hidden channel open)."""
     program = (

@@ -1,4 +1,4 @@
-"""Deny by default: one hostile program per class of hole the third probe found (each failed before).
+"""Deny by default: one hostile program per class of hole (each fails where its layer is missing).
 
 1. a call rebinding the function under test (``globals()``, builtins) changed the expected value of
    every later call of the reference run; 2. kernel keyrings (the trusted parent's session keyring,
@@ -6,7 +6,7 @@
    4. the host's pty pool (/dev/ptmx); 5. channels between programs running at the same time (POSIX
    record locks on shared read-only files, inotify); 6. the cgroup's memory high-water mark left by the
    previous program; 7. the parent's decoder (real CPython sizes, a decode-time cap). Plus the syscall
-   allow-list itself: the dangerous families named by the issue answer EPERM, and the worker lives.
+   allow-list itself: the dangerous syscall families answer EPERM, and the worker lives.
 """
 
 from __future__ import annotations
@@ -306,8 +306,8 @@ def test_decode_charges_real_cpython_sizes(name):
         tracemalloc.stop()
     assert value == SAMPLES[name]
     charged = start - budget.left
-    # tracemalloc also counts allocator slack that varies with what ran before (measured 0.93-1.0 of it for floats
-    # in the full suite); the old charge was about half, so 0.9 still fails it
+    # tracemalloc also counts allocator slack that varies with what ran earlier in the process (a few percent
+    # for floats in the full suite); the bug guarded, a charge of about half, still fails 0.9
     assert 0.9 * traced <= charged <= 1.6 * traced, f"{name}: charged {charged}, CPython holds {traced}"
 
 
@@ -466,7 +466,7 @@ def test_a_tampering_call_fails_alone_when_calls_are_isolated(ex):
     frames on every descriptor, closing the result channel) runs in its own process: it fails itself
     and never reaches the result channel, and the program's other calls keep their honest values
     (without isolation every later call of the program is tainted, ``tests/sandbox/test_sandbox_hostile.py``).
-    A call of the program's own function on constants runs in the program's process, as before."""
+    A call of the program's own function on constants runs in the program's process."""
     forge = (
         "import os, struct\n"
         "def forge():\n"

@@ -207,7 +207,7 @@ def test_sysv_ipc_does_not_outlive_its_program():
 
 
 def _world_writable_dirs() -> list[str]:
-    """Every world-writable directory of the host's local filesystems (as the issue asks: find them all)."""
+    """Every world-writable directory of the host's local filesystems (found, not a fixed list)."""
     import subprocess
 
     found = subprocess.run(

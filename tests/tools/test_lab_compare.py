@@ -343,7 +343,7 @@ def test_a_comparison_stops_before_queueing_when_the_queue_cannot_return_results
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_quick_compare_in_a_temp_clone(repo_root, tmp_path):
-    """Two modes, one seed, tiny runs; the workspace of the clone is as before afterwards."""
+    """Two modes, one seed, tiny runs; the clone's workspace is left unchanged."""
     if shutil.which("git") is None:
         pytest.skip("git not installed: the comparison runs DVC experiments, which need a git repository")
     clone = tmp_path / "repo"

@@ -147,17 +147,17 @@ class _SharedPromptCache:
 
 SMALL_MODEL_HIDDEN = 256
 """Hidden size up to which :func:`sample_shared` decodes on one intra-op thread (the prefill keeps the caller's
-count): at such widths a decode step is ~100 sub-millisecond ops. Measured on the lab's test rollout (one
-decode, 2 cores): 1 thread 1.27-1.31 s wall for 1.3 s of CPU, 2 threads 1.09-1.10 s for 2.2 s — ~15 % faster for
-twice the CPU; one thread also keeps the decode's rounding independent of ``model.cpu_threads``. The core left
-idle goes to a second decode process instead (:func:`_decode_split`)."""
+count): at such widths a decode step is ~100 sub-millisecond ops, and a second thread buys little wall time
+for twice the CPU (``bench/rollout_bench.py --threads 1,2``); one thread also keeps the decode's rounding
+independent of ``model.cpu_threads``. The core left idle goes to a second decode process instead
+(:func:`_decode_split`)."""
 
 
 SPLIT_MIN_TOKENS = 2048
-"""Rows x new tokens (at most) each decode process must have. Handing a part over costs a few ms and every
-process repeats each step's ~2 ms of fixed overhead, while rows often stop long before ``max_new_tokens``: the
-lab's code rollout (32 x 96, ~22 tokens per row after the warm start) measured slower split than in one
-process at 2 threads, its test rollout (128 x 128) 1.2-1.3x faster. A rollout below twice this stays in one."""
+"""Rows x new tokens (at most) each decode process must have. Handing a part over costs time and every
+process repeats each step's fixed overhead, while rows often stop long before ``max_new_tokens``: the lab's
+code rollout (32 x 96, a few dozen tokens per row after the warm start) runs slower split than in one process
+at 2 threads, its test rollout (128 x 128) faster. A rollout below twice this stays in one."""
 
 
 SPLIT_ENV = "CODEA1_DECODE_PROCESSES"
@@ -313,7 +313,7 @@ def sample_shared(
     * random numbers: each row's token at step ``t`` is the inverse CDF of ``softmax(scores)`` at one uniform
       ``u[row, t]``, all drawn up front from the default generator (``rows x max_new_tokens`` of them, so it
       ends in the same place whatever stops early). ``generate`` draws a ``[rows, vocab]`` exponential block
-      per step (6 ms on one core at the lab's test rollout, more than the forward); the same seed therefore
+      per step (at the lab's test rollout, more time than the forward); the same seed therefore
       gives other tokens than ``generate``'s, from the same distribution
       (``tests/core/models/cpu_decode/test_shared_decode.py``);
     * work skipped: once all ``n`` rows of a prompt have stopped, its rows leave the batch (their tokens are

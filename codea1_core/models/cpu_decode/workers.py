@@ -10,9 +10,9 @@ output tensors after the inputs and answers with their description; :meth:`Decod
 back. ``shared`` uses it to decode part of a rollout's prompts on every spare core, so the pool only
 moves bytes: the same function on the same values gives the same bits in any process.
 
-Why not a fork per call: a training process holds ~1.4 GB; forking it costs ~8 ms before the child runs and
-~9 ms to tear the child down, and every page either side writes afterwards is copied — more than the second
-core saved on the lab's small code rollout (measured: 0.067 -> 0.103 s per rollout).
+Why not a fork per call: a training process is large, so forking it costs milliseconds before the child runs
+and again to tear the child down, and every page either side writes afterwards is copied — more than the
+second core saves on the lab's small code rollout, which then gets slower.
 
 Lifetime and faults: one pool per model object (:func:`pool_for`), closed when the model is garbage collected,
 at interpreter exit, or when the model's parameters change shape (then it is forked anew). Workers ignore

@@ -233,7 +233,7 @@ def test_golden_tests_mode_decides_what_training_sees_but_never_evaluation(all_p
     sparse = {split: lab_problems(SPARSE, split) for split in lab.SPLITS}
     for split in ("train", "val"):
         for b, s in zip(all_problems[split], sparse[split], strict=True):
-            assert b.plus_tests == ()  # boundary: exactly the exhaustive set, as before
+            assert b.plus_tests == ()  # boundary: exactly the exhaustive set
             assert [t.call for t in s.tests] == s.metadata["sparse_calls"]
             assert {t.call for t in s.tests + s.plus_tests} == {t.call for t in b.tests} | set(
                 s.metadata["sparse_calls"]

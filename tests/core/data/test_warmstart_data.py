@@ -90,7 +90,7 @@ def test_warmstart_stage_feeds_the_extra_problems_to_the_code_role_only(tmp_path
     metrics = warmstart.warm_start(cfg, root=root)
     prompts = {role: {ex["messages"][-2]["content"] for ex in seen[role]} for role in ("code", "test")}
     assert len(seen["code"]) == 2 * 5 and len(prompts["code"]) == 2 * 5  # 5 distinct problems per family
-    assert len(seen["test"]) == 2 * 2  # the Test LLM: the training problems, as before
+    assert len(seen["test"]) == 2 * 2  # the Test LLM: the training problems
     assert metrics["code/n_examples"] == 10
 
 

@@ -95,7 +95,7 @@ def test_match_returning_task_keeps_every_input_and_fails_a_none_sample(tmp_path
 
 
 def test_not_none_tasks_of_mbppplus_keep_all_inputs(shared_data_dir):
-    """The issue's numbers: Mbpp/737, 787 and 794 lost 22 of 110, 2 of 105 and 56 of 106 inputs."""
+    """Bug guarded: Mbpp/737, 787 and 794 lost 22 of 110, 2 of 105 and 56 of 106 inputs."""
     path = next((shared_data_dir / "mbppplus").glob("MbppPlus-*.jsonl*"))
     problems = [p for p in load_evalplus(path, "mbppplus") if p.entry_point in OUTPUT_NOT_NONE]
     assert sorted(p.id for p in problems) == ["Mbpp/737", "Mbpp/787", "Mbpp/794"]
