@@ -173,10 +173,10 @@ def test_replace_dir_onto_a_missing_target_creates_the_parent(tmp_path: Path) ->
 
 
 def test_no_other_module_implements_an_atomic_write(repo_root: Path) -> None:
-    """One atomic write: the temp-file-then-rename write existed ten times; only ``codea1_core/atomic.py`` may rename
-    into place now (``lab_compare`` moves whole workspace paths aside and back, and ``workspace/resume.py`` moves
-    the checkpoints of a changed config aside to ``checkpoints.previous``: neither is a write)."""
-    allowed = {"codea1_core/atomic.py": 4, "tools/lab_compare.py": 2, "workspace/resume.py": 1}
+    """One atomic write (bug guarded: the temp-file-then-rename write existed ten times): only
+    ``codea1_core/atomic.py`` may rename into place (``workspace/resume.py`` moves the checkpoints of a changed
+    config aside to ``checkpoints.previous``, which is not a write)."""
+    allowed = {"codea1_core/atomic.py": 4, "workspace/resume.py": 1}
     found = {}
     for folder in ("codea1_core", "tracking", "workspace", "tasks", "flows", "tools", "bench"):
         for path in sorted((repo_root / folder).rglob("*.py")):
