@@ -384,7 +384,7 @@ def prepare(cfg: Config) -> dict[str, Any]:
 
 def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
     """Run the prepare flow; data mistakes become one-line :class:`UserError`."""
-    from tasks.quality import DataQualityError
+    from gates.errors import DataQualityError
 
     try:
         return prepare_flow(params=params, overrides=list(overrides or []))

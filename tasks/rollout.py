@@ -108,12 +108,14 @@ def gate_tests(
     """Parse every suite (§5.2, D5) and drop the tests the GX gate rejects; a rejected test counts invalid.
 
     The parser records each kept test's reason code (``ParsedSuite.checks``); the gate validates the columns
-    of those tests (``tasks.quality.gate_columns``) and gives one verdict per row, in the suites' order.
+    of those tests (``gates.generated_tests.gate_columns``) and gives one verdict per row, in the suites'
+    order.
     Returns ``suites[b][m][n]`` (``ParsedSuite``) and gate metrics (``test/rejected_rate``, per reason).
     """
     from codea1_core.method.parsing import extract_tests
     from codea1_core.method.validity import OK
-    from tasks.quality import gate_columns, gx_gate_tests
+    from gates.generated_tests import gate_columns
+    from tasks.quality import gx_gate_tests
 
     tests_cfg = cfg.tests
     suites = [

@@ -466,8 +466,8 @@ def make_repo(repo: Path, model: Path, repo_root: Path) -> dict[str, str]:
 def checked_rows(rows: list[dict], parse_mode: str = "strict", literal_answers: bool = True) -> list[dict]:
     """``rows`` (``problem_id, suite_id, call, answer, entry_point``) with the ``check`` code the parser
     records (``codea1_core.method.validity.suite_checks`` over each (problem, suite) group in row order), as
-    ``tasks.quality.gx_gate_tests`` takes them; a row with a missing call, answer or entry point gets ``ok``
-    (the gate's null expectation reports it)."""
+    ``gates.generated_tests.check_tests`` takes them; a row with a missing call, answer or entry point gets
+    ``ok`` (the gate's null expectation reports it)."""
     from codea1_core.method.validity import OK, suite_checks
     from codea1_core.types import ParsedTest
 

@@ -1,12 +1,12 @@
 """The project's import graph: no cycle among its modules, and each layer imports only the ones below it.
 
 Layers, bottom up: ``codea1_core`` (the algorithm, pure) < ``sandbox`` (runs untrusted code) <
-``tracking`` (MLflow) and ``workspace`` (the training workspace on disk), side by side < ``tasks`` (thin
-Prefect tasks) < ``flows`` (the DVC stages, the pipeline runner, the CLI, the deployments) < ``tools``
-(lab-compare, readme-numbers, the UIs). Packages that share a layer are independent: neither imports the
-other. Every module of those packages is parsed (nothing is imported), and every import statement counts —
-top level, inside functions and under ``if`` — because a function-level import is still a dependency: it only
-moves the cycle or the layering breach to run time.
+``tracking`` (MLflow), ``workspace`` (the training workspace on disk) and ``gates`` (the Great Expectations
+data gates), side by side < ``tasks`` (thin Prefect tasks) < ``flows`` (the DVC stages, the pipeline runner,
+the CLI, the deployments) < ``tools`` (lab-compare, readme-numbers, the UIs). Packages that share a layer
+are independent: neither imports the other. Every module of those packages is parsed (nothing is
+imported), and every import statement counts — top level, inside functions and under ``if`` — because a
+function-level import is still a dependency: it only moves the cycle or the layering breach to run time.
 
 How to run: ``pytest tests/test_imports.py`` (no model, no sandbox; a second).
 """
@@ -19,7 +19,14 @@ from pathlib import Path
 
 import pytest
 
-LAYERS = (("codea1_core",), ("sandbox",), ("tracking", "workspace"), ("tasks",), ("flows",), ("tools",))
+LAYERS = (
+    ("codea1_core",),
+    ("sandbox",),
+    ("tracking", "workspace", "gates"),
+    ("tasks",),
+    ("flows",),
+    ("tools",),
+)
 """Bottom up, each layer a tuple of packages: a module may import from its own package and the layers before
 it, never from a later layer nor from another package of its own layer."""
 
@@ -130,7 +137,7 @@ def _breach(a: str, b: str) -> bool:
 
 def layering_breaches(graph: dict[str, set[str]]) -> list[str]:
     """``a -> b`` for every import of a higher layer from a lower one (core -> sandbox/tasks/flows, ...) and
-    between the packages of one layer (tracking <-> workspace)."""
+    between the packages of one layer (tracking <-> workspace <-> gates)."""
     return sorted(
         f"{a} -> {b}" for a, targets in graph.items() for b in targets if _breach(a, b) and a != FRONT_DOOR
     )
@@ -145,9 +152,9 @@ def test_no_import_cycle_among_project_modules(repo_root: Path) -> None:
 
 
 def test_each_layer_imports_only_the_layers_below(repo_root: Path) -> None:
-    """codea1_core imports nothing from sandbox/tracking/workspace/tasks/flows; sandbox nothing above it;
-    tracking and workspace nothing from each other or above; tasks nothing from flows (the whole point of the
-    layering: the core is usable, and testable, without the rest)."""
+    """codea1_core imports nothing from sandbox/tracking/workspace/gates/tasks/flows; sandbox nothing above
+    it; tracking, workspace and gates nothing from each other or above; tasks nothing from flows (the whole
+    point of the layering: the core is usable, and testable, without the rest)."""
     assert not layering_breaches(import_graph(repo_root))
 
 

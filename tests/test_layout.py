@@ -26,7 +26,7 @@ def test_import_mlflow_resolves_to_site_packages(repo_root: Path) -> None:
 
 
 def test_top_level_layout(repo_root: Path) -> None:
-    packages = ["codea1_core", "sandbox", "tracking", "workspace", "tasks", "flows", "tools"]
+    packages = ["codea1_core", "sandbox", "tracking", "workspace", "gates", "tasks", "flows", "tools"]
     for name in [*packages, "mlflow", "tests", "bench"]:
         assert (repo_root / name).is_dir(), name
     for name in ["dvc.yaml", "params.yaml", "pyproject.toml", "Makefile", "README.md", "constraints.txt"]:
@@ -92,7 +92,7 @@ def test_packages_are_explicit(repo_root: Path) -> None:
     packages = project["tool"]["setuptools"]["packages"]
     on_disk = {
         ".".join(init.parent.relative_to(repo_root).parts)
-        for top in ["codea1_core", "sandbox", "tracking", "workspace", "tasks", "flows", "tools"]
+        for top in ["codea1_core", "sandbox", "tracking", "workspace", "gates", "tasks", "flows", "tools"]
         for init in (repo_root / top).rglob("__init__.py")
     }
     assert sorted(packages) == sorted(on_disk)  # a sub-package missing here would be left out of the wheel
@@ -123,14 +123,15 @@ def test_cli_help_lists_every_subcommand() -> None:
 
 def test_readme_layout_names_every_module(repo_root: Path) -> None:
     """README's Layout section matches the tree: every module and core sub-package is named there, and every
-    name it gives under codea1_core/, sandbox/, tracking/, workspace/, tasks/, flows/ and tools/ exists."""
+    name it gives under codea1_core/, sandbox/, tracking/, workspace/, gates/, tasks/, flows/ and tools/
+    exists."""
     import re
 
     readme = (repo_root / "README.md").read_text()
     block = readme.split("## Layout", 1)[1].split("```", 2)[1]
     words = set(re.findall(r"[a-z_][a-z0-9_]*", block))
     missing = []
-    for top in ["codea1_core", "sandbox", "tracking", "workspace", "tasks", "flows", "tools"]:
+    for top in ["codea1_core", "sandbox", "tracking", "workspace", "gates", "tasks", "flows", "tools"]:
         for path in (repo_root / top).rglob("*.py"):
             name = path.parent.name if path.name == "__init__.py" else path.stem
             if path.name == "__init__.py" and path.parent.name == top:

@@ -1,8 +1,8 @@
 """The test suite's own layout: tests/ mirrors the source tree and no test module imports another.
 
 * Every ``test_*.py`` lives in the folder of what it tests: ``tests/core/`` (and ``core/data``, ``core/method``, ...)
-  for ``codea1_core/``, ``tests/sandbox/``, ``tests/tracking/``, ``tests/workspace/``, ``tests/tasks/``,
-  ``tests/flows/``, ``tests/tools/``, ``tests/bench/``;
+  for ``codea1_core/``, ``tests/sandbox/``, ``tests/tracking/``, ``tests/workspace/``, ``tests/gates/``,
+  ``tests/tasks/``, ``tests/flows/``, ``tests/tools/``, ``tests/bench/``;
   only the whole-repository checks stay at the top (:data:`TOP_LEVEL`).
 * Shared fakes and builders are in ``tests/support.py`` (fixtures a folder shares in its ``conftest.py``); a test
   module never imports another test module (that made ``conftest.py`` depend on ``test_train_flow``).
@@ -22,6 +22,7 @@ MIRRORS = {
     "sandbox": "sandbox",
     "tracking": "tracking",
     "workspace": "workspace",
+    "gates": "gates",
     "tasks": "tasks",
     "flows": "flows",
     "tools": "tools",

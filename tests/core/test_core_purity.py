@@ -1,6 +1,6 @@
 """Core is pure: no module of ``codea1_core/`` imports orchestration, tracking (MLflow or this project's
-``tracking`` package), the training workspace (``workspace``), data-versioning, data-validation,
-process-spawning or sandbox code.
+``tracking`` package), the training workspace (``workspace``), data-versioning, data-validation (GX or this
+project's ``gates`` package), process-spawning or sandbox code.
 
 Every import statement counts, including ones inside functions and ``importlib.import_module("x")`` /
 ``__import__("x")`` calls with a literal name. Allowed are torch, transformers, peft, trl, tokenizers,
@@ -15,7 +15,17 @@ from pathlib import Path
 import pytest
 
 BANNED = frozenset(
-    {"prefect", "mlflow", "dvc", "great_expectations", "subprocess", "sandbox", "tracking", "workspace"}
+    {
+        "prefect",
+        "mlflow",
+        "dvc",
+        "great_expectations",
+        "subprocess",
+        "sandbox",
+        "tracking",
+        "workspace",
+        "gates",
+    }
 )
 CORE = Path(__file__).resolve().parents[2] / "codea1_core"
 
@@ -70,6 +80,7 @@ def test_core_modules_import_nothing_banned():
         ("from sandbox.executor import ProcessExecutor\n", "sandbox.executor"),
         ("def f():\n    from tracking.store import client\n", "tracking.store"),
         ("import workspace.lock\n", "workspace.lock"),
+        ("def f():\n    from gates.gx import gx_context\n", "gates.gx"),
         ("import importlib\nmod = importlib.import_module('prefect.flows')\n", "prefect.flows"),
         ("x = __import__('subprocess')\n", "subprocess"),
         ("try:\n    import mlflow\nexcept ImportError:\n    mlflow = None\n", "mlflow"),

@@ -179,7 +179,7 @@ def test_stage_params_are_declared_precisely(repo_root: Path) -> None:
     assert metrics == [{"outputs/eval/headline.json": {"cache": False}}]  # a readable `dvc metrics show`
 
 
-CODE_DIRS = ("codea1_core", "tracking", "workspace", "tasks", "flows", "sandbox")
+CODE_DIRS = ("codea1_core", "tracking", "workspace", "gates", "tasks", "flows", "sandbox")
 """The packages whose modules a stage's deps list (``tools`` and ``bench`` are no stage's code)."""
 
 
@@ -240,7 +240,7 @@ def test_stage_deps_cover_the_code_the_stage_imports(repo_root: Path, stage: str
 def test_stage_deps_list_no_code_the_stage_does_not_import(repo_root: Path, stage: str) -> None:
     """Bug guarded: the train stage listed ``mutants.py``, ``report.py`` and ``benchmarks.py`` (modules
     it does not import), so editing the mutant generator re-ran training.
-    Every listed code dep (a module of the four packages, or ``sandbox/`` as a whole) must be imported."""
+    Every listed code dep (a module of :data:`CODE_DIRS`, or ``sandbox/`` as a whole) must be imported."""
     spec = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"][stage]
     module = repo_root / spec["cmd"].split("-m ")[1].split()[0].replace(".", "/")
     imported = _closure(module.with_suffix(".py"), repo_root)

@@ -1,4 +1,7 @@
-"""Great Expectations gates (tasks.quality): problem sets and generated tests, via ``.fn``."""
+"""The data-quality Prefect tasks (tasks.quality), via ``.fn``: each runs its gate and returns its result.
+
+The gates themselves (codes, counts, reports, errors) are tested in ``tests/gates``.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +9,13 @@ import json
 
 import pandas as pd
 import pytest
+from prefect.cache_policies import NO_CACHE
 from support import checked_rows
 
 from codea1_core import config as config_mod
-from codea1_core.types import ParsedSuite, ParsedTest, Problem, TestCase
-from tasks.quality import DataQualityError, gate_columns, gx_gate_tests, validate_problems
+from codea1_core.types import Problem, TestCase
+from gates.errors import DataQualityError
+from tasks.quality import gx_gate_tests, validate_problems
 
 
 def _problem(pid: str, **kw) -> Problem:
@@ -32,92 +37,15 @@ def _row(call: str, answer: str = "1", suite: int = 0, problem: str = "p/1", ep:
     return {"problem_id": problem, "suite_id": suite, "call": call, "answer": answer, "entry_point": ep}
 
 
-# --------------------------------------------------------------------------------------------------
-# validate_problems
-# --------------------------------------------------------------------------------------------------
-
-
 def test_validate_problems_accepts_a_clean_set(tmp_path):
     report = validate_problems.fn([_problem("a"), _problem("b")], tmp_path / "q.json")
     assert report == {"n_problems": 2, "success": True, "failures": {}}
     assert json.loads((tmp_path / "q.json").read_text())["success"] is True
 
 
-def test_validate_problems_names_every_offending_id(tmp_path):
-    problems = [
-        _problem("a"),
-        _problem("a"),
-        _problem("c", prompt=""),
-        _problem("d", entry_point="not an identifier"),
-        _problem("e", tests=()),
-        _problem("f", metadata={}),
-        _problem("g", split="dev"),
-        _problem("h", reference_solution=""),
-    ]
-    with pytest.raises(DataQualityError) as info:
-        validate_problems.fn(problems, tmp_path / "q.json")
-    err = info.value
-    assert err.report_path == tmp_path / "q.json" and str(tmp_path / "q.json") in str(err)
-    failures = json.loads(err.report_path.read_text())["failures"]
-    assert failures == {
-        "duplicate_id": ["a", "a"],
-        "empty_prompt": ["c"],
-        "bad_entry_point": ["d"],
-        "no_golden_tests": ["e"],
-        "reference_not_passing": ["f"],
-        "bad_split": ["g"],
-        "empty_reference": ["h"],
-    }
-    assert err.ids == ["a", "c", "d", "e", "f", "g", "h"]
-    with pytest.raises(DataQualityError, match="empty problem set"):
-        validate_problems.fn([])
-
-
-# --------------------------------------------------------------------------------------------------
-# gx_gate_tests
-# --------------------------------------------------------------------------------------------------
-
-CASES = [
-    (_row("f(1)"), "ok"),
-    (_row("f(lambda x: x + 1, [i for i in range(3)])"), "ok"),  # lambdas/comprehensions are fine
-    (_row("f(1)", suite=1), "ok"),  # same call, other suite
-    (_row("f(1)", problem="p/2"), "ok"),  # same call, other problem
-    (_row("f(1)"), "duplicate"),
-    (_row("g(1)"), "wrong_function"),
-    (_row("obj.f(1)"), "wrong_function"),
-    (_row("f(1) + 1"), "not_a_call"),
-    (_row("import os"), "call_syntax"),
-    (_row("x = f(1)"), "call_syntax"),
-    (_row("f(1"), "call_syntax"),
-    (_row("f(().__class__)"), "dunder"),
-    (_row("f(__import__('os'))"), "dunder"),
-    (_row("f(open('/etc/passwd'))"), "forbidden_name"),
-    (_row("f((y := 2))"), "walrus"),
-    (_row("f('__init__ eval(')"), "ok"),  # suspicious text inside a string literal is fine
-    (_row("f(2)", answer="[1, 2"), "answer_syntax"),
-    (_row("f(3)", answer="().__class__"), "answer_dunder"),
-    (_row("f(4)", answer="(z := 1)"), "answer_walrus"),
-    (_row("f(5)", answer="[1, 2, 3]"), "ok"),
-    (_row("f(" + "1" * 45 + ")"), "call_too_long"),
-    (_row("f(6)", answer="9" * 46), "answer_too_long"),
-    ({**_row("f(7)"), "problem_id": None}, "missing_field"),
-    ({**_row("f(8)"), "answer": None}, "missing_field"),
-]
-
-
-def test_gate_tests_reason_per_row_counts_and_metrics(tmp_path):
-    cfg = config_mod.TestsConfig(max_call_chars=45, max_answer_chars=45, max_rejected_frac=0.9)
-    result = gx_gate_tests.fn(checked_rows([row for row, _ in CASES]), cfg, tmp_path / "gate.json")
-    assert result.reasons == [reason for _, reason in CASES]
-    assert result.accepted_mask.tolist() == [reason == "ok" for _, reason in CASES]
-    rejected = sum(reason != "ok" for _, reason in CASES)
-    assert result.rejected_rate == pytest.approx(rejected / len(CASES))
-    assert result.counts["call_syntax"] == 3 and result.counts["missing_field"] == 2
-    metrics = result.metrics()
-    assert metrics["test/rejected_rate"] == pytest.approx(rejected / len(CASES))
-    assert metrics["test/rejected/dunder"] == 2.0
-    report = json.loads((tmp_path / "gate.json").read_text())
-    assert report["counts"] == result.counts and report["n_rows"] == len(CASES)
+def test_validate_problems_raises_the_gates_error(tmp_path):
+    with pytest.raises(DataQualityError, match=r"1 problem\(s\) failed the data gate: empty_prompt: c"):
+        validate_problems.fn([_problem("a"), _problem("c", prompt="")], tmp_path / "q.json")
 
 
 def test_gate_tests_accepts_a_dataframe_and_empty_input(tmp_path):
@@ -128,59 +56,7 @@ def test_gate_tests_accepts_a_dataframe_and_empty_input(tmp_path):
     assert empty.rejected_rate == 0.0 and empty.reasons == []
 
 
-def test_gate_tests_raises_with_report_path_above_max_rejected_frac(tmp_path):
-    rows = checked_rows([_row("g(1)"), _row("g(2)"), _row("f(3)")])
-    path = tmp_path / "gate.json"
-    with pytest.raises(DataQualityError, match=r"66\.7% of 3 rows rejected") as info:
-        gx_gate_tests.fn(rows, config_mod.TestsConfig(max_rejected_frac=0.5), path)
-    assert info.value.report_path == path
-    assert json.loads(path.read_text())["counts"] == {"wrong_function": 2}
-    assert [f.name for f in tmp_path.iterdir()] == ["gate.json"]  # atomic write: no temp file left
-    gx_gate_tests.fn(
-        rows, config_mod.TestsConfig(max_rejected_frac=0.7), path
-    )  # under the threshold: no error
-
-
-def test_gate_follows_the_official_parse_mode_on_other_functions():
-    """§5.2 official: any call on the left is a test (``len(f(1))`` is valid); strict (D5) rejects it."""
-    calls = ["g(1)", "len(f(1))", "obj.f(1)", "f(1)", "__import__('os').f(1)", "f(1) + 1"]
-    rows = [_row(c) for c in calls]
-    official = gx_gate_tests.fn(
-        checked_rows(rows, parse_mode="official"),
-        config_mod.TestsConfig(parse_mode="official", max_rejected_frac=0.9),
-    )
-    assert official.reasons == ["ok", "ok", "ok", "ok", "dunder", "not_a_call"]
-    strict = gx_gate_tests.fn(checked_rows(rows), config_mod.TestsConfig(max_rejected_frac=0.9))
-    assert strict.reasons[:3] == ["wrong_function"] * 3 and strict.reasons[3] == "ok"
-
-
-def test_gate_takes_the_parsers_codes_and_refuses_rows_without_them():
-    """The gate applies no rule in Python: a row's ``check`` (the parser's code) decides, whatever the call
-    says; rows without one are refused."""
-    rows = [
-        {**_row("f(1)"), "check": "ok"},
-        {**_row("f(().__class__)"), "check": "ok"},
-        {**_row("f(2)"), "check": "dunder"},
-    ]
-    result = gx_gate_tests.fn(rows, config_mod.TestsConfig(max_rejected_frac=0.9))
-    assert result.reasons == ["ok", "ok", "dunder"]
-    for bad in ([_row("f(1)")], [{**_row("f(1)"), "check": "ok"}, {**_row("f(3)"), "check": None}]):
-        with pytest.raises(ValueError, match="'check' code"):
-            gx_gate_tests.fn(bad, config_mod.TestsConfig())
-
-
-def test_gate_columns_lay_out_every_kept_test_in_suite_order():
-    problems = [_problem("a"), _problem("b", entry_point="g")]
-    suite = ParsedSuite(tests=(ParsedTest("f(1)", "1"), ParsedTest("f(2)", "2")), checks=("ok", "duplicate"))
-    empty, other = ParsedSuite(), ParsedSuite(tests=(ParsedTest("g(0)", "0"),), checks=("ok",))
-    table = gate_columns(problems, [[[suite, empty]], [[empty], [other]]])
-    assert table == {
-        "problem_id": ["a", "a", "b"],
-        "suite_id": ["0/0/0", "0/0/0", "1/1/0"],
-        "call": ["f(1)", "f(2)", "g(0)"],
-        "answer": ["1", "2", "0"],
-        "entry_point": ["f", "f", "g"],
-        "check": ["ok", "duplicate", "ok"],
-    }
-    with pytest.raises(ValueError, match="0 checks for 1 tests"):
-        gate_columns(problems[:1], [[[ParsedSuite(tests=(ParsedTest("f(1)", "1"),))]]])
+def test_tasks_keep_their_names_and_are_never_cached():
+    """Task names are what the Prefect UI and the run logs show; a gate must run on every call."""
+    assert (validate_problems.name, gx_gate_tests.name) == ("validate_problems", "gx_gate_tests")
+    assert validate_problems.cache_policy is NO_CACHE and gx_gate_tests.cache_policy is NO_CACHE

@@ -16,7 +16,7 @@ from support import checked_rows
 from codea1_core import config as config_mod
 from codea1_core.method import parsing, validity
 from codea1_core.types import ParsedTest
-from tasks import quality
+from gates import generated_tests
 
 ANSWERS = [
     "3",
@@ -52,7 +52,7 @@ def _gate_says_literal(answers: list[str]) -> list[bool]:
         {"problem_id": "p", "suite_id": i, "call": f"f({i})", "answer": a, "entry_point": "f"}
         for i, a in enumerate(answers)
     ]
-    result = quality.gx_gate_tests.fn(checked_rows(rows), config_mod.TestsConfig(max_rejected_frac=1.0))
+    result = generated_tests.check_tests(checked_rows(rows), config_mod.TestsConfig(max_rejected_frac=1.0))
     return [r != "expected_not_literal" for r in result.reasons]
 
 
@@ -73,7 +73,9 @@ def _functions_calling(path: Path, name: str) -> list[str]:
     )
 
 
-@pytest.mark.parametrize("module", ["codea1_core/method/parsing.py", "tasks/quality.py"])
+@pytest.mark.parametrize(
+    "module", ["codea1_core/method/parsing.py", "gates/generated_tests.py", "tasks/quality.py"]
+)
 def test_neither_the_parser_nor_the_gate_keeps_its_own_copy_of_a_rule(repo_root: Path, module: str) -> None:
     """The literal check lived twice (``parsing.is_plain_literal`` and ``quality._is_plain_literal``), the call
     and answer checks in the gate only; now only ``validity`` evaluates literals or lists forbidden names."""
@@ -87,11 +89,12 @@ def test_neither_the_parser_nor_the_gate_keeps_its_own_copy_of_a_rule(repo_root:
 
 def test_the_parser_applies_the_rules_and_the_gate_none() -> None:
     """The parser calls the rules of ``validity`` (the literal check while parsing, the gate's codes after);
-    the gate (``tasks/quality.py``) calls none of them and imports nothing of ``validity`` but ``OK``."""
+    the gate (``gates/generated_tests.py``) calls none of them and imports nothing of ``validity`` but
+    ``OK``."""
     assert parsing.is_plain_literal is validity.is_plain_literal
     assert parsing.suite_checks is validity.suite_checks
     rules = {"is_plain_literal", "call_reason", "answer_reason", "suite_checks", "literal_value"}
-    tree = ast.parse(Path(quality.__file__).read_text(encoding="utf-8"))
+    tree = ast.parse(Path(generated_tests.__file__).read_text(encoding="utf-8"))
     called = {
         getattr(c.func, "id", getattr(c.func, "attr", None))
         for c in ast.walk(tree)
