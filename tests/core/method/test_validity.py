@@ -77,8 +77,8 @@ def _functions_calling(path: Path, name: str) -> list[str]:
     "module", ["codea1_core/method/parsing.py", "gates/generated_tests.py", "tasks/quality.py"]
 )
 def test_neither_the_parser_nor_the_gate_keeps_its_own_copy_of_a_rule(repo_root: Path, module: str) -> None:
-    """The literal check lived twice (``parsing.is_plain_literal`` and ``quality._is_plain_literal``), the call
-    and answer checks in the gate only; now only ``validity`` evaluates literals or lists forbidden names."""
+    """Only ``validity`` evaluates literals or lists forbidden names (bug guarded: the literal check had a
+    second copy in the gate, and the call and answer checks lived in the gate alone)."""
     path = repo_root / module
     assert _functions_calling(path, "literal_value") == []
     assert "FORBIDDEN_NAMES = " not in path.read_text(encoding="utf-8")
