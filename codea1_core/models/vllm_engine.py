@@ -1,4 +1,4 @@
-"""Rollout backend on vLLM: both roles as LoRA adapters on one engine, or one engine per role; full fine-tuning too.
+"""Rollout backend on vLLM: each role served by an engine that follows its LoRA adapter or full weights.
 
 What it does: :class:`VllmRollout` owns the vLLM engine(s) and gives each role the same ``generate(prompts,
 n, sampling) -> list[list[Completion]]`` contract as :meth:`codea1_core.models.policy.Policy.generate` (token ids
@@ -9,7 +9,7 @@ brings the engine up to date with a policy, with no engine restart:
   ``LoRARequest`` (a fresh integer id, so vLLM never serves a stale cached adapter and the prefix cache, keyed by
   adapter id, never mixes versions). Every request carries its role's adapter, the zero-initialised one before
   the first update (docs/method.md D8): a request without an adapter is never sent to a LoRA engine, because
-  vLLM's CPU LoRA kernels can apply an adapter's delta to adapter-less requests batched with it.
+  vLLM's CPU LoRA kernels can apply an adapter's delta to adapter-less requests batched with it (§11.1).
 * ``model.finetune=full``: pushes the policy's whole weights (``Policy.whole``: FSDP2 keeps a whole copy) into
   the running engine through ``collective_rpc`` (:mod:`codea1_core.models.vllm_weights`) and drops the prefix
   cache. The two roles' weights differ, so each role has its own engine.
@@ -187,9 +187,8 @@ class VllmRollout:
         if self.full:
             from codea1_core.models.vllm_weights import push_weights
 
-            push_weights(
-                self.engines[policy.role], policy.whole
-            )  # FSDP2: the whole copy (distributed.whole_copy)
+            # FSDP2: Policy.whole is the whole copy every rank keeps (distributed.whole_copy)
+            push_weights(self.engines[policy.role], policy.whole)
             self.versions[policy.role] = version
             return None
         from vllm.lora.request import LoRARequest

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 PROMPTS = [[{"role": "user", "content": "Write add."}], [{"role": "user", "content": "Write sub."}]]
 PARITY = 1e-5
-"""The engine's log-probs vs the policy's recomputation, float32 (docs/method.md, the vLLM backend)."""
+"""The engine's log-probs vs the policy's recomputation, float32 (docs/method.md §11.1)."""
 
 
 def lora_cfg(tmp) -> Config:
