@@ -19,7 +19,7 @@ brings the engine up to date with a policy, with no engine restart:
 Engines: with ``rollout.shared_engine`` (default, LoRA) one engine serves both adapters over one base model
 (``max_loras=2``; the two roles must then start from the same base); otherwise one engine per role, each
 with half of ``rollout.gpu_memory_utilization`` in ``codea1`` mode. ``max_model_len`` and
-``enable_prefix_caching`` come from ``cfg.rollout``, and so do ``tensor_parallel_size`` and
+``enable_prefix_caching`` come from ``cfg.rollout`` (the former capped at the model's context length), and so do ``tensor_parallel_size`` and
 ``data_parallel_size`` (multi-GPU engines; the latter only when > 1). The training step shares the GPU: lower
 ``rollout.gpu_memory_utilization`` (e.g. 0.4) to leave room for the two policies' updates. On a machine
 without CUDA the engine is vLLM's CPU build (``make vllm-venv``); its key/value cache size is
@@ -38,6 +38,7 @@ engine ``.venv-vllm/bin/python -m pytest -m vllm tests/core/models`` (``make tes
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -152,9 +153,11 @@ class VllmRollout:
         parallel = {"tensor_parallel_size": r.tensor_parallel_size}
         if r.data_parallel_size > 1:  # only then: vLLM versions differ in what they accept for it
             parallel["data_parallel_size"] = r.data_parallel_size
-        auto = (
-            "bfloat16" if torch.cuda.is_available() else "float32"
-        )  # the policy's dtype (policy._resolve_dtype)
+        cuda = torch.cuda.is_available()
+        auto = "bfloat16" if cuda else "float32"  # the policy's dtype (policy._resolve_dtype)
+        # CPU build: a prompt prefilled in chunks makes vLLM rewind the request's seeded CPU generator, which CPU
+        # generators cannot do (the engine dies); whole-prompt prefill never rewinds.
+        cpu = {} if cuda else {"enable_chunked_prefill": False}
         lora = {"enable_lora": True, "max_lora_rank": m.lora_rank, "max_loras": 2}
         return {
             **parallel,
@@ -162,10 +165,11 @@ class VllmRollout:
             "dtype": auto if m.dtype == "auto" else m.dtype,
             "seed": self.cfg.seed,
             "gpu_memory_utilization": r.gpu_memory_utilization / n_engines,
-            "max_model_len": r.max_model_len,
+            "max_model_len": _max_model_len(model_path, r.max_model_len),
             "enable_prefix_caching": r.enable_prefix_caching,
             **({"worker_extension_cls": WORKER_EXTENSION} if self.full else lora),
             "logprobs_mode": "raw_logprobs",
+            **cpu,
         }
 
     def _check_role(self, role: str) -> None:
@@ -326,6 +330,20 @@ def attach(
         rollout = _ROLLOUTS[str(folder)] = VllmRollout(cfg, {}, folder, llm_factory=llm_factory)
     rollout.add_role(policy.role, policy.model_path)
     return VllmPolicy(policy, rollout)
+
+
+def _max_model_len(model_path: str, configured: int) -> int:
+    """``rollout.max_model_len``, capped at the model's ``max_position_embeddings`` (vLLM refuses a longer one)."""
+    try:
+        limit = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))[
+            "max_position_embeddings"
+        ]
+    except (OSError, KeyError, ValueError):  # a hub name or a config without the key: vLLM decides
+        return configured
+    if configured > limit:
+        log.info("rollout.max_model_len %d > %s's max_position_embeddings %d: the engine uses %d",
+                 configured, model_path, limit, limit)  # fmt: skip
+    return min(configured, int(limit))
 
 
 def _eos_ids(tokenizer: Any, model_path: str) -> list[int]:

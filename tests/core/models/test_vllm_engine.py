@@ -36,9 +36,10 @@ def test_shared_engine_serves_both_roles_with_versioned_adapters(fake_vllm, tiny
     rollout = VllmRollout(cfg(), {"code": tiny_dir, "test": tiny_dir}, tmp_path / "adapters")
     assert len(FakeLLM.instances) == 1
     kw = FakeLLM.instances[0].kwargs
-    assert kw["gpu_memory_utilization"] == 0.8 and kw["max_model_len"] == 2048
+    assert kw["gpu_memory_utilization"] == 0.8 and kw["max_model_len"] == 1024  # 2048 > the model's 1024
     assert kw["enable_prefix_caching"] is True and kw["enable_lora"] is True and kw["max_lora_rank"] == 16
     assert kw["logprobs_mode"] == "raw_logprobs"
+    assert kw["enable_chunked_prefill"] is False and kw["dtype"] == "float32"  # no CUDA here: the CPU build
 
     code = Policy(tiny_dir, cfg(), role="code")
     test = Policy(tiny_dir, cfg(), role="test")
@@ -96,7 +97,8 @@ def test_tensor_and_data_parallel_sizes_reach_the_engine(fake_vllm, tiny_dir, tm
     when > 1, so single-GPU engine arguments stay as before); sizes below 1 fail with the key's name."""
     from codea1_core.models.vllm_engine import VllmRollout
 
-    VllmRollout(cfg(), {"code": tiny_dir}, tmp_path / "a")
+    VllmRollout(cfg(**{"rollout.max_model_len": 512}), {"code": tiny_dir}, tmp_path / "a")
+    assert FakeLLM.instances[-1].kwargs["max_model_len"] == 512  # within the model's context length
     assert FakeLLM.instances[-1].kwargs["tensor_parallel_size"] == 1
     assert "data_parallel_size" not in FakeLLM.instances[-1].kwargs
     other = str(build_tiny_model(tmp_path / "other", VLLM_CORPUS, vocab_size=300, seed=1))

@@ -143,3 +143,18 @@ def test_after_a_step_and_sync_the_engine_samples_from_the_updated_adapter(serve
     assert min(stale) > 1e-3
     after = code.generate(PROMPTS, 4, sp)
     assert max(gaps(policies["code"], after)) < PARITY
+
+
+def test_a_batch_over_the_prefill_token_budget(served):
+    """More prompt tokens in one call than vLLM schedules per step (4096) with per-request seeds: on the CPU
+    build a prompt prefilled in chunks kills the engine (its seeded generator cannot rewind), so the engine
+    prefills whole prompts; the samples are still the adapter's and reproducible."""
+    _, policies, rollout = served
+    text = "assert add(1, 2) == 3\n" * 12
+    long = [[{"role": "user", "content": f"Write add number {i}. {text}"}] for i in range(8)]
+    sp = SamplingParams(max_new_tokens=4, seed=11)
+    groups = rollout.generate("code", long, 3, sp)
+    assert sum(len(c.prompt_ids) for g in groups for c in g) > 4096
+    assert max(gaps(policies["code"], groups)) < PARITY
+    again = rollout.generate("code", long[:2], 3, sp)
+    assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in groups[:2]]
