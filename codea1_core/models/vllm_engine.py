@@ -9,7 +9,8 @@ brings the engine up to date with a policy, with no engine restart:
   ``LoRARequest`` (a fresh integer id, so vLLM never serves a stale cached adapter and the prefix cache, keyed by
   adapter id, never mixes versions). Every request carries its role's adapter, the zero-initialised one before
   the first update (docs/method.md D8): a request without an adapter is never sent to a LoRA engine, because
-  vLLM's CPU LoRA kernels can apply an adapter's delta to adapter-less requests batched with it (§11.1).
+  vLLM's CPU LoRA kernels can apply an adapter's delta to adapter-less requests batched with it
+  (docs/method.md §11.1).
 * ``model.finetune=full``: pushes the policy's whole weights (``Policy.whole``: FSDP2 keeps a whole copy) into
   the running engine through ``collective_rpc`` (:mod:`codea1_core.models.vllm_weights`) and drops the prefix
   cache. The two roles' weights differ, so each role has its own engine.
@@ -18,8 +19,8 @@ brings the engine up to date with a policy, with no engine restart:
 
 Engines: with ``rollout.shared_engine`` (default, LoRA) one engine serves both adapters over one base model
 (``max_loras=2``; the two roles must then start from the same base); otherwise one engine per role, each
-with half of ``rollout.gpu_memory_utilization`` in ``codea1`` mode. ``max_model_len`` and
-``enable_prefix_caching`` come from ``cfg.rollout`` (the former capped at the model's context length), and so do ``tensor_parallel_size`` and
+with half of ``rollout.gpu_memory_utilization`` in ``codea1`` mode. ``max_model_len`` (capped at the model's
+context length) and ``enable_prefix_caching`` come from ``cfg.rollout``, and so do ``tensor_parallel_size`` and
 ``data_parallel_size`` (multi-GPU engines; the latter only when > 1). The training step shares the GPU: lower
 ``rollout.gpu_memory_utilization`` (e.g. 0.4) to leave room for the two policies' updates. On a machine
 without CUDA the engine is vLLM's CPU build (``make vllm-venv``); its key/value cache size is
