@@ -151,10 +151,10 @@ def test_a_batch_over_the_prefill_token_budget(served):
     prefills whole prompts; the samples are still the adapter's and reproducible."""
     _, policies, rollout = served
     text = "assert add(1, 2) == 3\n" * 12
-    long = [[{"role": "user", "content": f"Write add number {i}. {text}"}] for i in range(8)]
-    sp = SamplingParams(max_new_tokens=4, seed=11)
-    groups = rollout.generate("code", long, 3, sp)
-    assert sum(len(c.prompt_ids) for g in groups for c in g) > 4096
+    long = [[{"role": "user", "content": f"Write add number {i}. {text}"}] for i in range(16)]
+    sp = SamplingParams(max_new_tokens=3, seed=11)
+    groups = rollout.generate("code", long, 4, sp)
+    assert sum(len(c.prompt_ids) for g in groups for c in g) > 3 * 4096
     assert max(gaps(policies["code"], groups)) < PARITY
-    again = rollout.generate("code", long[:2], 3, sp)
+    again = rollout.generate("code", long[:2], 4, sp)
     assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in groups[:2]]
