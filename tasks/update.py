@@ -2,7 +2,8 @@
 
 What it does: hands the GRPO samples built by ``codea1_core.method.batches`` (advantages per group, TOPVAR groups for
 the Test LLM) to ``Policy.step`` and prefixes the returned metrics (``code/``, ``test/``, ``grpo/``). Both
-policies update in the same training step from the same rollouts, generated before either update.
+policies update in the same training step from the same rollouts, generated before either update. Timings a
+policy reports (``time/...``, e.g. the vLLM engine's sync) keep their name.
 What it does not: compute advantages or select samples (pure, in ``codea1_core.method.batches`` / ``grpo``).
 """
 
@@ -26,7 +27,8 @@ def _step(policy: Any, batch: GroupBatch, role: str) -> dict[str, float]:
         return metrics
     flags = batch.in_zero_variance_group or None
     out = policy.step(TrainBatch(batch.prompt_ids, batch.completion_ids, batch.advantages, None, flags))
-    metrics.update({f"grpo/{role}/{k}": float(v) for k, v in out.items() if isinstance(v, (int, float))})
+    numbers = {k: float(v) for k, v in out.items() if isinstance(v, (int, float))}
+    metrics.update({k if k.startswith("time/") else f"grpo/{role}/{k}": v for k, v in numbers.items()})
     return metrics
 
 

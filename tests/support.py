@@ -208,8 +208,15 @@ class FakeLLM:
     instances: list[FakeLLM] = []
 
     def __init__(self, **kwargs):
-        self.kwargs, self.calls = kwargs, []
+        self.kwargs, self.calls, self.rpcs, self.prefix_resets = kwargs, [], [], 0
         FakeLLM.instances.append(self)
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.rpcs.append((method, args))
+        return [len(args[0]) if args else None]
+
+    def reset_prefix_cache(self):
+        self.prefix_resets += 1
 
     def generate(self, prompts, sampling_params, lora_request=None, use_tqdm=True):
         self.calls.append((prompts, sampling_params, lora_request))

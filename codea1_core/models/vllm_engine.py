@@ -1,33 +1,49 @@
-"""GPU rollout backend on vLLM: both roles as LoRA adapters on one engine, or one engine per role.
+"""Rollout backend on vLLM: each role served by an engine that follows its LoRA adapter or full weights.
 
 What it does: :class:`VllmRollout` owns the vLLM engine(s) and gives each role the same ``generate(prompts,
 n, sampling) -> list[list[Completion]]`` contract as :meth:`codea1_core.models.policy.Policy.generate` (token ids
-incl. EOS, per-token log-probs under the raw temperature-1 logits, ``stop``/``length``). After each GRPO
-step, :meth:`VllmRollout.sync` saves the role's adapter as a new version folder and switches that role to a
-new ``LoRARequest`` (a fresh integer id, so vLLM never serves a stale cached adapter). Before the first sync
-a role samples from its base model, which equals the zero-initialised adapter (docs/method.md D8).
+incl. EOS, per-token log-probs under the raw temperature-1 logits, ``stop``/``length``). :meth:`VllmRollout.sync`
+brings the engine up to date with a policy, with no engine restart:
 
-Engines: with ``rollout.shared_engine`` (default) one engine serves both adapters over one base model
+* ``model.finetune=lora``: saves the role's adapter as a new version folder and switches that role to a new
+  ``LoRARequest`` (a fresh integer id, so vLLM never serves a stale cached adapter and the prefix cache, keyed by
+  adapter id, never mixes versions). Every request carries its role's adapter, the zero-initialised one before
+  the first update (docs/method.md D8): a request without an adapter is never sent to a LoRA engine, because
+  vLLM's CPU LoRA kernels can apply an adapter's delta to adapter-less requests batched with it
+  (docs/method.md §11.1).
+* ``model.finetune=full``: pushes the policy's whole weights (``Policy.whole``: FSDP2 keeps a whole copy) into
+  the running engine through ``collective_rpc`` (:mod:`codea1_core.models.vllm_weights`) and drops the prefix
+  cache. The two roles' weights differ, so each role has its own engine.
+
+:class:`VllmPolicy` syncs right after every ``step`` (its metrics carry ``time/sync_<role>_s``) and after ``load``.
+
+Engines: with ``rollout.shared_engine`` (default, LoRA) one engine serves both adapters over one base model
 (``max_loras=2``; the two roles must then start from the same base); otherwise one engine per role, each
-with half of ``rollout.gpu_memory_utilization`` in ``codea1`` mode. ``max_model_len`` and
-``enable_prefix_caching`` come from ``cfg.rollout``, and so do ``tensor_parallel_size`` and
+with half of ``rollout.gpu_memory_utilization`` in ``codea1`` mode. ``max_model_len`` (capped at the model's
+context length) and ``enable_prefix_caching`` come from ``cfg.rollout``, and so do ``tensor_parallel_size`` and
 ``data_parallel_size`` (multi-GPU engines; the latter only when > 1). The training step shares the GPU: lower
-``rollout.gpu_memory_utilization`` (e.g. 0.4) to leave room for the two policies' updates.
+``rollout.gpu_memory_utilization`` (e.g. 0.4) to leave room for the two policies' updates. On a machine
+without CUDA the engine is vLLM's CPU build (``make vllm-venv``); its key/value cache size is
+``VLLM_CPU_KVCACHE_SPACE`` GiB (default here :data:`CPU_KVCACHE_GIB`), and ``model.dtype=auto`` serves float32,
+the CPU policy's dtype.
 
 Entry point for the pipeline: :func:`attach` (``codea1_core.models.loading.build_policy`` calls it when
 ``rollout.backend: vllm``).
 
-What it does not: full fine-tuning (weights would have to be pushed into the engine after every step; use
-``rollout.backend=hf`` with ``model.finetune=full``), nor any training. ``vllm`` is imported only here, only
-when an engine is built (``pip install -e .[gpu]``).
+What it does not: any training. ``vllm`` is imported only here and in the engine's workers, only when an engine
+is built (``pip install -e .[gpu]`` on a GPU, ``make vllm-venv`` on a CPU).
 
-Run: ``pytest tests/core/models/test_vllm_engine.py`` (a fake engine checks the contract; no GPU needed).
+Run: ``pytest tests/core/models/test_vllm_engine.py`` (a fake engine checks the contract), and with a real CPU
+engine ``.venv-vllm/bin/python -m pytest -m vllm tests/core/models`` (``make test-vllm``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,12 +61,17 @@ from codea1_core.models.sampling import SamplingParams
 log = logging.getLogger(__name__)
 
 ROLES = ("code", "test")
+CPU_KVCACHE_GIB = 1
+"""Key/value cache of a CPU engine (``VLLM_CPU_KVCACHE_SPACE``, GiB) unless the environment sets it."""
 
 
 def _default_llm_factory(**kwargs: Any) -> Any:
     """Build ``vllm.LLM``; drops ``logprobs_mode`` for vLLM versions that predate it (raw is their default)."""
+    import torch
     import vllm
 
+    if not torch.cuda.is_available():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KVCACHE_GIB))
     try:
         return vllm.LLM(**kwargs)
     except TypeError as exc:
@@ -79,11 +100,8 @@ class VllmRollout:
             adapter_dir: Folder for the adapter versions written by :meth:`sync`.
             llm_factory: Builds an engine from ``vllm.LLM`` keyword arguments (tests pass a fake).
         """
-        if cfg.model.finetune != "lora":
-            raise ValueError(
-                "rollout.backend=vllm needs model.finetune=lora (full fine-tuning: use backend=hf)"
-            )
         self.cfg, self.adapter_dir = cfg, Path(adapter_dir)
+        self.full = cfg.model.finetune == "full"
         self.factory = llm_factory or _default_llm_factory
         self.engines: dict[str, Any] = {}
         self.base_paths: dict[str, str] = {}
@@ -104,7 +122,7 @@ class VllmRollout:
         base_path = str(base_path)
         if self.base_paths.get(role) == base_path:
             return
-        shared = self.cfg.rollout.shared_engine
+        shared = self.cfg.rollout.shared_engine and not self.full  # full: one set of weights per engine
         others = {r: p for r, p in self.base_paths.items() if r != role}
         if shared and others and base_path not in others.values():
             raise ValueError(
@@ -123,6 +141,10 @@ class VllmRollout:
         self.lora_requests[role], self.versions[role] = None, 0
 
     def _engine_kwargs(self, model_path: str, n_engines: int) -> dict[str, Any]:
+        import torch
+
+        from codea1_core.models.vllm_weights import WORKER_EXTENSION
+
         r, m = self.cfg.rollout, self.cfg.model
         if r.tensor_parallel_size < 1 or r.data_parallel_size < 1:
             raise ValueError(
@@ -132,37 +154,50 @@ class VllmRollout:
         parallel = {"tensor_parallel_size": r.tensor_parallel_size}
         if r.data_parallel_size > 1:  # only then: vLLM versions differ in what they accept for it
             parallel["data_parallel_size"] = r.data_parallel_size
+        cuda = torch.cuda.is_available()
+        auto = "bfloat16" if cuda else "float32"  # the policy's dtype (policy._resolve_dtype)
+        # CPU build: a prompt prefilled in chunks makes vLLM rewind the request's seeded CPU generator, which CPU
+        # generators cannot do (the engine dies); whole-prompt prefill never rewinds.
+        cpu = {} if cuda else {"enable_chunked_prefill": False}
+        lora = {"enable_lora": True, "max_lora_rank": m.lora_rank, "max_loras": 2}
         return {
             **parallel,
             "model": model_path,
-            "dtype": "bfloat16" if m.dtype == "auto" else m.dtype,
+            "dtype": auto if m.dtype == "auto" else m.dtype,
             "seed": self.cfg.seed,
             "gpu_memory_utilization": r.gpu_memory_utilization / n_engines,
-            "max_model_len": r.max_model_len,
+            "max_model_len": _max_model_len(model_path, r.max_model_len),
             "enable_prefix_caching": r.enable_prefix_caching,
-            "enable_lora": True,
-            "max_lora_rank": m.lora_rank,
-            "max_loras": 2,
+            **({"worker_extension_cls": WORKER_EXTENSION} if self.full else lora),
             "logprobs_mode": "raw_logprobs",
+            **cpu,
         }
 
     def _check_role(self, role: str) -> None:
         if role not in self.engines:
             raise ValueError(f"role {role!r}: not served by this engine (serves {sorted(self.engines)})")
 
-    def sync(self, policy: Any) -> Path:
-        """Save ``policy``'s current adapter as the next version and serve it from now on.
+    def sync(self, policy: Any) -> Path | None:
+        """Serve ``policy``'s current weights from now on: its adapter as the next version (LoRA), or its whole
+        weights pushed into the running engine (full fine-tuning).
 
         Args:
-            policy: A LoRA :class:`~codea1_core.models.policy.Policy` whose ``role`` this engine serves.
+            policy: A :class:`~codea1_core.models.policy.Policy` whose ``role`` this engine serves.
 
         Returns:
-            The adapter version folder.
+            The adapter version folder (LoRA), None (full fine-tuning).
         """
-        from vllm.lora.request import LoRARequest
-
         self._check_role(policy.role)
         version = self.versions[policy.role] + 1
+        if self.full:
+            from codea1_core.models.vllm_weights import push_weights
+
+            # FSDP2: Policy.whole is the whole copy every rank keeps (distributed.whole_copy)
+            push_weights(self.engines[policy.role], policy.whole)
+            self.versions[policy.role] = version
+            return None
+        from vllm.lora.request import LoRARequest
+
         path = self.adapter_dir / policy.role / f"v{version:05d}"
         with atomic_dir(path) as tmp:
             policy.whole.save_pretrained(tmp)  # FSDP2: the whole copy (distributed.whole_copy)
@@ -188,6 +223,11 @@ class VllmRollout:
         self._check_role(role)
         if n < 1:
             raise ValueError(f"n: expected >= 1, got {n}")
+        if not self.full and self.lora_requests[role] is None:
+            raise RuntimeError(
+                f"role {role!r}: no adapter synced yet; a LoRA engine serves every request through an adapter "
+                "(call sync(policy) first)"
+            )
         tok = self.tokenizers[role]
         plain = not uses_chat_template(tok, self.cfg.model.use_chat_template)
         prompt_ids = [
@@ -231,8 +271,8 @@ class VllmRollout:
 class VllmPolicy:
     """A :class:`~codea1_core.models.policy.Policy` whose ``generate`` runs on vLLM; everything else is the policy's.
 
-    After ``step`` or ``load`` the adapter is marked stale and synced to the engine (a new adapter version)
-    right before the next ``generate``.
+    The engine is synced before the first ``generate``, right after every ``step`` (timed: the step's metrics
+    carry ``time/sync_<role>_s``) and before the next ``generate`` after ``load``.
     """
 
     def __init__(self, policy: Any, rollout: VllmRollout) -> None:
@@ -246,9 +286,13 @@ class VllmPolicy:
         return self._rollout.generate(self._policy.role, prompts, n, sampling)
 
     def step(self, batch: Any) -> dict[str, float]:
-        """The policy's GRPO step; the engine's adapter is stale afterwards."""
+        """The policy's GRPO step, then the engine synced to the updated weights (its time in the metrics)."""
         self._stale = True
-        return self._policy.step(batch)
+        metrics = self._policy.step(batch)
+        t0 = time.perf_counter()
+        self._rollout.sync(self._policy)
+        self._stale = False
+        return {**metrics, f"time/sync_{self._policy.role}_s": time.perf_counter() - t0}
 
     def load(self, path: str | Path) -> None:
         """Load the policy's weights from ``path``; the engine's adapter is stale afterwards."""
@@ -273,7 +317,7 @@ def attach(
     """Route ``policy.generate`` through vLLM (called once per role by the rollout task).
 
     Args:
-        policy: A LoRA :class:`~codea1_core.models.policy.Policy`.
+        policy: A :class:`~codea1_core.models.policy.Policy` (LoRA or full fine-tuning).
         cfg: Run config.
         adapter_dir: Adapter versions folder; default ``<orchestration.checkpoint_dir>/vllm_adapters``.
         llm_factory: Engine builder (tests pass a fake).
@@ -287,6 +331,20 @@ def attach(
         rollout = _ROLLOUTS[str(folder)] = VllmRollout(cfg, {}, folder, llm_factory=llm_factory)
     rollout.add_role(policy.role, policy.model_path)
     return VllmPolicy(policy, rollout)
+
+
+def _max_model_len(model_path: str, configured: int) -> int:
+    """``rollout.max_model_len``, capped at the model's ``max_position_embeddings`` (vLLM refuses a longer one)."""
+    try:
+        limit = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))[
+            "max_position_embeddings"
+        ]
+    except (OSError, KeyError, ValueError):  # a hub name or a config without the key: vLLM decides
+        return configured
+    if configured > limit:
+        log.info("rollout.max_model_len %d > %s's max_position_embeddings %d: the engine uses %d",
+                 configured, model_path, limit, limit)  # fmt: skip
+    return min(configured, int(limit))
 
 
 def _eos_ids(tokenizer: Any, model_path: str) -> list[int]:

@@ -1,4 +1,5 @@
-"""vLLM backend contract, checked with a fake ``vllm`` module (vLLM is GPU-only and not installed here).
+"""vLLM backend contract, checked with a fake ``vllm`` module (the default venv has no vLLM; the tests marked
+``vllm`` run a real CPU engine: test_vllm_engine_lora.py, test_vllm_engine_full.py).
 
 The fake records what the engine is asked (engine arguments, sampling parameters, LoRA requests) and
 answers in vLLM's ``RequestOutput`` shape, so the conversion to :class:`Completion` is the real code.
@@ -35,14 +36,23 @@ def test_shared_engine_serves_both_roles_with_versioned_adapters(fake_vllm, tiny
     rollout = VllmRollout(cfg(), {"code": tiny_dir, "test": tiny_dir}, tmp_path / "adapters")
     assert len(FakeLLM.instances) == 1
     kw = FakeLLM.instances[0].kwargs
-    assert kw["gpu_memory_utilization"] == 0.8 and kw["max_model_len"] == 2048
+    assert kw["gpu_memory_utilization"] == 0.8 and kw["max_model_len"] == 1024  # 2048 > the model's 1024
     assert kw["enable_prefix_caching"] is True and kw["enable_lora"] is True and kw["max_lora_rank"] == 16
     assert kw["logprobs_mode"] == "raw_logprobs"
+    if not torch.cuda.is_available():  # vLLM's CPU build: whole-prompt prefill, the CPU policy's float32
+        assert kw["enable_chunked_prefill"] is False and kw["dtype"] == "float32"
 
+    code = Policy(tiny_dir, cfg(), role="code")
+    test = Policy(tiny_dir, cfg(), role="test")
+    # no request without an adapter on a LoRA engine: generate refuses a role that has none yet
+    with pytest.raises(RuntimeError, match="no adapter synced yet"):
+        rollout.generate("code", PROMPTS, 1, SamplingParams(max_new_tokens=6, seed=10))
+    assert FakeLLM.instances[0].calls == []
+    path1 = rollout.sync(code)  # the zero-initialised adapter (= the base model)
     outs = rollout.generate("code", PROMPTS, 3, SamplingParams(max_new_tokens=6, seed=10))
     assert [len(g) for g in outs] == [3, 3]
     prompts, params, lora = FakeLLM.instances[0].calls[-1]
-    assert lora is None  # before the first sync: the base model (= zero-initialised adapter)
+    assert lora.lora_name == "code-v1" and lora.lora_path == str(path1)
     assert [p.seed for p in params] == list(range(10, 16)) and all(p.logprobs == 0 for p in params)
     assert all(p.n == 1 and p.top_k == -1 and p.repetition_penalty == 1.0 for p in params)
     tok = rollout.tokenizers["code"]
@@ -55,9 +65,6 @@ def test_shared_engine_serves_both_roles_with_versioned_adapters(fake_vllm, tiny
             assert c.logprobs == pytest.approx([-0.1 * (k + 1) for k in range(len(c.token_ids))])
             assert c.finish_reason == ("stop" if c.token_ids[-1] in params[0].stop_token_ids else "length")
 
-    code = Policy(tiny_dir, cfg(), role="code")
-    test = Policy(tiny_dir, cfg(), role="test")
-    path1 = rollout.sync(code)
     assert (path1 / "adapter_config.json").is_file() and (path1 / "adapter_model.safetensors").is_file()
     rollout.sync(test)
     path2 = rollout.sync(code)
@@ -90,7 +97,8 @@ def test_tensor_and_data_parallel_sizes_reach_the_engine(fake_vllm, tiny_dir, tm
     when > 1, so single-GPU engine arguments stay as before); sizes below 1 fail with the key's name."""
     from codea1_core.models.vllm_engine import VllmRollout
 
-    VllmRollout(cfg(), {"code": tiny_dir}, tmp_path / "a")
+    VllmRollout(cfg(**{"rollout.max_model_len": 512}), {"code": tiny_dir}, tmp_path / "a")
+    assert FakeLLM.instances[-1].kwargs["max_model_len"] == 512  # within the model's context length
     assert FakeLLM.instances[-1].kwargs["tensor_parallel_size"] == 1
     assert "data_parallel_size" not in FakeLLM.instances[-1].kwargs
     other = str(build_tiny_model(tmp_path / "other", VLLM_CORPUS, vocab_size=300, seed=1))
@@ -123,6 +131,8 @@ def test_attach_routes_generate_through_vllm_and_syncs_after_step(fake_vllm, tin
         TrainBatch([x.prompt_ids for x in flat], [x.token_ids for x in flat], [1.0, -1.0] * 2)
     )
     assert metrics["tokens"] > 0 and code.step_count == 1 and code.role == "code"
+    assert metrics["time/sync_code_s"] >= 0.0  # synced right after the step, timed
+    assert (tmp_path / "train" / "vllm_adapters" / "code" / "v00002" / "adapter_model.safetensors").is_file()
     code.generate(PROMPTS, 1, SamplingParams(max_new_tokens=2))
     assert engine.calls[-1][2].lora_name == "code-v2"
     test.generate(PROMPTS, 1, SamplingParams(max_new_tokens=2))
@@ -133,6 +143,7 @@ def test_same_seed_same_samples_and_clear_errors(fake_vllm, tiny_dir, tmp_path):
     from codea1_core.models.vllm_engine import VllmRollout
 
     rollout = VllmRollout(cfg(), {"code": tiny_dir}, tmp_path / "a")
+    rollout.sync(Policy(tiny_dir, cfg(), role="code"))
     sp = SamplingParams(max_new_tokens=5, seed=4)
     first = [[c.token_ids for c in g] for g in rollout.generate("code", PROMPTS, 2, sp)]
     assert first == [[c.token_ids for c in g] for g in rollout.generate("code", PROMPTS, 2, sp)]
@@ -140,8 +151,30 @@ def test_same_seed_same_samples_and_clear_errors(fake_vllm, tiny_dir, tmp_path):
         rollout.generate("test", PROMPTS, 1, sp)
     with pytest.raises(ValueError, match="code rollout: prompt 0 has .* tokens > limit 1"):
         rollout.generate("code", PROMPTS, 1, SamplingParams(max_new_tokens=5, max_prompt_tokens=1))
-    with pytest.raises(ValueError, match="finetune=lora"):
-        VllmRollout(cfg(**{"model.finetune": "full"}), {"code": tiny_dir}, tmp_path / "b")
+
+
+def test_full_finetuning_pushes_weights_into_one_engine_per_role(fake_vllm, tiny_dir, tmp_path):
+    """``model.finetune=full``: no LoRA, one engine per role (their weights differ), the weight-sync worker
+    extension installed, and ``sync`` pushes every tensor of the policy in place and drops the prefix cache."""
+    from codea1_core.models.vllm_engine import VllmRollout
+    from codea1_core.models.vllm_weights import WORKER_EXTENSION
+
+    full = cfg(**{"model.finetune": "full"})
+    rollout = VllmRollout(full, {"code": tiny_dir, "test": tiny_dir}, tmp_path / "a")
+    assert len(FakeLLM.instances) == 2 and rollout.engines["code"] is not rollout.engines["test"]
+    for engine in FakeLLM.instances:
+        assert (
+            engine.kwargs["worker_extension_cls"] == WORKER_EXTENSION and "enable_lora" not in engine.kwargs
+        )
+        assert engine.kwargs["gpu_memory_utilization"] == 0.4
+    code = Policy(tiny_dir, full, role="code")
+    rollout.generate("code", PROMPTS, 1, SamplingParams(max_new_tokens=3))  # the base weights: no adapter
+    assert FakeLLM.instances[0].calls[-1][2] is None
+    assert rollout.sync(code) is None
+    ((method, (packed,)),) = FakeLLM.instances[0].rpcs
+    assert method == "codea1_load_weights" and FakeLLM.instances[0].prefix_resets == 1
+    assert [name for name, *_ in packed] == list(code.whole.state_dict())
+    assert FakeLLM.instances[1].rpcs == []  # the test role's engine is untouched
 
 
 def test_vllm_is_imported_lazily():
