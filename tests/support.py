@@ -490,3 +490,24 @@ def checked_rows(rows: list[dict], parse_mode: str = "strict", literal_answers: 
         for i, code in zip(members, codes, strict=True):
             out[i]["check"] = code
     return out
+
+
+def gated_problem(pid: str, **kw: object) -> Problem:
+    """A problem that passes the problem gate (``gates.problems``); ``kw`` replaces any field."""
+    base = dict(
+        id=pid,
+        source="lab",
+        split="train",
+        prompt="def f(x):\n",
+        description="d",
+        entry_point="f",
+        reference_solution="def f(x):\n    return x\n",
+        tests=(TestCase("f(1)", 1),),
+        metadata={"reference_passes": True},
+    )
+    return Problem(**{**base, **kw})
+
+
+def gate_row(call: str, answer: str = "1", suite: int = 0, problem: str = "p/1", ep: str = "f") -> dict:
+    """One generated test as the test gate's row (``problem_id, suite_id, call, answer, entry_point``)."""
+    return {"problem_id": problem, "suite_id": suite, "call": call, "answer": answer, "entry_point": ep}

@@ -5,58 +5,38 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import checked_rows
+from support import checked_rows, gate_row, gated_problem
 
 from codea1_core import config as config_mod
-from codea1_core.types import ParsedSuite, ParsedTest, Problem, TestCase
+from codea1_core.types import ParsedSuite, ParsedTest
 from gates.errors import DataQualityError
 from gates.generated_tests import check_tests, gate_columns
 
-
-def _problem(pid: str, **kw) -> Problem:
-    base = dict(
-        id=pid,
-        source="lab",
-        split="train",
-        prompt="def f(x):\n",
-        description="d",
-        entry_point="f",
-        reference_solution="def f(x):\n    return x\n",
-        tests=(TestCase("f(1)", 1),),
-        metadata={"reference_passes": True},
-    )
-    return Problem(**{**base, **kw})
-
-
-def _row(call: str, answer: str = "1", suite: int = 0, problem: str = "p/1", ep: str = "f") -> dict:
-    return {"problem_id": problem, "suite_id": suite, "call": call, "answer": answer, "entry_point": ep}
-
-
 CASES = [
-    (_row("f(1)"), "ok"),
-    (_row("f(lambda x: x + 1, [i for i in range(3)])"), "ok"),  # lambdas/comprehensions are fine
-    (_row("f(1)", suite=1), "ok"),  # same call, other suite
-    (_row("f(1)", problem="p/2"), "ok"),  # same call, other problem
-    (_row("f(1)"), "duplicate"),
-    (_row("g(1)"), "wrong_function"),
-    (_row("obj.f(1)"), "wrong_function"),
-    (_row("f(1) + 1"), "not_a_call"),
-    (_row("import os"), "call_syntax"),
-    (_row("x = f(1)"), "call_syntax"),
-    (_row("f(1"), "call_syntax"),
-    (_row("f(().__class__)"), "dunder"),
-    (_row("f(__import__('os'))"), "dunder"),
-    (_row("f(open('/etc/passwd'))"), "forbidden_name"),
-    (_row("f((y := 2))"), "walrus"),
-    (_row("f('__init__ eval(')"), "ok"),  # suspicious text inside a string literal is fine
-    (_row("f(2)", answer="[1, 2"), "answer_syntax"),
-    (_row("f(3)", answer="().__class__"), "answer_dunder"),
-    (_row("f(4)", answer="(z := 1)"), "answer_walrus"),
-    (_row("f(5)", answer="[1, 2, 3]"), "ok"),
-    (_row("f(" + "1" * 45 + ")"), "call_too_long"),
-    (_row("f(6)", answer="9" * 46), "answer_too_long"),
-    ({**_row("f(7)"), "problem_id": None}, "missing_field"),
-    ({**_row("f(8)"), "answer": None}, "missing_field"),
+    (gate_row("f(1)"), "ok"),
+    (gate_row("f(lambda x: x + 1, [i for i in range(3)])"), "ok"),  # lambdas/comprehensions are fine
+    (gate_row("f(1)", suite=1), "ok"),  # same call, other suite
+    (gate_row("f(1)", problem="p/2"), "ok"),  # same call, other problem
+    (gate_row("f(1)"), "duplicate"),
+    (gate_row("g(1)"), "wrong_function"),
+    (gate_row("obj.f(1)"), "wrong_function"),
+    (gate_row("f(1) + 1"), "not_a_call"),
+    (gate_row("import os"), "call_syntax"),
+    (gate_row("x = f(1)"), "call_syntax"),
+    (gate_row("f(1"), "call_syntax"),
+    (gate_row("f(().__class__)"), "dunder"),
+    (gate_row("f(__import__('os'))"), "dunder"),
+    (gate_row("f(open('/etc/passwd'))"), "forbidden_name"),
+    (gate_row("f((y := 2))"), "walrus"),
+    (gate_row("f('__init__ eval(')"), "ok"),  # suspicious text inside a string literal is fine
+    (gate_row("f(2)", answer="[1, 2"), "answer_syntax"),
+    (gate_row("f(3)", answer="().__class__"), "answer_dunder"),
+    (gate_row("f(4)", answer="(z := 1)"), "answer_walrus"),
+    (gate_row("f(5)", answer="[1, 2, 3]"), "ok"),
+    (gate_row("f(" + "1" * 45 + ")"), "call_too_long"),
+    (gate_row("f(6)", answer="9" * 46), "answer_too_long"),
+    ({**gate_row("f(7)"), "problem_id": None}, "missing_field"),
+    ({**gate_row("f(8)"), "answer": None}, "missing_field"),
 ]
 
 
@@ -76,7 +56,7 @@ def test_gate_tests_reason_per_row_counts_and_metrics(tmp_path):
 
 
 def test_gate_tests_raises_with_report_path_above_max_rejected_frac(tmp_path):
-    rows = checked_rows([_row("g(1)"), _row("g(2)"), _row("f(3)")])
+    rows = checked_rows([gate_row("g(1)"), gate_row("g(2)"), gate_row("f(3)")])
     path = tmp_path / "gate.json"
     with pytest.raises(DataQualityError, match=r"66\.7% of 3 rows rejected") as info:
         check_tests(rows, config_mod.TestsConfig(max_rejected_frac=0.5), path)
@@ -89,7 +69,7 @@ def test_gate_tests_raises_with_report_path_above_max_rejected_frac(tmp_path):
 def test_gate_follows_the_official_parse_mode_on_other_functions():
     """§5.2 official: any call on the left is a test (``len(f(1))`` is valid); strict (D5) rejects it."""
     calls = ["g(1)", "len(f(1))", "obj.f(1)", "f(1)", "__import__('os').f(1)", "f(1) + 1"]
-    rows = [_row(c) for c in calls]
+    rows = [gate_row(c) for c in calls]
     official = check_tests(
         checked_rows(rows, parse_mode="official"),
         config_mod.TestsConfig(parse_mode="official", max_rejected_frac=0.9),
@@ -103,19 +83,22 @@ def test_gate_takes_the_parsers_codes_and_refuses_rows_without_them():
     """The gate applies no rule in Python: a row's ``check`` (the parser's code) decides, whatever the call
     says; rows without one are refused."""
     rows = [
-        {**_row("f(1)"), "check": "ok"},
-        {**_row("f(().__class__)"), "check": "ok"},
-        {**_row("f(2)"), "check": "dunder"},
+        {**gate_row("f(1)"), "check": "ok"},
+        {**gate_row("f(().__class__)"), "check": "ok"},
+        {**gate_row("f(2)"), "check": "dunder"},
     ]
     result = check_tests(rows, config_mod.TestsConfig(max_rejected_frac=0.9))
     assert result.reasons == ["ok", "ok", "dunder"]
-    for bad in ([_row("f(1)")], [{**_row("f(1)"), "check": "ok"}, {**_row("f(3)"), "check": None}]):
+    for bad in (
+        [gate_row("f(1)")],
+        [{**gate_row("f(1)"), "check": "ok"}, {**gate_row("f(3)"), "check": None}],
+    ):
         with pytest.raises(ValueError, match="'check' code"):
             check_tests(bad, config_mod.TestsConfig())
 
 
 def test_gate_columns_lay_out_every_kept_test_in_suite_order():
-    problems = [_problem("a"), _problem("b", entry_point="g")]
+    problems = [gated_problem("a"), gated_problem("b", entry_point="g")]
     suite = ParsedSuite(tests=(ParsedTest("f(1)", "1"), ParsedTest("f(2)", "2")), checks=("ok", "duplicate"))
     empty, other = ParsedSuite(), ParsedSuite(tests=(ParsedTest("g(0)", "0"),), checks=("ok",))
     table = gate_columns(problems, [[[suite, empty]], [[empty], [other]]])

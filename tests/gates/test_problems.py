@@ -5,37 +5,22 @@ from __future__ import annotations
 import json
 
 import pytest
+from support import gated_problem
 
-from codea1_core.types import Problem, TestCase
 from gates.errors import DataQualityError
 from gates.problems import check_problems
 
 
-def _problem(pid: str, **kw) -> Problem:
-    base = dict(
-        id=pid,
-        source="lab",
-        split="train",
-        prompt="def f(x):\n",
-        description="d",
-        entry_point="f",
-        reference_solution="def f(x):\n    return x\n",
-        tests=(TestCase("f(1)", 1),),
-        metadata={"reference_passes": True},
-    )
-    return Problem(**{**base, **kw})
-
-
 def test_check_problems_names_every_offending_id(tmp_path):
     problems = [
-        _problem("a"),
-        _problem("a"),
-        _problem("c", prompt=""),
-        _problem("d", entry_point="not an identifier"),
-        _problem("e", tests=()),
-        _problem("f", metadata={}),
-        _problem("g", split="dev"),
-        _problem("h", reference_solution=""),
+        gated_problem("a"),
+        gated_problem("a"),
+        gated_problem("c", prompt=""),
+        gated_problem("d", entry_point="not an identifier"),
+        gated_problem("e", tests=()),
+        gated_problem("f", metadata={}),
+        gated_problem("g", split="dev"),
+        gated_problem("h", reference_solution=""),
     ]
     with pytest.raises(DataQualityError) as info:
         check_problems(problems, tmp_path / "q.json")

@@ -10,46 +10,26 @@ import json
 import pandas as pd
 import pytest
 from prefect.cache_policies import NO_CACHE
-from support import checked_rows
+from support import checked_rows, gate_row, gated_problem
 
 from codea1_core import config as config_mod
-from codea1_core.types import Problem, TestCase
 from gates.errors import DataQualityError
 from tasks.quality import gx_gate_tests, validate_problems
 
 
-def _problem(pid: str, **kw) -> Problem:
-    base = dict(
-        id=pid,
-        source="lab",
-        split="train",
-        prompt="def f(x):\n",
-        description="d",
-        entry_point="f",
-        reference_solution="def f(x):\n    return x\n",
-        tests=(TestCase("f(1)", 1),),
-        metadata={"reference_passes": True},
-    )
-    return Problem(**{**base, **kw})
-
-
-def _row(call: str, answer: str = "1", suite: int = 0, problem: str = "p/1", ep: str = "f") -> dict:
-    return {"problem_id": problem, "suite_id": suite, "call": call, "answer": answer, "entry_point": ep}
-
-
 def test_validate_problems_accepts_a_clean_set(tmp_path):
-    report = validate_problems.fn([_problem("a"), _problem("b")], tmp_path / "q.json")
+    report = validate_problems.fn([gated_problem("a"), gated_problem("b")], tmp_path / "q.json")
     assert report == {"n_problems": 2, "success": True, "failures": {}}
     assert json.loads((tmp_path / "q.json").read_text())["success"] is True
 
 
 def test_validate_problems_raises_the_gates_error(tmp_path):
     with pytest.raises(DataQualityError, match=r"1 problem\(s\) failed the data gate: empty_prompt: c"):
-        validate_problems.fn([_problem("a"), _problem("c", prompt="")], tmp_path / "q.json")
+        validate_problems.fn([gated_problem("a"), gated_problem("c", prompt="")], tmp_path / "q.json")
 
 
 def test_gate_tests_accepts_a_dataframe_and_empty_input(tmp_path):
-    frame = pd.DataFrame(checked_rows([_row("f(1)"), _row("f(2)")]))
+    frame = pd.DataFrame(checked_rows([gate_row("f(1)"), gate_row("f(2)")]))
     result = gx_gate_tests.fn(frame, config_mod.TestsConfig())
     assert result.accepted_mask.tolist() == [True, True] and result.report_path is None
     empty = gx_gate_tests.fn([], config_mod.TestsConfig())
