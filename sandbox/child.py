@@ -122,11 +122,11 @@ def worker_main() -> None:
     ctx = {
         "lim": lim,
         "uid": uid,
-        "devnull": devnull,
         "private_tmp": isolation["private_tmp"],
         "cgroup_fds": cgroup_fds,
         "cgroup_dirs": isolation["cgroup_dirs"],
         "ipc": isolation["ipc"].startswith("ipcns per worker and per program"),
+        "pidns": isolation["pid"].startswith("pidns"),
         "n": 0,
         "oom_seen": 0,
         "peak_fds": _cgroups.peak_reset_fds(isolation["cgroup_dirs"]),
@@ -161,13 +161,14 @@ def worker_main() -> None:
 def _deny_layers(settings: dict, isolation: dict, ctx: dict) -> None:
     """Prepare, once per worker, the deny-by-default layers the zygote and each child apply
     (``sandbox/zygote.py``): a fresh anonymous session keyring (the worker joins one first, so not even
-    it possesses the trusted parent's), the Landlock ruleset and the per-call scope ruleset
+    it possesses the trusted parent's), the Landlock ruleset and what each call's process runs to join a
+    scope ruleset of its own
     (``sandbox/landlock.py``), the seccomp allow-list's two filters (``sandbox/syscall_filter.py``).
     ``settings["deny"]``: ``on`` (default), ``off`` (the
     benchmark's baseline) or ``kill`` (the allow-list's measurement: a denied call kills the process).
     ``isolation`` gets one line per layer: active, or why not."""
     deny = settings.get("deny", "on")
-    ctx.update(join_keyring=None, restrict=_landlock.restrict_function(), landlock_fd=-1, scope_fd=-1)
+    ctx.update(join_keyring=None, restrict=_landlock.restrict_function(), landlock_fd=-1, scope_join=None)
     ctx["seccomp_load"] = ctx["seccomp_zygote"] = None
     if deny == "off":
         for layer in ("seccomp", "landlock", "keyring"):
@@ -228,7 +229,7 @@ def _deny_layers(settings: dict, isolation: dict, ctx: dict) -> None:
             os.close(new)
 
         ctx["landlock_refresh"] = refresh
-        ctx["scope_fd"] = _landlock.scope_calls(abi)
+        ctx["scope_join"] = _landlock.scope_joiner(abi)
         isolation["landlock"] = (
             f"on (ABI {abi}: read-only interpreter and system dirs, read-write {', '.join(tmp)}"
             + ("; TCP, abstract sockets and signals scoped" if abi >= 6 else "")
@@ -270,15 +271,14 @@ def oneshot_main(root: str) -> None:
     with open(os.path.join(root, "job.marshal"), "rb") as fh:
         settings, source, exprs = marshal.load(fh)
     lim = _limits.ExecLimits(**settings["limits"])
-    devnull = os.open(os.devnull, os.O_RDWR)
     ctx = {
         "lim": lim,
         "uid": settings["uid"],
-        "devnull": devnull,
         "private_tmp": [],
         "cgroup_fds": [],
         "cgroup_dirs": [],
         "ipc": False,
+        "pidns": False,
         "n": 0,
         "oom_seen": 0,
         "peak_fds": [],

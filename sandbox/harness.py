@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable
 
 from codea1_core import values
-from sandbox import landlock as _landlock
 from sandbox import limits as _limits
 
 STATUS_CODES = ("ok", "error", "timeout", "memory", "unsupported_output")
@@ -45,8 +44,16 @@ def _on_alarm(signum, frame):  # noqa: ARG001
     raise _CallTimeout
 
 
-def _make_harness(lim: _limits.ExecLimits) -> Callable[..., None]:
+def _make_harness(
+    lim: _limits.ExecLimits,
+    confine_call: Callable[[], int] | None = None,
+    sweep: Callable[[], None] | None = None,
+) -> Callable[..., None]:
     """Build the harness once, in the zygote, with everything it needs bound as closure variables.
+
+    ``confine_call`` (``sandbox/confinement.py``, ``call_confiner``) is run by each isolated call's
+    process before the call: its own identity and signal scope; ``sweep`` (``sandbox/credentials.py``,
+    ``call_sweeper``) by this process after a call whose process left others running.
 
     Bound before any untrusted code exists, so patching builtins, modules or ``sys.modules`` afterwards
     cannot change what is sent (see the threat model); and bound once, so a child writes (hence copies)
@@ -71,7 +78,9 @@ def _make_harness(lim: _limits.ExecLimits) -> Callable[..., None]:
     call_s, define_s, max_bytes = lim.call_timeout_s, lim.effective_define_timeout_s, lim.max_value_bytes
     too_large = _too_large(lim.max_result_bytes).encode()
     builtins_ = __builtins__
-    isolate, freeze, restrict = lim.isolate_calls, gc.freeze, _landlock.restrict_function()
+    isolate, freeze = lim.isolate_calls, gc.freeze
+    waitid, p_all, leftovers = os.waitid, os.P_ALL, os.WEXITED | os.WNOHANG | os.WNOWAIT
+    child_error = ChildProcessError
     code_type, function_type = type(_on_alarm.__code__), type(_on_alarm)
     pipe_, fork_, close_, read_, kill_, waitpid_ = os.pipe, os.fork, os.close, os.read, os.kill, os.waitpid
     pidfd_open, poll_, pollin, set_blocking = os.pidfd_open, select.poll, select.POLLIN, os.set_blocking
@@ -152,12 +161,13 @@ def _make_harness(lim: _limits.ExecLimits) -> Callable[..., None]:
             code, payload = 1, describe(exc).encode("utf-8", "replace")
         return code, payload, now() - t0
 
-    def evaluate_apart(expr: str, namespace: dict, chan: int, scope: int) -> tuple[int, bytes, float]:
+    def evaluate_apart(expr: str, namespace: dict, chan: int) -> tuple[int, bytes, float]:
         """One call in its own forked copy of the defined program, so nothing it does (rebinding a
         name, patching a builtin or a module, state in the program's objects) reaches another call.
-        The copy has no result channel (it cannot write frames), joins a Landlock domain of its own
-        where the kernel scopes signals (it cannot signal this process), and sends its outcome on a
-        private pipe; this process frames it."""
+        The copy has no result channel (it cannot write frames), runs as the worker's call uid (it
+        cannot signal, ``prlimit``, renice or re-pin this process, nor hold its process slots) in a
+        Landlock domain of its own where the kernel scopes signals, and sends its outcome on a private
+        pipe; this process frames it. What the call leaves running is killed before the next call."""
         r, w = pipe_()
         t0 = now()
         pid = fork_()
@@ -165,7 +175,7 @@ def _make_harness(lim: _limits.ExecLimits) -> Callable[..., None]:
             try:
                 close_(r)
                 close_(chan)
-                if scope >= 0 and restrict(446, scope, 0) != 0:
+                if confine_call is not None and confine_call() != 0:
                     exit_(77)
                 code, payload, seconds = evaluate(expr, namespace)
                 view = view_(pack_result(code, seconds, len_(payload)) + payload)
@@ -207,6 +217,12 @@ def _make_harness(lim: _limits.ExecLimits) -> Callable[..., None]:
             except os_error:
                 pass
             status = waitpid_(pid, 0)[1]
+            if sweep is not None:
+                try:  # any process left (the call's, reparented to us): kill them all
+                    waitid(p_all, 0, leftovers)
+                    sweep()
+                except child_error:
+                    pass
         if len_(got) >= result_head and len_(got) == result_head + unpack_result(got)[2]:
             code, seconds, _n = unpack_result(got)
             return code, bytes(got[result_head:]), seconds
@@ -216,9 +232,7 @@ def _make_harness(lim: _limits.ExecLimits) -> Callable[..., None]:
             return 1, b"SandboxViolation: the call's process wrote a malformed result", now() - t0
         return 1, f"ChildExited: the call's process exited (code {wexitstatus(status)})".encode(), now() - t0
 
-    def harness(
-        source: str, exprs: list[str], start: int, chan: int, token: bytes, budget: int, scope: int = -1
-    ) -> None:
+    def harness(source: str, exprs: list[str], start: int, chan: int, token: bytes, budget: int) -> None:
         """Define ``source``, evaluate ``exprs[start:]``, one authenticated frame each on ``chan``
         (each call in its own copy of the defined program with ``ExecLimits.isolate_calls``)."""
 
@@ -249,7 +263,7 @@ def _make_harness(lim: _limits.ExecLimits) -> Callable[..., None]:
         for index in range_(start, len_(exprs)):
             call = plain(exprs[index], namespace) if isolate else exprs[index]
             if call is None:
-                code, payload, seconds = evaluate_apart(exprs[index], namespace, chan, scope)
+                code, payload, seconds = evaluate_apart(exprs[index], namespace, chan)
             else:
                 code, payload, seconds = evaluate(call, namespace)
             if code == 0:

@@ -7,8 +7,9 @@ and the system ones (``/usr``, ``/bin``, ``/lib*``, ``/etc``, ``/proc``); read a
 cgroup's accounting of the previous program among others), ``/var``, ``/home`` or anything else, and
 can write only its temp directories. From ABI 4 it also handles TCP bind/connect (none granted), from
 ABI 6 it scopes abstract Unix sockets and signals to the domain. Each child joins it with one
-``landlock_restrict_self`` (:func:`restrict_self`); :func:`scope_calls` builds the second, scope-only
-ruleset each call's process joins (``sandbox/harness.py``): it can then signal nothing outside itself.
+``landlock_restrict_self`` (:func:`restrict_function`); :func:`scope_joiner` builds what each call's
+process runs to make and join a scope-only ruleset of its own (``sandbox/harness.py``): it can then
+signal nothing outside itself, and no descriptor of it is shared with the zygote or another program.
 
 Rules are bound to inodes (a rule on a mount point hidden by a later mount is ignored): after a program
 whose private tmpfs was replaced by a fresh one the zygote builds the ruleset again, onto the same
@@ -26,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
+from collections.abc import Callable
 
 _CREATE, _ADD_RULE, _RESTRICT = 444, 445, 446  # the same on every architecture
 _VERSION = 1  # LANDLOCK_CREATE_RULESET_VERSION
@@ -123,13 +125,29 @@ def _add_path(ruleset: int, path: str, rights: int) -> None:
         os.close(fd)
 
 
-def scope_calls(abi: int) -> int:
-    """A ruleset that only scopes signals and abstract Unix sockets (ABI 6+), for each call's process:
-    joined on top of the child's, it keeps a call from signalling the process that reports the calls.
-    Returns its descriptor, or -1 below ABI 6."""
+def scope_joiner(abi: int) -> Callable[[], int] | None:
+    """``join()`` for a call's process (bound once): create a ruleset that only scopes signals and
+    abstract Unix sockets (ABI 6+), join it on top of the child's and close it; returns 0 or -1. Joined
+    by each call's process, it keeps the call from signalling the process that reports the calls. Each
+    call makes its own: the descriptor never outlives the call, so no open file description is shared
+    with the zygote or another program. None below ABI 6."""
     if abi < 6:
-        return -1
-    return _create(0, 0, _SCOPE, abi)
+        return None
+    attr = ctypes.create_string_buffer(struct.pack("QQQ", 0, 0, _SCOPE), 24)
+    fn = ctypes.CDLL(None)["syscall"]
+    fn.restype = ctypes.c_long
+    fn.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32]
+    restrict, close = restrict_function(), os.close
+
+    def join(_fn=fn, _attr=attr, _restrict=restrict, _close=close) -> int:
+        fd = _fn(_CREATE, _attr, 24, 0)
+        if fd < 0:
+            return -1
+        ok = _restrict(_RESTRICT, fd, 0)
+        _close(fd)
+        return 0 if ok == 0 else -1
+
+    return join
 
 
 def restrict_function() -> ctypes._CFuncPtr:

@@ -20,6 +20,7 @@ from pathlib import Path
 from sandbox.linux import (
     MNT_DETACH,
     MS_BIND,
+    MS_NOATIME,
     MS_NODEV,
     MS_NOSUID,
     MS_RDONLY,
@@ -73,15 +74,26 @@ def mount_private_tmp(tmp_mb: int) -> list[str]:
         real = os.path.realpath(path)
         if real in done or not os.path.isdir(real):
             continue
-        mount("tmpfs", real, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_mb}m,mode=1777")
+        mount("tmpfs", real, "tmpfs", TMPFS_FLAGS, f"size={tmp_mb}m,mode=1777")
         done.append(real)
     return done
 
 
-def wipe_private_tmp(paths: list[str], tmp_mb: int) -> int:
-    """Replace each private tmpfs the program used with a fresh one: no walk over a tree the program
-    shaped, so nothing it built (deep, wide, unreadable) can make the clean-up fail or last long. An
-    unused tmpfs (only its root inode, no block) is left as it is: one statvfs instead of two mounts.
+TMPFS_FLAGS = MS_NOSUID | MS_NODEV | MS_NOATIME
+"""The private tmpfs' mount flags: ``noatime``, so reading a directory changes none of its times."""
+
+
+def wipe_private_tmp(paths: list[str], tmp_mb: int, stamps: dict[str, int]) -> int:
+    """Leave each private tmpfs as a fresh one would be for the next program: replace each the program
+    used with a fresh one (no walk over a tree the program shaped, so nothing it built, deep, wide or
+    unreadable, can make the clean-up fail or last long; and a fresh tmpfs restarts its inode numbers,
+    so how many files a program made and removed cannot be read by the next), then set every root's
+    access and modification times to 0 (its change time is then that of this clean-up, whatever the
+    program did).
+
+    A tmpfs is used when its root's change time differs from ``stamps[path]`` (recorded here after the
+    last clean-up: creating or removing anything in it, or touching it, changes it; anything deeper
+    needs an entry in it first); an unused one costs two stats and a utime instead of two mounts.
 
     Returns how many were replaced (Landlock rules name the old ones: ``sandbox/zygote.py`` renews them).
 
@@ -90,12 +102,12 @@ def wipe_private_tmp(paths: list[str], tmp_mb: int) -> int:
     """
     replaced = 0
     for path in paths:
-        st = os.statvfs(path)
-        if st.f_files - st.f_ffree <= 1 and st.f_blocks == st.f_bfree:
-            continue
-        check(libc.umount2(path.encode(), MNT_DETACH), f"umount {path}")
-        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_mb}m,mode=1777")
-        replaced += 1
+        if os.stat(path).st_ctime_ns != stamps.get(path):
+            check(libc.umount2(path.encode(), MNT_DETACH), f"umount {path}")
+            mount("tmpfs", path, "tmpfs", TMPFS_FLAGS, f"size={tmp_mb}m,mode=1777")
+            replaced += 1
+        os.utime(path, ns=(0, 0))
+        stamps[path] = os.stat(path).st_ctime_ns
     return replaced
 
 

@@ -1,10 +1,12 @@
-"""The worker's namespaces: a new network, mount and IPC namespace, entered once per worker process.
+"""The worker's namespaces: a new network, mount, IPC and PID namespace, entered once per worker process.
 
 What it does: :func:`setup_worker_isolation` (run once in a fresh, single-threaded worker: new network +
-mount + IPC namespace; in the mount namespace the filesystem view of ``sandbox/mounts.py``: host mounts
-read-only, a minimal ``/dev``, ``/run`` covered, private tmpfs on the world-writable directories, project
-paths hidden; IPC objects disabled); :func:`enter_private_ipc` (a child's own IPC namespace, where the
-worker's could not be disabled).
+mount + IPC namespace, and a PID namespace whose init is the worker's zygote; in the mount namespace the
+filesystem view of ``sandbox/mounts.py``: host mounts read-only, a minimal ``/dev``, ``/run`` covered,
+private tmpfs on the world-writable directories, project paths hidden; IPC objects disabled);
+:func:`enter_private_ipc` (a child's own IPC namespace, where the worker's could not be disabled);
+:func:`mount_own_proc` (the zygote's own mount namespace with a /proc of the worker's PID namespace: a
+program sees only the zygote and its own processes).
 
 What it does not: talk to the parent, run untrusted code, or limit resources (``sandbox/cgroups.py``,
 ``sandbox/confinement.py``). Linux only; needs root (CAP_SYS_ADMIN). Not a security boundary on its own:
@@ -19,6 +21,10 @@ from sandbox.linux import (
     CLONE_NEWIPC,
     CLONE_NEWNET,
     CLONE_NEWNS,
+    CLONE_NEWPID,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
     MS_PRIVATE,
     MS_REC,
     libc,
@@ -39,24 +45,28 @@ def setup_worker_isolation(mode: str, hide_paths: list[str], keep_paths: list[st
         tmp_mb: size of each private tmpfs (:data:`PRIVATE_TMP_DIRS`).
 
     Returns:
-        ``{"network": ..., "filesystem": ..., "ipc": ..., "hidden": [...], "private_tmp": [...]}``;
-        ``private_tmp`` lists the directories to wipe after each program (empty: nothing private).
+        ``{"network": ..., "filesystem": ..., "ipc": ..., "pid": ..., "hidden": [...], "private_tmp": [...]}``;
+        ``private_tmp`` lists the directories to wipe after each program (empty: nothing private);
+        ``pid`` starts with ``pidns`` when the worker's next fork (its zygote) is the init of a new PID
+        namespace (the worker itself stays outside it).
 
     Raises:
         OSError: ``mode == "require"`` and a namespace could not be created.
     """
     info: dict = {"network": "none", "filesystem": "none", "ipc": "none", "hidden": [], "private_tmp": []}
     info["dev"] = info["run"] = "host's (no mount namespace)"
+    info["pid"] = "host's (no PID namespace)"
     if mode == "off":
-        info["network"] = info["filesystem"] = info["ipc"] = "off"
+        info["network"] = info["filesystem"] = info["ipc"] = info["pid"] = "off"
         return info
     try:
-        unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC)
+        unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID)
     except OSError as exc:
         if mode == "require":
             raise
-        info["network"] = info["filesystem"] = info["ipc"] = f"unavailable ({exc.strerror})"
+        info["network"] = info["filesystem"] = info["ipc"] = info["pid"] = f"unavailable ({exc.strerror})"
         return info
+    info["pid"] = PID_NAMESPACE
     info["network"] = "netns (loopback down, no interfaces)"
     info["ipc"] = (
         IPC_DISABLED
@@ -80,6 +90,19 @@ def setup_worker_isolation(mode: str, hide_paths: list[str], keep_paths: list[st
         info["filesystem"] = f"partial ({exc.strerror})"
     os.chdir("/")  # never keep a cwd inside a hidden tree
     return info
+
+
+PID_NAMESPACE = "pidns per worker (the zygote is its init; its own /proc: no other process visible)"
+
+
+def mount_own_proc() -> None:
+    """In the zygote (the init of the worker's PID namespace, before its filter): its own mount namespace,
+    a copy of the worker's, with a fresh /proc of this PID namespace on top. So every child's /proc lists
+    only the zygote and the program's own processes (no host or other worker's ``comm``, ``environ``,
+    ``net``; ``/proc/1/net`` is the zygote's, i.e. the sandbox's own network namespace). The worker keeps
+    the host's /proc (it finds its children's pids there)."""
+    unshare(CLONE_NEWNS)
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
 IPC_DISABLED = "ipcns per worker, SysV shm/sem/msg and POSIX mqueues disabled in it (limits 0)"

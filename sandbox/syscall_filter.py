@@ -54,7 +54,9 @@ import os
 import struct
 from collections.abc import Callable
 
-from sandbox.linux import CLONE_NEWIPC, MNT_DETACH, MS_NODEV, MS_NOSUID
+from sandbox.credentials import call_uid
+from sandbox.linux import CLONE_NEWIPC, MNT_DETACH
+from sandbox.mounts import TMPFS_FLAGS
 
 ALLOWED = """
 read write readv writev pread64 pwrite64 preadv preadv2 pwritev pwritev2 open openat openat2 close
@@ -76,14 +78,15 @@ timer_settime timer_gettime timer_getoverrun timer_delete times
 getpid getppid gettid getuid geteuid getgid getegid getresuid getresgid getgroups getpgid getpgrp
 getsid setpgid setsid getpriority setpriority getrlimit setrlimit prlimit64 getrusage sysinfo uname
 getcpu sched_yield sched_getaffinity sched_setaffinity sched_getparam sched_getscheduler
-sched_get_priority_max sched_get_priority_min sched_rr_get_interval sched_getattr capget
+sched_get_priority_max sched_get_priority_min sched_rr_get_interval sched_getattr capget capset
 futex futex_waitv set_robust_list get_robust_list set_tid_address rseq arch_prctl prctl
 exit exit_group wait4 waitid restart_syscall fork vfork execve execveat getrandom
 sendmsg recvmsg sendto recvfrom shutdown getsockname getpeername getsockopt setsockopt
 landlock_restrict_self
 """.split()
 """Allowed whatever their arguments (names unknown on an architecture are skipped). ``landlock_restrict_self``
-only ever restricts further: each call's process joins a signal-scoping domain with it."""
+only ever restricts further: each call's process joins a signal-scoping domain with it; so does ``capset``
+under no-new-privs (it can only lower what a process holds: each call's process drops ``CAP_SETUID``)."""
 
 _CLONE_NEW = 0x7E020080  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET|NEWTIME
 _FCNTL_OK = (0, 1, 2, 3, 4, 1030, 1031, 1032, 1033, 1034)
@@ -145,7 +148,7 @@ namespace, uid drop; with privileged children, its own filter) still need after 
 loaded. (Keyrings are not among them: the worker joins its fresh keyring before any filter, and a child
 joins its own only where there is no filter.)"""
 
-_SET_UP_FLAGS = {"mount": MS_NOSUID | MS_NODEV, "umount2": MNT_DETACH, "unshare": CLONE_NEWIPC}
+_SET_UP_FLAGS = {"mount": TMPFS_FLAGS, "umount2": MNT_DETACH, "unshare": CLONE_NEWIPC}
 """The flags of the zygote's only mount (a fresh private tmpfs), umount (of the used one, detached) and a
 child's only unshare (its IPC namespace), as ``sandbox/mounts.py`` (``wipe_private_tmp``) and
 ``sandbox/namespaces.py`` (``enter_private_ipc``) pass them."""
@@ -170,7 +173,9 @@ def build_filters(
         default: ``eperm`` (production: a denied call fails with EPERM) or ``kill`` (the measurement:
             a denied call kills the process with SIGSYS, so no swallowed EPERM goes unseen).
         uid: the worker's unprivileged uid (gid = uid) its children drop to, and the uid sweep becomes;
-            None where there is no uid drop (``setresuid``/``setresgid`` are then denied).
+            ``setresuid`` also to its call uid (``sandbox/credentials.py``, ``call_uid``), which each
+            isolated call's process becomes; None where there is no uid drop (``setresuid``/``setresgid``
+            are then denied).
         children_privileged: the children keep capabilities (see above).
 
     Returns:
@@ -216,6 +221,8 @@ def _set_up_rules(add: Callable[..., None], uid: int | None) -> None:
     if uid is not None:
         for name in ("setresuid", "setresgid"):
             add(name, _ACT_ALLOW, *((arg, _CMP_EQ, uid, 0) for arg in range(3)))
+        call = call_uid(uid)  # each isolated call's process becomes it (sandbox/confinement.py)
+        add("setresuid", _ACT_ALLOW, *((arg, _CMP_EQ, call, 0) for arg in range(3)))
 
 
 def _child_rules(add: Callable[..., None], deny: int) -> None:

@@ -62,6 +62,22 @@ def _recv_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
     return msg, fds
 
 
+def _pid_of(pidfd: int) -> int:
+    """The pid a pidfd refers to, in this process's PID namespace (its ``fdinfo``); closes the pidfd."""
+    try:
+        fd = os.open(f"/proc/self/fdinfo/{pidfd}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            info = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(pidfd)
+    for line in info.split(b"\n"):
+        if line.startswith(b"Pid:"):
+            return int(line.split()[1])
+    raise OSError("sandbox zygote sent a pidfd without a pid")
+
+
 class Zygote:
     """The process every program's child is forked from (trusted; worker side and zygote side).
 
@@ -85,7 +101,8 @@ class Zygote:
                 for fd in close_fds:  # the worker's protocol pipes: only the worker talks to the parent
                     os.close(fd)
                 _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-                if os.getppid() == worker:
+                # (the init of the worker's PID namespace sees its parent, outside it, as pid 0)
+                if os.getppid() == (0 if ctx["pidns"] else worker):
                     _linux.prctl(_linux.PR_SET_CHILD_SUBREAPER, 1)
                     _prepare_zygote(ctx)
                     gc.collect()
@@ -98,12 +115,15 @@ class Zygote:
         self.pid = pid
 
     def take(self) -> tuple[int, str, int, int, int]:
-        """The next child, waiting for its job: ``(pid, tmp, job_w, chan_r, out_r)``."""
+        """The next child, waiting for its job: ``(pid, tmp, job_w, chan_r, out_r)``; ``pid`` as this
+        process sees it (the zygote sends a pidfd: its own pids are those of the worker's PID namespace)."""
         msg, fds = _recv_fds(self.sock)
         if msg[:1] == b"C" and len(fds) == 3:
-            tmp, msg = msg[1:].decode(), self.sock.recv(16)  # then the pid (or why the fork failed)
-            if msg[:1] == b"P" and len(msg) == 9:
-                return _Q.unpack_from(msg, 1)[0], tmp, *fds
+            tmp, (msg, pidfds) = msg[1:].decode(), _recv_fds(self.sock)  # then the pid (or why not)
+            if msg[:1] == b"P" and len(msg) == 9 and len(pidfds) == 1:
+                return _pid_of(pidfds[0]), tmp, *fds
+            for fd in pidfds:
+                os.close(fd)
         for fd in fds:
             os.close(fd)
         err = _Q.unpack_from(msg, 1)[0] if msg[:1] == b"E" else 0
@@ -152,6 +172,8 @@ def _prepare_zygote(ctx: dict) -> None:
     output reaches the pipe even when the child is killed); the scrubbed environment (HOME and TMPDIR
     are set by :func:`_zygote_loop`); the trusted modules dropped from ``sys.modules``.
     """
+    if ctx["pidns"]:  # our own /proc: a program sees only us and its own processes
+        _namespaces.mount_own_proc()
     _confinement.apply_zygote_limits()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
@@ -171,11 +193,25 @@ def _prepare_zygote(ctx: dict) -> None:
     }
     for name in ctx["trusted_modules"]:
         del sys.modules[name]
-    ctx["harness"] = _make_harness(ctx["lim"])
-    ctx["rlimits"] = _confinement.child_rlimits(ctx["lim"], ctx["uid"] is not None)
+    lim, uid = ctx["lim"], ctx["uid"]
+    call_uid = _credentials.call_uid(uid) if uid is not None and lim.isolate_calls else None
+    ctx["call_uid"] = call_uid
+    ctx["harness"] = _make_harness(
+        lim,
+        _confinement.call_confiner(call_uid, lim.max_processes, ctx["scope_join"]),
+        _credentials.call_sweeper(call_uid) if call_uid is not None else None,
+    )
+    ctx["rlimits"] = _confinement.child_rlimits(lim, uid is not None)
     ctx["child_main"] = _make_child_main(ctx)
     ctx["tmp_prefix"] = f"/tmp/codea1-run-{os.getpid()}-"
     ctx["environ_store"] = os.environ._data  # bytes -> bytes on POSIX; see _prepare_child
+    ctx["tmp_stamps"] = {}
+    if ctx["private_tmp"]:  # every child's temp dir is one fixed dir of the private /tmp (_prepare_child)
+        ctx["home"] = os.path.join(ctx["private_tmp"][0], "codea1-run")
+        os.environ["HOME"] = os.environ["TMPDIR"] = ctx["home"]
+        _clean_tmp("", ctx)
+    if (ctx["pidns"] or ctx["private_tmp"]) and ctx["landlock_fd"] >= 0:
+        ctx["landlock_refresh"]()  # its rules name the /proc and tmpfs replaced here
     if ctx["seccomp_zygote"] is not None and ctx["seccomp_zygote"]() != 0:  # last: no-new-privs is set
         raise OSError("the zygote could not load its syscall filter")
 
@@ -188,15 +224,17 @@ def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
     helper called) is a page fault per program.
     """
     recv, send, sendmsg, close, fork = sock.recv, sock.send, sock.sendmsg, os.close, os.fork
-    unpack, pack_q, pack_status, pack_fds = _Q.unpack_from, _Q.pack, _QQ.pack, _FDS.pack
+    pack_q, pack_status, pack_fds = _Q.pack, _QQ.pack, _FDS.pack
     reap, clean, prepare, child_main = _reap, _clean_tmp, _prepare_child, ctx["child_main"]
     uid, sock_fd, sol_socket, scm_rights = ctx["uid"], sock.fileno(), _SOL_SOCKET, _SCM_RIGHTS
+    pidfd_open, pack_fd, init = os.pidfd_open, _FD.pack, ctx["pidns"]
+    uids = (uid, ctx["call_uid"])
     setpgid, write, cgroup_fds = os.setpgid, os.write, tuple(ctx["cgroup_fds"])
     peak_fds = tuple(ctx["peak_fds"])
     tmp, reaping, offered = "", 0, -1
     while True:
         if reaping:  # the child the worker took ran its program: kill, reap, clean up
-            status, err = reap(reaping, uid), 0
+            status, err = reap(reaping, uids, init), 0
             for fd in peak_fds:  # the next program must not see this one's high-water mark (v1)
                 try:
                     write(fd, b"0")
@@ -210,7 +248,7 @@ def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
             if err:
                 return  # the worker reports infra and is replaced
         try:
-            tmp, job_r, job_w, chan_r, chan_w, out_r, out_w = prepare(ctx)
+            tmp, job_r, job_w, chan_r, chan_w, out_r, out_w, null = prepare(ctx)
         except OSError as exc:
             send(b"E" + pack_q(exc.errno or 5))
             offered = -1
@@ -228,76 +266,95 @@ def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
             except OSError as exc:
                 offered = -(exc.errno or 11)
             if offered == 0:
-                child_main(sock_fd, job_r, chan_w, out_w, tmp)
+                child_main(sock_fd, job_r, chan_w, out_w, null, tmp)
             close(job_r)
             close(chan_w)
             close(out_w)
+            close(null)
             if offered > 0:  # its own group (_reap kills the group with every descendant) and the
                 try:  # worker's cgroup (memory.max, pids.max), both before the worker can send its job:
                     setpgid(offered, offered)  # done here, where these paths are warm, they cost the
                     for fd in cgroup_fds:  # child no page faults (it would fault doing them itself)
                         write(fd, b"%d" % offered)
+                    pidfd = pidfd_open(offered)
                 except OSError as exc:
-                    reap(offered, uid)
-                    remove_tree(tmp)
+                    reap(offered, uids, init)
+                    clean(tmp, ctx)
                     offered = -(exc.errno or 5)
-            send((b"P" + pack_q(offered)) if offered > 0 else (b"E" + pack_q(-offered)))
+            if offered > 0:  # the pid, as a pidfd: the worker, outside our PID namespace, finds its own
+                try:
+                    sendmsg([b"P" + pack_q(offered)], [(sol_socket, scm_rights, pack_fd(pidfd))])
+                finally:
+                    close(pidfd)
+            else:
+                send(b"E" + pack_q(-offered))
         msg = recv(64)
         if msg == b"Q":  # the worker stops: drop the waiting child and its temp dir (a host dir when
             if offered > 0:  # there are no namespaces)
-                reap(offered, uid)
-            remove_tree(tmp)
+                reap(offered, uids, init)
+            if not ctx["private_tmp"]:
+                remove_tree(tmp)
             send(b"Q")
             return
-        if len(msg) != 9 or msg[:1] != b"R":
+        if len(msg) != 9 or msg[:1] != b"R" or offered <= 0:
             return
-        reaping = unpack(msg, 1)[0]
+        reaping = offered  # (the worker names it by its own pid for it; ours is the one we offered)
 
 
-def _prepare_child(ctx: dict) -> tuple[str, int, int, int, int, int, int]:
-    """The per-child steps that need no job, done in the zygote just before the fork: the child's own
-    temp dir (a fresh path, owned by its uid; empty, so an unused tmpfs still needs no remount) as HOME
-    and TMPDIR, fresh entropy for ``random`` (as its at-fork handler would give), and the three pipes,
-    the child's result channel already moved to a random descriptor >= 1024 (it cannot be
-    ``dup2``-ed over once RLIMIT_NOFILE is lower).
+def _prepare_child(ctx: dict) -> tuple[str, int, int, int, int, int, int, int]:
+    """The per-child steps that need no job, done in the zygote just before the fork: the child's temp
+    dir as HOME and TMPDIR (with private tmpfs the private /tmp itself, as fresh as a new one, see
+    :func:`_clean_tmp`; else a fresh path in the host's /tmp, owned by its uid and, group-writable,
+    shared with its calls' uid), fresh entropy for ``random`` (as its
+    at-fork handler would give), the three pipes, the child's result channel already moved to a random
+    descriptor >= 1024 (it cannot be ``dup2``-ed over once RLIMIT_NOFILE is lower), and a fresh
+    ``/dev/null`` for its stdin: no open file description of the child is shared with the zygote, so no
+    flag a program sets on one (``O_NONBLOCK``, ``O_APPEND``) reaches the next.
 
     HOME and TMPDIR are written straight into ``os.environ``'s store and the C environment, as
     ``os.environ[...] = ...`` does without its encoder calls (fewer pages written after each fork).
 
-    Returns ``(tmp, job_r, job_w, chan_r, chan_w, out_r, out_w)``; raises OSError (nothing left open).
+    Returns ``(tmp, job_r, job_w, chan_r, chan_w, out_r, out_w, null)``; raises OSError (nothing left
+    open).
     """
-    ctx["n"] += 1
-    tmp = ctx["tmp_prefix"] + str(ctx["n"])
-    raw, store, putenv = tmp.encode(), ctx["environ_store"], os.putenv
-    putenv(b"HOME", raw)
-    putenv(b"TMPDIR", raw)
-    store[b"HOME"] = store[b"TMPDIR"] = raw  # the rest of the environment: _prepare_zygote
-    os.mkdir(tmp, 0o700)
-    if ctx["uid"] is not None:
-        os.chown(tmp, ctx["uid"], ctx["uid"])
+    if ctx["private_tmp"]:  # one fixed dir, made with each fresh /tmp: no inode number counts programs
+        tmp = ctx["home"]  # (HOME and TMPDIR set once, by _prepare_zygote)
+    else:
+        ctx["n"] += 1
+        tmp = ctx["tmp_prefix"] + str(ctx["n"])
+        raw, store, putenv = tmp.encode(), ctx["environ_store"], os.putenv
+        putenv(b"HOME", raw)
+        putenv(b"TMPDIR", raw)
+        store[b"HOME"] = store[b"TMPDIR"] = raw  # the rest of the environment: _prepare_zygote
+        os.mkdir(tmp)
+        os.chmod(tmp, 0o770)  # (whatever the umask)
+        if ctx["uid"] is not None:
+            os.chown(tmp, ctx["uid"], ctx["uid"])
     _reseed_random()
     fds: list[int] = []
     try:
+        fds.append(os.open("/dev/null", os.O_RDWR))
         for _ in range(3):
             fds += os.pipe()
         # In [1024, 1280): above RLIMIT_NOFILE, and the descriptor table stays at 2,048 slots, which fork
         # copies and close_range walks in every child (a descriptor anywhere up to 9,215 would grow the
         # table to 16,384 slots, more for every program to copy and walk).
         high = 1024 + os.urandom(1)[0]
-        chan_w = fcntl.fcntl(fds[3], fcntl.F_DUPFD_CLOEXEC, high)
-        os.close(fds[3])
-        fds[3] = chan_w
+        chan_w = fcntl.fcntl(fds[4], fcntl.F_DUPFD_CLOEXEC, high)
+        os.close(fds[4])
+        fds[4] = chan_w
     except OSError:
         for fd in fds:
             os.close(fd)
-        os.rmdir(tmp)
+        if not ctx["private_tmp"]:
+            os.rmdir(tmp)
         raise
-    return (tmp, *fds)  # type: ignore[return-value]
+    return (tmp, *fds[1:], fds[0])  # type: ignore[return-value]
 
 
 def _make_child_main(ctx: dict) -> Callable[[int, int, int, int, str], None]:
     """Build, once in the zygote, what each forked child runs: ``child_main(sock_fd, job_r, chan, out_w,
-    tmp)`` sets its death signal (and enters an IPC namespace where needed), waits for the job, confines
+    null, tmp)`` sets its death signal (and enters an IPC namespace where needed), waits for the job, confines
     itself and runs the harness; it never returns. (Its process group and cgroup are set by the zygote
     before the worker learns its pid, so before any job can reach it.)
 
@@ -324,16 +381,16 @@ def _make_child_main(ctx: dict) -> Callable[[int, int, int, int, str], None]:
         memoryview,
         int.from_bytes,
     )
-    devnull, harness = ctx["devnull"], ctx["harness"]
+    harness = ctx["harness"]
     buffers = [bytearray(65536)]  # the job lands here: no allocation (a fresh bytes object costs page faults)
     buffer = view(buffers[0])
-    confine = _confinement.child_confiner(ctx["rlimits"], ctx["uid"])
+    confine = _confinement.child_confiner(ctx["rlimits"], ctx["uid"], ctx["call_uid"] is not None)
     # The deny-by-default layers, all prepared by the worker (sandbox/child.py, _deny_layers): a fresh
-    # keyring, the Landlock ruleset, the scope-only ruleset each call joins, the seccomp allow-list.
+    # keyring, the Landlock ruleset, the seccomp allow-list.
     join_keyring, restrict, ruleset = ctx["join_keyring"], ctx["restrict"], ctx["landlock_fd"]
-    scope, seccomp = (ctx["scope_fd"] if ctx["lim"].isolate_calls else -1), ctx["seccomp_load"]
+    seccomp = ctx["seccomp_load"]
 
-    def child_main(sock_fd: int, job_r: int, chan: int, out_w: int, tmp: str) -> None:
+    def child_main(sock_fd: int, job_r: int, chan: int, out_w: int, null: int, tmp: str) -> None:
         try:
             close(sock_fd)
             death_signal()  # until the uid drop sets it again
@@ -351,21 +408,18 @@ def _make_child_main(ctx: dict) -> Callable[[int, int, int, int, str], None]:
                 job = read_rest(job_r, bytes(buffer[:n]))
             source, exprs, start, token, budget, cpu_s = job
             # Output on 1 and 2, no descriptor above 2 but the channel, in tmp, limited, unprivileged.
-            dup2(devnull, 0)
+            dup2(null, 0)  # its own /dev/null (_prepare_child)
             dup2(out_w, 1)  # sys.stdout/sys.stderr (made by the zygote) write to descriptors 1 and 2
             dup2(out_w, 2)
             if ruleset >= 0 and restrict(446, ruleset, 0) != 0:  # landlock_restrict_self
                 exit_(74)
-            call_scope = -1
-            if scope >= 0:  # kept just above the channel for the calls' processes
-                call_scope = dup2(scope, chan + 1)
             closerange(3, chan)  # the job pipe, the cgroup files, /dev/null, the output pipe's original
-            closerange(chan + 2 if call_scope >= 0 else chan + 1, 65536)
+            closerange(chan + 1, 65536)
             chdir(tmp)
             confine(cpu_s)
             if seccomp is not None and seccomp() != 0:  # last: the allow-list denies what came before
                 exit_(75)
-            harness(source, exprs, start, chan, token, budget, call_scope)
+            harness(source, exprs, start, chan, token, budget)
         except BaseException:
             pass
         exit_(71)
@@ -386,8 +440,28 @@ def _read_job_rest(fd: int, data: bytes) -> tuple:
     return marshal.loads(memoryview(buf)[8:])
 
 
-def _reap(pid: int, uid: int | None) -> int:
-    """Kill ``pid``'s process group and ``pid``, wait for it, then reap every orphan; returns its status."""
+def _reap(pid: int, uids: tuple[int | None, int | None], init: bool) -> int:
+    """Kill ``pid`` with every descendant, wait for it, reap them all; returns its wait status.
+
+    As the init of the worker's PID namespace (``init``) one ``kill(-1)`` reaches every process in it but
+    us, whatever its uid, group or session: the program's whole tree, and nothing else lives there.
+    Otherwise its process group and ``pid``, then every process of the worker's uids ``uids`` (its own
+    and its calls'), or without a uid drop every child of ours.
+    """
+    if init:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            status = os.waitpid(pid, 0)[1]
+        except ChildProcessError:
+            status = -1
+        while True:  # each has its SIGKILL: none can fork again, each exits
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                return status
     for target in (-pid, pid):
         try:
             os.kill(target, signal.SIGKILL)
@@ -398,6 +472,7 @@ def _reap(pid: int, uid: int | None) -> int:
     except ChildProcessError:
         status = -1
     # We are a child subreaper: any descendant still alive is (or will become) our child.
+    uid, call_uid = uids
     for _ in range(100):
         try:
             wpid, _status = os.waitpid(-1, os.WNOHANG)
@@ -406,6 +481,8 @@ def _reap(pid: int, uid: int | None) -> int:
         if wpid == 0:
             if uid is not None:
                 _credentials.sweep_uid(uid)
+                if call_uid is not None:
+                    _credentials.sweep_uid(call_uid, uid)
             else:
                 _kill_children()
             time.sleep(0.001)
@@ -428,21 +505,45 @@ def _kill_children() -> None:
 def _clean_tmp(tmp: str, ctx: dict) -> None:
     """Leave nothing of the program for the next one, without walking what it built when possible.
 
-    With private tmpfs (namespaces on) each is replaced by a fresh one; otherwise the program's own temp
-    dir is removed by an iterative walk (no recursion, so no tree shape can make it raise).
+    With private tmpfs (namespaces on) each the program used is replaced by a fresh one, and none keeps
+    a time or inode number the program set (``sandbox/mounts.py``, ``wipe_private_tmp``); otherwise the
+    program's own temp dir is removed by an iterative walk (no recursion, so no tree shape can make it
+    raise).
 
     Raises:
         OSError: a private tmpfs could not be replaced (the worker reports infra and is replaced).
     """
     if ctx["private_tmp"]:
+        stamps, home, root = ctx["tmp_stamps"], ctx["home"], ctx["private_tmp"][0]
         try:
-            os.rmdir(tmp)  # empty (the usual case): /tmp may then need no remount at all
+            used = os.stat(home).st_ctime_ns != stamps.get(home)
         except OSError:
-            pass
-        if _mounts.wipe_private_tmp(ctx["private_tmp"], ctx["lim"].max_file_mb) and ctx["landlock_fd"] >= 0:
+            used = True
+        if used:  # anything made or removed in the temp dir: its tmpfs is replaced too
+            stamps.pop(root, None)
+        replaced = _mounts.wipe_private_tmp(ctx["private_tmp"], ctx["lim"].max_file_mb, stamps)
+        if used or replaced:
+            _make_home(home, root, ctx["uid"], stamps)
+        if replaced and ctx["landlock_fd"] >= 0:
             ctx["landlock_refresh"]()  # its rules name the tmpfs just replaced
     else:
         remove_tree(tmp)
+
+
+def _make_home(home: str, root: str, uid: int | None, stamps: dict[str, int]) -> None:
+    """The children's temp dir in the private /tmp (made again after the tmpfs was replaced): owned by the
+    worker's uid, shared with its calls' uid through the group; its times and its tmpfs root's are set to
+    0 and recorded (``sandbox/mounts.py``, ``wipe_private_tmp``)."""
+    try:
+        os.mkdir(home)
+    except FileExistsError:
+        pass
+    os.chmod(home, 0o770)  # (whatever the umask)
+    if uid is not None:
+        os.chown(home, uid, uid)
+    for path in (home, root):
+        os.utime(path, ns=(0, 0))
+        stamps[path] = os.stat(path).st_ctime_ns
 
 
 def remove_tree(path: str) -> None:
