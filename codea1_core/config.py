@@ -583,6 +583,8 @@ def _check(tp: Any, value: Any, path: str, source: str) -> Any:
                 except ValueError:
                     pass
             raise _fail(source, path, f"expected float, got {_describe(value)}{hint}")
+        if not math.isfinite(value):  # .inf/.nan pass a range's comparisons and poison every update
+            raise _fail(source, path, f"must be a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -754,6 +756,89 @@ def check_together(flat: dict[str, Any], source: str = "") -> None:
             "grpo.update_n",
             f"{flat['grpo.update_n']} is above rollout.n_code={flat['rollout.n_code']}",
         )
+    hidden, heads = flat["lab.hidden_size"], flat["lab.num_heads"]
+    if hidden % heads or (hidden // heads) % 2:  # rotary embeddings rotate pairs of a head's dimensions
+        raise _fail(
+            source,
+            "lab.num_heads",
+            f"{heads} does not divide lab.hidden_size={hidden} into heads of an even size: pick a "
+            f"divisor of {hidden} that leaves an even quotient (e.g. {_even_head_divisor(hidden, heads)})",
+        )
+    for key in NON_EMPTY_PATHS:
+        if key == "tracking.tracking_uri" and flat["tracking.backend"] != "mlflow":
+            continue
+        value = flat[key].strip()
+        if not value or (key in OUTPUT_DIRS and Path(value) == Path(".")):
+            raise _fail(source, key, f"must name a path other than the project folder, got {flat[key]!r}")
+
+
+def _even_head_divisor(hidden: int, near: int) -> int:
+    """The head count nearest ``near`` that splits ``hidden`` into heads of an even size."""
+    fits = [h for h in range(1, hidden + 1) if hidden % h == 0 and (hidden // h) % 2 == 0]
+    return min(fits, key=lambda h: (abs(h - near), h), default=1)
+
+
+NON_EMPTY_PATHS = (
+    "data.prepared_dir",
+    "model.code_path",
+    "model.test_path",
+    "eval.out_dir",
+    "tracking.tracking_uri",
+    "tracking.artifact_location",
+    "orchestration.checkpoint_dir",
+)
+"""Path keys without an "empty means a default" meaning: an empty one would read or write the project folder."""
+OUTPUT_DIRS = ("data.prepared_dir", "eval.out_dir", "orchestration.checkpoint_dir")
+"""Folders a stage writes and prunes: never the project folder itself (``.``) either."""
+
+
+def metric_names(flat: dict[str, Any]) -> set[str]:
+    """The rate metrics (higher is better) the evaluate stage can write for this config, by the names its
+    writers give them: ``codea1_core.evaluation.verdicts.aggregate_code`` (``code/<bench>[/<split>]/pass@k``
+    for ``k`` in ``eval.k_list`` and ``avg@<eval.n_samples>``; a lab benchmark also as ``<bench>_seen`` /
+    ``<bench>_unseen``, ``benchmarks.lab_subsets``), ``suites.aggregate_tests`` (``test/<source>/...`` at
+    ``k = eval.tests_per_suite``) and ``collaboration`` (``solve/<bench>/...``). Which of them a run writes
+    depends on its data (``plus`` needs plus inputs, ``sparse`` the lab); none outside this set is written."""
+
+    def variants(name: str) -> list[str]:
+        return [name, f"{name}_seen", f"{name}_unseen"] if name.startswith("lab") else [name]
+
+    stats = [f"pass@{k}" for k in flat["eval.k_list"]] + [f"avg@{flat['eval.n_samples']}"]
+    names: set[str] = set()
+    for bench in flat["data.eval_benchmarks"]:
+        for name in variants(bench):
+            for split in ("", "base/", "plus/", "sparse/"):
+                names |= {f"code/{name}/{split}{stat}" for stat in stats}
+    k = flat["eval.tests_per_suite"]
+    for src in flat["eval.test_sources"]:
+        for name in variants(src):
+            names |= {f"test/{name}/{m}" for m in (f"pass@{k}", f"pass@{k}_ult", f"mut@{k}", f"mut@{k}_all")}
+            names |= {f"test/{name}/mul", f"test/{name}/mul_ult"}
+    for bench in flat["eval.solve_benchmarks"]:
+        names |= {f"solve/{bench}/{m}" for m in ("pass@1", "base/pass@1", "candidates/pass@1")}
+        names.add(f"solve/{bench}/candidates/best_of_n")
+    return names
+
+
+def check_metric_names(flat: dict[str, Any], source: str = "") -> None:
+    """``eval.promote_metric`` (and ``eval.promote_metric_test`` when set) must be a metric the evaluate stage
+    writes (:func:`metric_names`): a wrong name fails when a stage loads its params, not at register after
+    train and evaluate. Not part of :meth:`Config.from_dict`: a config built for one evaluation alone (no
+    register) may leave the default metric of benchmarks it does not run."""
+    names = metric_names(flat)
+    for key in ("eval.promote_metric", "eval.promote_metric_test"):
+        value = flat[key]
+        if key.endswith("_test") and not value:
+            continue
+        if value not in names:
+            role = "test" if key.endswith("_test") else "code"
+            close = sorted(n for n in names if n.startswith(f"{role}/") and n.endswith("pass@1"))[:3]
+            raise _fail(
+                source,
+                key,
+                f"{value!r} is not a metric the evaluate stage writes for data.eval_benchmarks/"
+                f"eval.test_sources/eval.k_list (e.g. {', '.join(close) or sorted(names)[0]})",
+            )
 
 
 # --------------------------------------------------------------------------------------------------

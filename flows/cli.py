@@ -15,6 +15,7 @@ target) are made absolute before the move, and the move is said in one line on s
 
 from __future__ import annotations
 
+import ast
 import importlib
 import os
 import sys
@@ -103,13 +104,23 @@ def _delegate(name: str, args: list[str]) -> None:
                 file=sys.stderr,
             )
             os.chdir(root)
-    module = importlib.import_module("tools.ui" if name == "ui" else f"flows.{name}")
     if name in STAGES:
         from flows.common import stage_main
 
-        description = (module.__doc__ or name).strip().splitlines()[0]
-        raise typer.Exit(stage_main(module.run, description, args, prog=f"codea1 {name}"))
+        def run(params: str, overrides: list[str]) -> object:  # imports torch, Prefect, ...: after the checks
+            return importlib.import_module(f"flows.{name}").run(params, overrides)
+
+        raise typer.Exit(stage_main(run, stage_description(name), args, prog=f"codea1 {name}"))
+    module = importlib.import_module("tools.ui" if name == "ui" else f"flows.{name}")
     raise typer.Exit(module.main(args))
+
+
+def stage_description(name: str) -> str:
+    """The first line of ``flows/<name>.py``'s docstring, read from its source: ``--help`` and the params
+    checks run before the stage module (and the torch, Prefect, MLflow it imports) is loaded."""
+    source = Path(__file__).with_name(f"{name}.py").read_text(encoding="utf-8")
+    doc = ast.get_docstring(ast.parse(source)) or name
+    return doc.strip().splitlines()[0]
 
 
 @app.command(context_settings=PASSTHROUGH, add_help_option=False)

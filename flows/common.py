@@ -85,12 +85,26 @@ def stage_config(params: str | Path, overrides: list[str] | None = None) -> Conf
 
 
 def load_stage_config(params: str, overrides: list[str]) -> Config:
-    """Load and validate params (ConfigError with a one-line message) and pin torch's CPU threads
-    (:func:`pin_cpu_threads`): the CLI commands that run models outside a flow (``solve``, ``attack``) load here."""
+    """Load and validate params (ConfigError with a one-line message), check them against this machine
+    (:func:`check_loaded`) and pin torch's CPU threads (:func:`pin_cpu_threads`): every stage's entry and the CLI
+    commands that run models outside a flow (``solve``, ``attack``) load here."""
     cfg = stage_config(params, overrides)
+    check_loaded(cfg, params)
     pin_numerics(cfg.model.cpu_numerics)
     pin_cpu_threads(cfg)
     return cfg
+
+
+def check_loaded(cfg: Config, source: str | Path) -> None:
+    """What a loaded config must also satisfy before a stage starts: the promotion metrics are names the
+    evaluate stage writes (``codea1_core.config.check_metric_names``), ``model.device`` exists, and every
+    generation budget fits its model's context (``codea1_core.models.preflight``). Imports no torch unless
+    ``model.device`` names CUDA."""
+    from codea1_core.config import check_metric_names
+    from codea1_core.models.preflight import check_models
+
+    check_metric_names(cfg.flat(), str(source))
+    check_models(cfg, ("code",) if cfg.mode == "golden" else ("code", "test"), hub=False)
 
 
 PLAIN = (int, float, str, bool, type(None))

@@ -126,9 +126,17 @@ def preflight(cfg: Config) -> None:
 
 
 def check_model_path(cfg: Config, role: str) -> None:
-    """A local model folder that is missing (the warm start not run yet) is one line; a Hub id (``org/name``,
-    one slash) is left to the loader."""
+    """A local model folder that is missing (the warm start not run yet) is one line; so is a Hub id (``org/name``,
+    one slash) that is neither in the Hugging Face cache nor reachable now (``codea1_core.models.preflight``:
+    no minutes of the loader's retries)."""
+    from codea1_core.config import ConfigError
+    from codea1_core.models.preflight import check_model_source
+
     path = getattr(cfg.model, f"{role}_path")
+    try:
+        check_model_source(path, f"model.{role}_path")
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
     local = Path(path).is_absolute() or path.startswith(".") or path.count("/") != 1
     if local and not Path(path).is_dir():
         raise UserError(

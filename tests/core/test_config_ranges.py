@@ -95,7 +95,10 @@ def test_a_config_with_no_training_step_is_refused_before_the_flow(tmp_path, cap
     from flows.train import run
 
     params = tmp_path / "params.yaml"
-    params.write_text(f"data:\n  train_batch_size: 100000\norchestration:\n  checkpoint_dir: {tmp_path}/t\n")
+    params.write_text(
+        f"data:\n  train_batch_size: 100000\norchestration:\n  checkpoint_dir: {tmp_path}/t\n"
+        "rollout:\n  max_new_tokens_code: 96\n  max_new_tokens_test: 128\n"  # the lab's 1,024-token context
+    )
     t0 = time.perf_counter()
     assert stage_main(run, "train", ["--params", str(params)]) == 2
     err = capsys.readouterr().err

@@ -46,6 +46,7 @@ def test_an_unreachable_mlflow_server_fails_in_one_line_within_15_s(
     params = tmp_path / "params.yaml"
     params.write_text(
         f"data:\n  train_batch_size: 8\norchestration:\n  checkpoint_dir: {tmp_path / 'train'}\n"
+        "rollout:\n  max_new_tokens_code: 96\n  max_new_tokens_test: 128\n"  # the lab's 1,024-token context
     )
     t0 = time.monotonic()
     try:

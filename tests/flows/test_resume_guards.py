@@ -46,6 +46,8 @@ def _cfg(tmp_path: Path, **extra: object) -> Config:
             "data.prepared_dir": str(tmp_path / "prepared"),
             "data.train_sources": ["lab"],
             "data.train_batch_size": 4,
+            "rollout.max_new_tokens_code": 96,  # within the lab model's 1,024-token context
+            "rollout.max_new_tokens_test": 128,
             **extra,
         }
     )

@@ -20,6 +20,8 @@ def _params(tmp_path: Path, **extra: object) -> Path:
             "data.prepared_dir": str(tmp_path / "prepared"),
             "data.train_batch_size": 4,
             "data.train_sources": ["lab"],
+            "rollout.max_new_tokens_code": 96,  # within the lab model's 1,024-token context
+            "rollout.max_new_tokens_test": 128,
             **extra,
         }
     )
@@ -58,3 +60,20 @@ def test_a_missing_warm_start_model_is_one_line(tmp_path: Path, capsys) -> None:
         "or point model.code_path at a model"
     )
     assert "Traceback" not in err
+
+
+def test_a_hub_model_without_weights_offline_is_one_line_naming_the_key(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """A Hub id neither cached nor reachable: one line with the offline route, not the loader's minutes of
+    retries and a 277-line traceback."""
+    from flows.common import stage_main
+    from flows.train import run
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    params = _params(tmp_path, **{"model.code_path": "no-such-org/no-such-model"})
+    assert stage_main(run, "train", ["--params", str(params)]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: model.code_path=no-such-org/no-such-model: not a local folder, not in the")
+    assert "huggingface-cli download no-such-org/no-such-model" in last and "Traceback" not in err

@@ -110,7 +110,9 @@ def test_flow_runs_under_prefect(tmp_path, monkeypatch, prefect_harness, capsys)
 
 def test_stage_main_reports_bad_override(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "params.yaml").write_text("lab:\n  warmstart_epochs: 1\n")
+    (tmp_path / "params.yaml").write_text(
+        "lab:\n  warmstart_epochs: 1\nrollout:\n  max_new_tokens_code: 96\n  max_new_tokens_test: 128\n"
+    )
     from flows.common import stage_main
 
     assert stage_main(warmstart.run, "warmstart", ["lab.warmstart_lr=fast"]) == 2

@@ -57,7 +57,10 @@ def test_a_lock_of_a_pid_reused_by_another_process_is_stale(tmp_path):
 def test_the_train_stage_refuses_a_second_start_in_one_line_before_any_work(tmp_path, repo_root):
     params = tmp_path / "params.yaml"
     out = tmp_path / "train"
-    params.write_text(f"orchestration:\n  checkpoint_dir: {out}\ntracking:\n  backend: 'null'\n")
+    params.write_text(
+        f"orchestration:\n  checkpoint_dir: {out}\ntracking:\n  backend: 'null'\n"
+        "rollout:\n  max_new_tokens_code: 96\n  max_new_tokens_test: 128\n"  # the lab's 1,024-token context
+    )
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD, str(out)], cwd=repo_root, stdout=subprocess.PIPE, text=True
     )

@@ -16,7 +16,8 @@ second core saves on the lab's small code rollout, which then gets slower.
 
 Lifetime and faults: one pool per model object (:func:`pool_for`), closed when the model is garbage collected,
 at interpreter exit, or when the model's parameters change shape (then it is forked anew). Workers ignore
-SIGINT (Ctrl-C reaches the caller, which stops them) and exit when the caller closes their socket or is gone. A worker
+SIGINT (Ctrl-C reaches the caller, which stops them) and exit when the caller closes their socket or is gone
+(a thread of each worker looks every :data:`PARENT_POLL_S`, in a job too: a killed run leaves none). A worker
 that errs, dies or does not answer in time is killed and reaped; :meth:`DecodePool.result` returns None and the
 caller runs that part itself: a failure costs time, never a result. The next submit forks a replacement.
 
@@ -41,6 +42,7 @@ import signal
 import socket
 import struct
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -53,6 +55,9 @@ log = logging.getLogger(__name__)
 
 ARENA_BYTES = 64 << 20
 """Initial shared memory per worker; a job that needs more restarts its worker with twice what it needs."""
+
+PARENT_POLL_S = 0.5
+"""How often a worker looks whether its caller is still alive, busy or idle."""
 
 _ALIGN = 64
 _HEADER = struct.Struct("<Q")
@@ -153,6 +158,14 @@ def _next_message(sock: socket.socket, parent: int) -> Any:
             return "stop"
 
 
+def _exit_with_parent(parent: int) -> None:
+    """In a worker, on a thread of its own: end the worker once the caller is gone, even in the middle of a job
+    (:func:`_next_message` only looks between jobs, and a long decode must not outlive a killed run)."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
+
+
 def _detach(keep: int) -> None:
     """In a new worker: close every inherited descriptor but ``keep``; stdin/stdout/stderr become /dev/null.
 
@@ -173,6 +186,7 @@ def _worker_main(
     code = 0
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
         torch.set_num_threads(1)
         state = _state_tensors(model)
         with torch.no_grad():

@@ -139,3 +139,57 @@ def _worker_socket_fd(pid: int) -> int:
     assert len(fds) == 1, fds
     assert os.readlink(f"/proc/{pid}/fd/{fds[0]}").startswith("socket:")
     return fds[0]
+
+
+HOLDER = """
+import sys, time, torch
+from codea1_core.models.cpu_decode import workers
+
+def slow(model, tensors, meta):
+    time.sleep(120)  # a long job: the worker is busy, not waiting for the next message
+    return {}, None
+
+model = torch.nn.Linear(4, 4)
+pool = workers.pool_for(model, 1, slow)
+assert pool.submit(0, {"x": torch.zeros(4)}, {}, 0)
+print(workers.worker_pids()[0], flush=True)
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie nobody reaped counts as gone: it holds no memory and runs nothing)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\\nState:\\tZ" not in f.read()
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.e2e
+def test_a_busy_worker_dies_with_its_killed_parent(repo_root) -> None:
+    """Regression: a worker in a long job outlived its SIGKILLed caller (it looked for its parent only
+    between jobs), so a killed run left a decode worker holding its memory."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER], cwd=repo_root, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        pid = int(holder.stdout.readline())
+        time.sleep(1.0)  # in its job now
+        assert _alive(pid)
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid)
+    finally:
+        holder.kill()
+        holder.wait()
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
