@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import ast
 import base64
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from codea1_core import values
+from codea1_core.method.validity import OK, replay_reason
 from codea1_core.types import TestCase
 
 SCHEMA = "codea1.mistake_book/1"
@@ -64,13 +66,22 @@ class Entry:
 def canonical_call(call: str) -> str:
     """The ast-normalized source of a call expression (whitespace, quotes and parentheses unified).
 
+    The call must satisfy the test-validity rule for replayed calls
+    (:func:`codea1_core.method.validity.replay_reason`): a replayed call never binds a name of the program.
+
     Raises:
-        ValueError: ``call`` is not a Python expression.
+        ValueError: ``call`` is not a Python expression, or the rule refuses it.
     """
     try:
-        return ast.unparse(ast.parse(call.strip(), mode="eval"))
+        tree = ast.parse(call.strip(), mode="eval")
+        code = replay_reason(ast.parse(unicodedata.normalize("NFKC", call.strip()), mode="eval"))
     except SyntaxError as exc:
         raise ValueError(f"mistake book: call is not a Python expression: {call!r} ({exc.msg})") from None
+    if code != OK:
+        raise ValueError(
+            f"mistake book: call {call!r} is refused ({code}): a replayed call may not bind names"
+        )
+    return ast.unparse(tree)  # names as written: NFKC only decides the rule, as the parser does
 
 
 def canonical_value_bytes(value: Any) -> bytes:
@@ -328,7 +339,10 @@ def _entry_from_row(pid: str, i: int, row: Any) -> Entry:
         expected = values.decode(raw)
     except Exception as exc:  # noqa: BLE001 - any decoding failure is a malformed file
         raise ValueError(f"{where}.expected: cannot decode value ({type(exc).__name__}: {exc})") from None
-    call = canonical_call(row["call"])
+    try:
+        call = canonical_call(row["call"])
+    except ValueError as exc:
+        raise ValueError(f"{where}.call: {exc}") from None
     return Entry(
         call,
         expected,

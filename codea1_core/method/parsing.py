@@ -26,6 +26,12 @@ predicted answer is evaluated next to the reference (§6.2), so ``assert f(2) ==
 finds. The official parser accepts any expression here; ``literal_answers: false`` restores that (and its
 numbers).
 
+Every call and answer must also pass the allow-list of :func:`codea1_core.method.validity.expression_reason`
+(no binding inside the expression, no dunder, namespace or frame access, no name beyond the entry point and
+safe builtins): an assert that does not counts invalid with the rule's code (``walrus``, ``binding``,
+``dunder``, ...; ``answer_``-prefixed for the answer), in every mode, so no caller ever runs such an
+expression — evaluation (``plan_suites``) runs no gate.
+
 Every accepted test also gets the generated-test gate's reason code (``ParsedSuite.checks``, from
 :func:`codea1_core.method.validity.suite_checks`: call and answer forms, duplicates): the gate
 (``tasks.quality.gx_gate_tests``, D5) rejects the tests whose code is not ``ok`` and does not check them
@@ -44,7 +50,7 @@ import textwrap
 import warnings
 from typing import Literal
 
-from codea1_core.method.validity import is_plain_literal, suite_checks
+from codea1_core.method.validity import OK, answer_reason, call_reason, is_plain_literal, suite_checks
 from codea1_core.types import ParsedSuite, ParsedTest
 
 ParseMode = Literal["strict", "official"]
@@ -376,8 +382,17 @@ class _Collector:
             self.reasons.append("answer_too_long")
         elif self.literal and not is_plain_literal(answer, self.entry_point):
             self.reasons.append("expected_not_literal")  # counted in every mode (module docstring)
+        elif (code := self.refusal(call, answer)) != OK:
+            self.reasons.append(code)
         else:
             self.tests.append(ParsedTest(call=call, answer=answer))
+
+    def refusal(self, call: str, answer: str) -> str:
+        """The allow-list's code of a call and its answer (``ok`` when both may be run)."""
+        code = call_reason(call, self.entry_point, any_function=self.mode == "official")
+        if code == OK:
+            code = answer_reason(answer, self.entry_point, literal=False, plain=self.literal)
+        return code
 
     def add_block(self, source: str) -> None:
         """Case A: statements of one python block, with the assignment environment (§5.2)."""

@@ -337,3 +337,28 @@ def test_invariants_hold_for_any_update_sequence(steps, cap, tie_break):
             assert replay == model.retrieve(pid, 3)
             model.update(pid, failed, passed, it)
             assert [(e.call, e.frequency) for e in entries] == [(r[0], r[1]) for r in model.rows[pid]]
+
+
+def test_a_replayed_call_never_binds_a_name_of_the_program():
+    """A stored call is held to the replay rule (``validity.replay_reason``) on update and on load: the
+    book does not keep the entry point, so other names may be read, but nothing may bind or reach a
+    namespace (bug guarded: a book file could carry ``f((f := ...))`` into every later step)."""
+    book = MistakeBook()
+    with pytest.raises(ValueError, match=r"refused \(walrus\)"):
+        book.update("p", [TestCase("f((f := len) and 1)", 1)], [], 1)
+    assert book.size() == 0
+    good = MistakeBook()
+    good.update("p", [TestCase("f(1)", 2)], [], 1)
+    saved = good.to_dict()
+    for call, code in [
+        ("f((g := 1))", "walrus"),
+        ("f(().__class__)", "dunder"),
+        ("f((x for x in [1]).gi_frame)", "attribute"),
+        ("f((lambda d=1: d)())", "binding"),
+    ]:
+        rows = [{**saved["problems"]["p"][0], "call": call}]
+        with pytest.raises(ValueError, match=rf"problems\['p'\]\[0\]\.call: .*refused \({code}\)"):
+            MistakeBook.from_dict({**saved, "problems": {"p": rows}})
+    official = MistakeBook()
+    official.update("p", [TestCase("len(f(1))", 1), TestCase("obj.f(2)", 1)], [], 1)  # official-mode tests
+    assert official.size("p") == 2

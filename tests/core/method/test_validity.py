@@ -163,7 +163,81 @@ def test_the_parser_records_one_code_per_kept_test() -> None:
         "```python\nassert f(1) == 1\nassert f(1) == 2\nassert f(().__class__) == 3\nassert f(4) == f(4)\n```"
     )
     suite = parsing.extract_tests(text, "f")
-    assert [t.call for t in suite.tests] == ["f(1)", "f(1)", "f(().__class__)"]
-    assert suite.checks == ("ok", "duplicate", "dunder") and suite.reasons == ("expected_not_literal",)
+    assert [t.call for t in suite.tests] == [
+        "f(1)",
+        "f(1)",
+    ]  # the dunder call is refused by the parser itself
+    assert suite.checks == ("ok", "duplicate") and suite.reasons == ("dunder", "expected_not_literal")
     official = parsing.extract_tests("```python\nassert len(f(1)) == 1\n```", "f", "official")
     assert official.checks == ("ok",)  # official: any call on the left is a test
+
+
+# --------------------------------------------------------------------------------------------------
+# The allow-list: no test's call or answer binds a name or reaches a namespace (the parser refuses it)
+# --------------------------------------------------------------------------------------------------
+
+HOSTILE_CALLS = [
+    ("f((sorted := lambda *a: [7]) and [3, 1])", "walrus"),  # rebinds a builtin the reference calls
+    ("f([(sorted := len) for _ in [0]])", "walrus"),  # in a comprehension: binds in the program's namespace
+    ("f((lambda: (sorted := len))() and [1])", "walrus"),  # inside a lambda
+    ("f((lambda s=sorted: s)([1]))", "binding"),  # a lambda default
+    ("f((lambda f: f)([1]))", "binding"),  # a parameter hiding the entry point
+    ("f([sorted for sorted in [len]])", "binding"),  # a loop variable hiding a builtin the call may use
+    ("f([0 for x[0] in [[1]]])", "binding"),  # a loop target that writes into an object
+    ("f(globals().update(sorted=len) or [1])", "forbidden_name"),
+    ("f(vars().update(sorted=len) or [1])", "forbidden_name"),
+    ("f(locals())", "forbidden_name"),
+    ("f(setattr(f, 'x', 1))", "forbidden_name"),
+    ("f(delattr(f, 'x'))", "forbidden_name"),
+    ("f(exec('sorted = len') or [1])", "forbidden_name"),
+    ("f(eval('1'))", "forbidden_name"),
+    ("f(' '.globals)", "forbidden_name"),  # a forbidden name as an attribute too
+    ("f(__import__('builtins'))", "dunder"),
+    ("f(__builtins__)", "dunder"),
+    ("f(f.__globals__.update(sorted=len) or [1])", "dunder"),
+    ("f(f.__dict__)", "dunder"),
+    ("f(f.__code__)", "dunder"),
+    ("f(f.__closure__)", "dunder"),
+    ("f(().__class__.__base__.__subclasses__())", "dunder"),
+    ("f([].__setattr__)", "dunder"),
+    ("f((x for x in [1]).gi_frame.f_globals.update(sorted=len) or [1])", "attribute"),  # no dunder needed
+    ("f(f([1]).gi_frame)", "attribute"),  # an attribute of what the program returns
+    ("f(list.append(f([0]), 9))", "attribute"),  # a builtin's method changing the program's object
+    ("f([1]._x)", "attribute"),
+    ("f(inspect.currentframe())", "free_name"),  # a name the program may define or import
+    ("f(sorted)", "ok"),  # a safe builtin passed as a value
+]
+
+
+@pytest.mark.parametrize(("call", "code"), HOSTILE_CALLS)
+def test_the_parser_refuses_every_binding_form_and_namespace_access(call: str, code: str) -> None:
+    """Bug guarded: the parser kept these asserts (walrus, dunder and forbidden names were left to the
+    training gate, frames and builtins' methods to nobody), so evaluation, which runs no gate, judged a
+    reference whose names the call had rebound."""
+    for mode in ("strict", "official"):
+        suite = parsing.extract_tests(f"```python\nassert {call} == [1]\n```", "f", mode)  # type: ignore[arg-type]
+        if code == "ok":
+            assert [t.call for t in suite.tests] == [call] and suite.reasons == ()
+        else:
+            assert suite.tests == () and suite.reasons == (code,), (mode, suite)
+    assert validity.call_reason(call, "f") == code
+
+
+def test_answers_may_not_bind_either_with_any_expression_allowed() -> None:
+    """``tests.literal_answers: false`` takes any expression as the answer, but never a binding one."""
+    text = "```python\nassert f(1) == (sorted := len)\nassert f(2) == [x for x in [1]]\nassert f(3) == y\n```"
+    suite = parsing.extract_tests(text, "f", literal_answers=False)
+    assert [t.answer for t in suite.tests] == ["[x for x in [1]]", "y"] and suite.reasons == (
+        "answer_walrus",
+    )
+
+
+def test_honest_calls_stay_acceptable() -> None:
+    honest = [
+        "f([1, -2, 3.5], key='a', *[(1, 2)], **{'k': {1: None}})",
+        "f('a b'.split(), ' '.join(['x', 'y']), float('inf'), 2 ** 10 - 1, [0] * 3, (1, 2)[::-1])",
+        "f(list(range(10)), sorted({3, 1}), max(1, 2), abs(-1), len('ab') > 1, 1 if True else 2)",
+        "f([i * i for i in range(5) if i % 2], {k: v for k, v in zip('ab', [1, 2])}, lambda x, y: x + y)",
+        "f(f(1), map(f, [1, 2]), f'{1:>3}', b'\\x00', 1j, not None)",
+    ]
+    assert [validity.call_reason(c, "f") for c in honest] == ["ok"] * len(honest)
