@@ -24,6 +24,8 @@ from sandbox.harness import _ERROR_CHARS, _FRAME, _HDR, _TOKEN_BYTES, STATUS_COD
 _SETUP_S = 10.0  # generous: a child that cannot even start on a loaded machine is an infra failure
 _COALESCE_MS = 1  # see _supervise: how long the worker lets small frames gather before reading them
 _COALESCE_BYTES = 4096
+_HEAD_BYTES = _TOKEN_BYTES + _FRAME.size  # a frame's body starts with the token and the frame header
+_OVERSIZED = -1  # status code of a call whose frame passed the size cap (a frame's own code is 0..255)
 
 
 class _Progress:
@@ -36,6 +38,7 @@ class _Progress:
         self.t_last = time.monotonic()  # arrival of the last accepted frame (our clock)
         self.results: dict[int, tuple] = {}
         self.buf = bytearray()
+        self.skip = 0  # bytes of an oversized frame still to drop (its call already failed)
 
     def mark(self) -> tuple:
         return (self.ready, self.defined, self.expect)
@@ -134,27 +137,47 @@ def _supervise(
 
 
 def _accept_frames(st: _Progress, token: bytes, n: int, lim: _limits.ExecLimits) -> tuple[str, object] | None:
-    """Consume complete frames from ``st.buf``; returns ``(end, detail)`` when the child is finished."""
-    arrival = time.monotonic()
-    while len(st.buf) >= 4:
-        size = _HDR.unpack_from(st.buf)[0]
-        if size > lim.max_value_bytes + 4096 or size < _TOKEN_BYTES + _FRAME.size:
-            return "violation", f"bad frame size {size}"
-        if len(st.buf) < 4 + size:
+    """Consume complete frames from ``st.buf``; returns ``(end, detail)`` when the child is finished.
+
+    Per call: an authenticated call frame in order whose status code or size is out of range fails that
+    call alone (an oversized frame's rest is dropped as it arrives, :attr:`_Progress.skip`). Per program
+    (``violation``): a frame without the run token, of an unknown kind or out of order, or too short to
+    hold its header; only the program's own process can write those (a call's process has no channel).
+    """
+    arrival, cap = time.monotonic(), lim.max_value_bytes + 4096
+    while True:
+        if st.skip:
+            dropped = min(st.skip, len(st.buf))
+            del st.buf[:dropped]
+            st.skip -= dropped
+        if st.skip or len(st.buf) < 4:
             return None
-        frame = bytes(st.buf[4 : 4 + size])
-        del st.buf[: 4 + size]
-        if not hmac.compare_digest(frame[:_TOKEN_BYTES], token):
+        size = _HDR.unpack_from(st.buf)[0]
+        if size < _HEAD_BYTES:
+            return "violation", f"bad frame size {size}"
+        if len(st.buf) < 4 + (_HEAD_BYTES if size > cap else size):
+            return None
+        if not hmac.compare_digest(bytes(st.buf[4 : 4 + _TOKEN_BYTES]), token):
             return "violation", "frame without the run token"
-        kind, code, index, child_s = _FRAME.unpack_from(frame, _TOKEN_BYTES)
-        payload = frame[_TOKEN_BYTES + _FRAME.size :]
+        kind, code, index, child_s = _FRAME.unpack_from(st.buf, 4 + _TOKEN_BYTES)
+        if size > cap:  # its call fails; the rest of the frame is dropped as it arrives
+            if kind != b"C":
+                return "violation", f"bad frame size {size}"
+            code, payload, st.skip = (
+                _OVERSIZED,
+                b"SandboxViolation: result frame of %d bytes" % size,
+                4 + size,
+            )
+        else:
+            payload = bytes(st.buf[4 + _HEAD_BYTES : 4 + size])
+            del st.buf[: 4 + size]
         if kind == b"S" and not st.ready:
             st.ready, st.t_last = True, arrival
         elif kind == b"R" and st.ready and not st.defined:
             st.defined, st.t_last = True, arrival
         elif kind == b"P" and st.ready and not st.defined:
             return "program_error", payload.decode("utf-8", "replace")
-        elif kind == b"C" and st.defined and index == st.expect and code < len(STATUS_CODES):
+        elif kind == b"C" and st.defined and index == st.expect:
             st.results[index] = _call_result(code, payload, arrival - st.t_last, child_s, lim, st.used)
             st.used += len(st.results[index][1])
             st.t_last, st.expect = arrival, st.expect + 1
@@ -162,7 +185,6 @@ def _accept_frames(st: _Progress, token: bytes, n: int, lim: _limits.ExecLimits)
                 return "done", None
         else:
             return "violation", f"unexpected frame {kind!r} index {index} (expected {st.expect})"
-    return None
 
 
 def _call_result(
@@ -171,6 +193,12 @@ def _call_result(
     """One reported call. The harness judged its own time-out and result budget; our clock (``dur_s``)
     and byte count (``used``) are the backstop: a result arriving after our hard limit, or passing the
     program's result cap, is never ``ok``."""
+    if code == _OVERSIZED:  # (the harness never sends an out-of-range value: a forged frame fails its call)
+        code = 1
+    elif code >= len(STATUS_CODES):
+        code, payload = 1, b"SandboxViolation: status code %d out of range" % code
+    elif code == 0 and len(payload) > lim.max_value_bytes:
+        code, payload = 1, b"SandboxViolation: a result of %d bytes" % len(payload)
     status = STATUS_CODES[code]
     if status == "ok" and dur_s > lim.call_timeout_s * 1.1 + 0.25:  # past our hard limit: never "ok"
         return ("timeout", b"", f"Timeout: call exceeded {lim.call_timeout_s} s", dur_s)
