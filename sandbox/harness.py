@@ -224,6 +224,8 @@ def _make_harness(lim: _limits.ExecLimits) -> Callable[..., None]:
             status = waitpid_(pid, 0)[1]
         if len_(got) >= result_head and len_(got) == result_head + unpack_result(got)[2]:
             return received(got, now() - t0)
+        if not exited:  # past its output cap, killed by this process: never "CallKilled" (see supervision)
+            return 1, b"SandboxViolation: the call's process wrote more than a result may hold", now() - t0
         if wifsignaled(status):
             return 1, f"CallKilled: signal {wtermsig(status)}".encode(), now() - t0
         if got:

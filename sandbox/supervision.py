@@ -2,8 +2,11 @@
 
 What it does: :func:`_supervise` reads the child's frames until every call reported, the child died
 or a deadline passed, enforcing the limits from outside with a wall clock and validating every frame
-(token, kind, strictly increasing call index, the program's result-byte cap); :func:`_exit_reason`
-says why a child stopped reporting, from its wait status (a cgroup OOM kill is the program's memory).
+(token, kind, strictly increasing call index; per call its status code and size; the program's
+result-byte cap); :func:`_exit_reason` says why a child stopped reporting, from its wait status (a
+cgroup OOM kill is the program's memory), and with :func:`_judge_call_deaths` notes a death by a signal
+that may have come from outside the sandbox, for the parent to run the job again (the rule:
+"Killed from outside" in ``sandbox/executor.py``).
 
 What it does not do: decode values (the trusted parent does, ``sandbox/decoding.py``), or kill and
 reap the child (the zygote does, ``sandbox/zygote.py``). The threat model is in ``sandbox/executor.py``.
@@ -25,6 +28,9 @@ _SETUP_S = 10.0  # generous: a child that cannot even start on a loaded machine 
 _COALESCE_MS = 1  # see _supervise: how long the worker lets small frames gather before reading them
 _COALESCE_BYTES = 4096
 _HEAD_BYTES = _TOKEN_BYTES + _FRAME.size  # a frame's body starts with the token and the frame header
+_OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+"""Signals an operator, a shutdown or the host's OOM killer sends (as a program may itself); the faults a
+process raises by what it runs (SIGSEGV, SIGABRT, SIGFPE, SIGBUS, SIGSYS, SIGXCPU ...) are never from outside."""
 _OVERSIZED = -1  # status code of a call whose frame passed the size cap (a frame's own code is 0..255)
 
 
@@ -213,7 +219,12 @@ def _call_result(
 
 
 def _exit_reason(status: int, alive: bool, ready: bool, defined: bool, ctx: dict) -> tuple[str, object]:
-    """Why a child stopped reporting, from its wait status (``alive``: it had not exited by itself)."""
+    """Why a child stopped reporting, from its wait status (``alive``: it had not exited by itself).
+
+    A death by a signal that someone outside the sandbox may have sent, with no sign that the program
+    did, is also noted in ``ctx["killed"]`` (:func:`_killed_from_outside`); the verdict returned is the
+    one the program gets if every attempt of its job dies so.
+    """
     if alive:
         what = "closed its result channel"
     elif status == -1:
@@ -226,6 +237,8 @@ def _exit_reason(status: int, alive: bool, ready: bool, defined: bool, ctx: dict
         if sig == signal.SIGKILL and ready and _oom_killed(ctx):
             detail = "MemoryError: the program's processes exceeded the memory limit (cgroup OOM kill)"
             return ("exited" if defined else "program_error"), detail
+        if ready and sig in _OUTSIDE_SIGNALS:
+            _killed_from_outside(f"the program's process died of {what}", ctx)
     elif os.WIFEXITED(status):
         what = f"code {os.WEXITSTATUS(status)}"
     else:
@@ -237,10 +250,58 @@ def _exit_reason(status: int, alive: bool, ready: bool, defined: bool, ctx: dict
     return "exited", f"ChildExited: child exited before reporting this call ({what})"
 
 
+def _judge_call_deaths(got: dict[int, tuple], ctx: dict) -> None:
+    """Isolated calls whose process died of a signal (``CallKilled``, reported by the harness, which
+    never reports its own kill so): a SIGKILL the worker cgroup's OOM killer counted is the call's
+    ``memory``; one of :data:`_OUTSIDE_SIGNALS` otherwise is noted as in :func:`_exit_reason`."""
+    for index, item in got.items():
+        if item[0] != "error" or not item[2].startswith("CallKilled: signal "):
+            continue
+        sig = item[2][len("CallKilled: signal ") :]
+        if sig == "9" and _oom_killed(ctx):
+            got[index] = (
+                "memory",
+                b"",
+                "MemoryError: the call's processes exceeded the memory limit",
+                item[3],
+            )
+        elif sig.isdigit() and int(sig) in _OUTSIDE_SIGNALS:
+            _killed_from_outside(f"call {index}'s process died of signal {sig}", ctx)
+
+
+def _killed_from_outside(what: str, ctx: dict) -> None:
+    """Note in ``ctx["killed"]`` (first death of the job only) ``(why, host_oom)``: the program's job is
+    to run again (``ProcessExecutor``), as when a worker dies. ``host_oom``: the kernel counted an OOM
+    kill since the worker last looked (``/proc/vmstat``) and the worker's cgroup did not (the one kill
+    from outside the sandbox the kernel counts; an OOM kill in the program's own cgroup never makes it
+    one)."""
+    if ctx.get("killed"):
+        return
+    _oom_killed(ctx)  # (a new kill in the worker's cgroup moves the baseline past every kill so far)
+    kills, seen = _host_oom_kills(), ctx.get("host_oom_seen")
+    ctx["host_oom_seen"] = kills
+    host_oom = seen is not None and kills > seen
+    ctx["killed"] = (f"{what}{' (the host OOM killer)' if host_oom else ''}", host_oom)
+
+
+def _host_oom_kills() -> int:
+    """The kernel's count of OOM kills since boot, every cgroup's included (0 when unreadable)."""
+    try:
+        with open("/proc/vmstat", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def _oom_killed(ctx: dict) -> bool:
     """Whether the worker's cgroup counted a new OOM kill (read only after a SIGKILL death)."""
     kills = _cgroups.oom_kills(ctx["cgroup_dirs"])
     new, ctx["oom_seen"] = kills > ctx["oom_seen"], kills
+    if new:  # (the kernel's count includes it: not the host's OOM killer)
+        ctx["host_oom_seen"] = _host_oom_kills()
     return new
 
 
