@@ -299,7 +299,8 @@ class ProcessExecutor:
 
     Args:
         workers: warm worker processes (programs run in parallel across them).
-        limits: per-call / per-program limits.
+        limits: per-call / per-program limits (default ``ExecLimits()``: each call with code of its own
+            isolated; with no arguments the pool runs in the strictest mode the project uses).
         network_isolation: ``auto`` (best available, see :attr:`isolation`), ``require`` (raise
             :class:`SandboxUnavailable` without network + mount namespaces) or ``off`` (no namespaces,
             nothing hidden; for benchmarks and debugging).

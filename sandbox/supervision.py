@@ -29,8 +29,9 @@ _COALESCE_MS = 1  # see _supervise: how long the worker lets small frames gather
 _COALESCE_BYTES = 4096
 _HEAD_BYTES = _TOKEN_BYTES + _FRAME.size  # a frame's body starts with the token and the frame header
 _OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
-"""Signals an operator, a shutdown or the host's OOM killer sends (as a program may itself); the faults a
-process raises by what it runs (SIGSEGV, SIGABRT, SIGFPE, SIGBUS, SIGSYS, SIGXCPU ...) are never from outside."""
+"""Signals an operator, a shutdown or the host's OOM killer sends (as a program may itself); a death by
+any other signal (a fault the process raised by what it ran: SIGSEGV, SIGABRT, SIGFPE, SIGBUS, SIGSYS,
+SIGXCPU, ...) is the program's own."""
 _OVERSIZED = -1  # status code of a call whose frame passed the size cap (a frame's own code is 0..255)
 
 
@@ -169,11 +170,8 @@ def _accept_frames(st: _Progress, token: bytes, n: int, lim: _limits.ExecLimits)
         if size > cap:  # its call fails; the rest of the frame is dropped as it arrives
             if kind != b"C":
                 return "violation", f"bad frame size {size}"
-            code, payload, st.skip = (
-                _OVERSIZED,
-                b"SandboxViolation: result frame of %d bytes" % size,
-                4 + size,
-            )
+            code, st.skip = _OVERSIZED, 4 + size
+            payload = b"SandboxViolation: result frame of %d bytes" % size
         else:
             payload = bytes(st.buf[4 + _HEAD_BYTES : 4 + size])
             del st.buf[: 4 + size]
