@@ -310,7 +310,8 @@ def tree_cpu(pid):
     return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK") + sum(tree_cpu(int(k)) for k in kids)
 import os
 out = {"sandbox": sys.modules["sandbox"].__file__}
-with ProcessExecutor(workers=int(sys.argv[2]), limits=ExecLimits(call_timeout_s=5.0, program_timeout_s=60.0)) as ex:
+limits = ExecLimits(call_timeout_s=5.0, program_timeout_s=60.0, isolate_calls=True)  # (both sides: the project's mode)
+with ProcessExecutor(workers=int(sys.argv[2]), limits=limits) as ex:
     pids = [w.proc.pid for w in ex._workers]
     for name, jobs in suites.items():
         ex.run_many(jobs[:8])  # warm-up

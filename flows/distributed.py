@@ -160,6 +160,8 @@ _SUMMED = (
     "sandbox/programs",
     "sandbox/timeouts",
     "sandbox/infra_errors",
+    "sandbox/infra_events",
+    "sandbox/retries",
     "test/rejected/",
 )
 

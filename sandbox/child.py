@@ -40,7 +40,7 @@ from sandbox import mounts as _mounts
 from sandbox import namespaces as _namespaces
 from sandbox import syscall_filter as _syscalls
 from sandbox.harness import _TOKEN_BYTES
-from sandbox.supervision import _exit_reason, _oom_killed, _supervise
+from sandbox.supervision import _exit_reason, _host_oom_kills, _judge_call_deaths, _supervise
 from sandbox.zygote import Zygote
 
 _PRELOAD = (
@@ -129,6 +129,7 @@ def worker_main() -> None:
         "pidns": isolation["pid"].startswith("pidns"),
         "n": 0,
         "oom_seen": 0,
+        "host_oom_seen": _host_oom_kills(),
         "peak_fds": _cgroups.peak_reset_fds(isolation["cgroup_dirs"]),
     }
     isolation["accounting"] = (
@@ -150,12 +151,13 @@ def worker_main() -> None:
             _cgroups.remove_cgroups(ctx["cgroup_dirs"])
             return
         _, job_id, source, exprs = msg
+        ctx["killed"] = None  # (why, host_oom) of a death by a signal from outside (sandbox/supervision.py)
         try:
             calls, output = run_program(source, exprs, ctx)
         except Exception as exc:  # our machinery failed (fork, mount, ...): the parent replaces us
             write_msg(wfd, ("infra", job_id, f"{type(exc).__name__}: {exc}"))
             continue
-        write_msg(wfd, ("result", job_id, calls, output))
+        write_msg(wfd, ("result", job_id, calls, output, ctx["killed"]))
 
 
 def _deny_layers(settings: dict, isolation: dict, ctx: dict) -> None:
@@ -373,12 +375,5 @@ def _run_child(
         status = zygote.reap(pid)  # kills what is left, wipes the private tmpfs; raises if it could not
     if end == "died":
         end, detail = _exit_reason(status, *detail, ctx)
-    for index, item in got.items():  # an isolated call's process killed: the cgroup's OOM killer?
-        if item[0] == "error" and item[2] == "CallKilled: signal 9" and _oom_killed(ctx):
-            got[index] = (
-                "memory",
-                b"",
-                "MemoryError: the call's processes exceeded the memory limit",
-                item[3],
-            )
+    _judge_call_deaths(got, ctx)  # isolated calls' processes killed: the cgroup's OOM killer, or outside?
     return got, end, detail

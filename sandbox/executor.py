@@ -20,10 +20,16 @@ Linux it provides, per program:
     delegated, else the v1 memory and pids hierarchies; ``ex.isolation["cgroup"]`` says which, or
     "unavailable (...)": then only the per-process rlimits hold). A program killed by the cgroup's OOM
     killer gets ``memory`` for the calls it did not report;
-  * the child, its process group and every process of its uid are killed after the program (the
-    zygote is their subreaper);
+  * a PID namespace per worker whose init is the zygote, with its own /proc: a program sees only the
+    zygote and its own processes (no other process's ``comm``, ``environ`` or ``net``; ``/proc/*/net``
+    shows only the sandbox's network namespace), and after the program the zygote kills the whole tree
+    at once (``kill(-1)`` inside the namespace) and reaps it;
   * a dedicated random unprivileged uid/gid per worker (not in /etc/passwd), no-new-privs, so it
     cannot signal the parent, the worker or the zygote, read root-only files, or fork-bomb beyond NPROC;
+    each isolated call's process runs under a second uid of the worker (its call uid, no capabilities),
+    so by the kernel's own rules it cannot signal, ``prlimit``, renice or re-pin the process reporting
+    the calls, nor hold the process slots that process needs (its NPROC is below the program's); what a
+    call leaves running is killed (as the call uid) before the next call;
   * no network: each worker lives in its own network namespace (only a down loopback);
   * no IPC: each worker has its own IPC namespace in which SysV shared memory, semaphores, message
     queues and POSIX message queues are disabled (limits 0), so nothing can be left for the next
@@ -33,8 +39,9 @@ Linux it provides, per program:
     world-writable host directory can be written, whatever the host has); /tmp, /var/tmp, /dev/shm,
     /run/lock (= /var/lock) and /dev/mqueue where present are private size-limited tmpfs, replaced by
     fresh ones after every program that used them (no walk over what the program built: no tree shape
-    can make the clean-up fail); the project checkout, the data folder and $HOME are covered by empty
-    read-only tmpfs (only the Python installation is bound back, read-only);
+    can make the clean-up fail), mounted ``noatime`` with their root's times reset after every program,
+    so no inode counter or timestamp reaches the next program; the project checkout, the data folder and
+    $HOME are covered by empty read-only tmpfs (only the Python installation is bound back, read-only);
   * /dev is a read-only tmpfs holding only null, zero, full, random, urandom (no host pty pool, no
     /dev/log, kmsg or tty), and /run (= /var/run, where host daemons keep their sockets) is covered by
     a read-only tmpfs holding only the private lock directories (``ex.isolation["dev"]``, ``["run"]``);
@@ -50,14 +57,15 @@ Linux it provides, per program:
     is never possessed), which its children share but cannot use (every keyring call is denied; without
     the filter each child joins its own before the uid drop); the worker cgroup's memory
     high-water mark is reset after every program (v1; v2's is unreadable under Landlock);
-  * with ``ExecLimits.isolate_calls`` (the project's executors: ``sandbox.isolate_calls``, default
-    true) each call that brings code of its own (anything but the program's own function called on
-    constants) runs in its own forked copy of the defined program, without the result channel, in a
-    Landlock domain that cannot signal the process reporting the calls: no call can change the value
-    of another (the reference run's expected values, the candidates' verdicts, the Mistake Book's
-    replay), and such a tampering call fails only itself (the program's own code, e.g. a memo, still
-    carries state from call to call, as in a script);
-  * a scrubbed environment, stdin on /dev/null, stdout/stderr captured and truncated;
+  * by default (``ExecLimits.isolate_calls``; ``False``, the shared namespace, is the weaker opt-in
+    mode: ``sandbox.isolate_calls: false``) each call that brings code of its own (anything but the
+    program's own function called on constants) runs in its own forked copy of the defined program,
+    without the result channel, under the worker's call uid and in a Landlock scope of its own: no call
+    can change the value of another (the reference run's expected values, the
+    candidates' verdicts, the Mistake Book's replay), and such a tampering call fails only itself (the
+    program's own code, e.g. a memo, still carries state from call to call, as in a script);
+  * a scrubbed environment, stdin on a /dev/null each child opens itself (no open file description is
+    shared with the zygote or the next program), stdout/stderr captured and truncated;
   * per-call time limits enforced twice: SIGALRM in the child and a wall clock in the worker, which
     kills the child and restarts the program at the next call, so one hang fails only its call (D3);
     the program's top level gets ``ExecLimits.define_timeout_s`` (default: the per-call limit);
@@ -70,7 +78,12 @@ Linux it provides, per program:
     parent's decoded results of a batch take at most ``jobs x 4 x max_result_bytes`` whatever programs
     return (the default cap, 256 MiB, keeps every EvalPlus reference chunk whole);
   * a worker whose machinery fails (fork, mount, its zygote gone) answers ``infra``: the parent replaces
-    it and retries the job (up to ``infra_retries``), so a broken worker never stays in the pool;
+    it and retries the job (up to ``infra_retries``), so a broken worker never stays in the pool; a
+    worker that dies or stops answering is replaced the same way;
+  * a program's (or call's) process killed by a signal from outside the sandbox is infrastructure, never
+    a score (the rule below); every such event and every worker failure is counted
+    (``stats["infra_events"]``, ``stats["retries"]``; a step's ``sandbox/infra_events`` and
+    ``sandbox/retries``) and logged in one line (logger ``sandbox.executor``);
   * reproducibility: every worker runs with PYTHONHASHSEED=0, so set/dict orders of a program are the
     same in every worker (a candidate matching the reference never fails by chance).
 
@@ -83,32 +96,51 @@ kill) / unsupported_output (not plain data, see ``codea1_core.values``, or too l
 program_error (syntax error, top-level exception, exit or time-out: every call) / infra_error (our
 machinery failed after retries). A child that dies mid-program (``os._exit``, a signal, a closed result
 channel) fails the calls it did not report with ``error`` "ChildExited: ..."; that is the program's
-doing, not infrastructure.
+doing, not infrastructure, unless the signal came from outside.
 
-Verdict integrity. Each result travels as one frame on a private pipe moved to a random descriptor
-above RLIMIT_NOFILE (so it cannot be ``dup2``-ed over), carrying a per-run random token; the worker
-accepts frames only in order (one per call index, after a "set-up done" and a "defined" frame), and
-any malformed, unauthenticated, duplicated or out-of-order frame marks EVERY call of the program as
-``error`` (a forgery attempt never pays). Printing markers, ``sys.exit``/``os._exit``, closing
-stdout, killing the parent, custom ``__eq__`` (subclasses are not plain data), patching builtins or
-``sys.modules`` after start-up, signal handlers that swallow SIGALRM, threads left running, and
-reading what earlier programs left in memory can only turn results into failures, never into results
-the program did not compute.
+Killed from outside. ``waitpid`` does not say who sent a signal, so a death is judged by what the
+sandbox knows (``sandbox/supervision.py``, ``_exit_reason``, ``_judge_call_deaths``): the program's own
+failure, scored as always, when the worker or harness killed it (wall clock, output cap: never
+reported as a signal death), the worker cgroup's OOM killer counted it (``memory``), the CPU rlimit
+sent SIGXCPU, or the signal is a fault the process raised by what it ran (SIGSEGV, SIGABRT, SIGBUS,
+SIGFPE, SIGSYS, ...). A death by SIGKILL, SIGTERM, SIGINT or SIGHUP otherwise (an operator, a shutdown,
+the host's OOM killer, or the program itself: indistinguishable) runs the job again, up to
+``infra_retries`` times, as a crashed worker's: a kill from outside does not strike every attempt, a
+program killing itself does, and then gets the verdict it would have had without the retries. Where
+the kernel's OOM count grew and the worker cgroup's did not (``/proc/vmstat``: the host's OOM killer),
+the last attempt is ``infra_error`` instead (never scored).
+
+Verdict integrity. Each result travels as one frame on a private pipe moved to a random descriptor above
+RLIMIT_NOFILE (so it cannot be ``dup2``-ed over), carrying a per-run random token; the worker accepts
+frames only in order (one per call index, after a "set-up done" and a "defined" frame), and any
+unauthenticated, unframeable, duplicated or out-of-order frame marks EVERY call of the program as
+``error`` (a forgery attempt never pays; only the program's own process holds the channel). A call can
+spoil only its own result: every value an isolated call's process reports to the harness (status code,
+size, duration) is checked before it is framed, and a call frame whose status code or size is out of
+range fails that call alone, with the reason (``SandboxViolation: ...``). Printing markers,
+``sys.exit``/``os._exit``, closing stdout, killing the parent, custom ``__eq__`` (subclasses are not
+plain data), patching builtins or ``sys.modules`` after start-up, signal handlers that swallow SIGALRM,
+threads left running, and reading what earlier programs left in memory can only turn results into
+failures, never into results the program did not compute.
 
 NOT covered (honestly): candidate code runs in the same process as the harness, so a program that
 deliberately introspects the interpreter (``gc.get_objects``, frame locals, ``/proc/self/mem``,
 ``sys.settrace``) can read ITS OWN token and write well-formed frames claiming values of its choosing
-for its own later calls (with ``isolate_calls``, only its top level can: a call's process has no
-channel); no in-process scheme prevents that.
+for its own later calls (with ``isolate_calls``, the default, only its top level can: a call's process
+has no channel; in the shared namespace any call can); no in-process scheme prevents that.
 Also not covered: kernel exploits and bugs of the allowed syscalls; timing channels between programs
 (CPU, caches, /proc counters); with Landlock off (kernel < 5.13, or a container hiding it) reading /sys
-and, under cgroup v2, the previous program's ``memory.peak``; signals from a call's process to the one
-reporting the calls below Landlock ABI 6; reading world-readable host files outside the hidden paths
-(/etc, /usr, /proc of other processes' command lines); writing /proc or /sys files a non-root uid may
+and, under cgroup v2, the previous program's ``memory.peak``; the time of the last clean-up, visible in a
+private tmpfs root's change time; reading world-readable host files outside the hidden paths (/etc, /usr);
+without a PID namespace (kernel or container refusing it: ``ex.isolation["pid"]``) /proc of other
+processes; writing /proc or /sys files a non-root uid may
 write (few; they are left writable because the worker needs its cgroup files); CPU contention with
 other workers (no cpu cgroup); memory beyond ``memory_mb`` where no cgroup is writable (then only
 RLIMIT_AS per process holds); SysV IPC between processes of one program (allowed only in the fallback);
-parent memory of a batch grows with the number of programs (the bound is per program); without root
+parent memory of a batch grows with the number of programs (the bound is per program); a kill from
+outside that strikes every attempt of a job (scored as the program's own failure, unless the kernel
+counted a host OOM kill), and a host-OOM verdict caused by an OOM kill in another worker's cgroup at
+the moment a program kills itself (then the job is ``infra_error``: masked, not scored); without root
 there is no uid drop, no namespaces and no cgroup (``network_isolation="auto"`` records this in
 ``ex.isolation``; ``"require"`` refuses to start); bubblewrap is not used.
 
@@ -129,6 +161,7 @@ bench/sandbox_bench.py``
 
 from __future__ import annotations
 
+import logging
 import marshal
 import os
 import secrets
@@ -152,6 +185,7 @@ from sandbox.errors import SandboxUnavailable
 from sandbox.limits import ExecLimits
 from sandbox.mounts import default_hide_paths, python_keep_paths
 
+log = logging.getLogger(__name__)
 _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from sandbox.child import worker_main; worker_main()"
 _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 _START_TIMEOUT_S = 60.0
@@ -274,7 +308,8 @@ class ProcessExecutor:
 
     Args:
         workers: warm worker processes (programs run in parallel across them).
-        limits: per-call / per-program limits.
+        limits: per-call / per-program limits (default ``ExecLimits()``: each call with code of its own
+            isolated; with no arguments the pool runs in the strictest mode the project uses).
         network_isolation: ``auto`` (best available, see :attr:`isolation`), ``require`` (raise
             :class:`SandboxUnavailable` without network + mount namespaces) or ``off`` (no namespaces,
             nothing hidden; for benchmarks and debugging).
@@ -317,8 +352,10 @@ class ProcessExecutor:
             "limits": {k: getattr(self.limits, k) for k in self.limits.__dataclass_fields__},
         }
         self.stats: dict[str, float] = dict.fromkeys(
-            ("programs", "calls", "timeouts", "infra_errors", "retries", "seconds"), 0
+            ("programs", "calls", "timeouts", "infra_errors", "infra_events", "retries", "seconds"), 0
         )
+        """Counters since start: ``infra_errors`` calls reported ``infra_error``; ``infra_events`` worker
+        failures and programs killed from outside (each logged); ``retries`` jobs run again for them."""
         self._lock = threading.Lock()
         self.last_outputs: list[bytes] = []
         """Captured stdout+stderr (truncated) of each program of the last ``run``/``run_many``."""
@@ -408,6 +445,13 @@ class ProcessExecutor:
                         self._fail_worker(w, queue, f"worker failed: {msg[2]}", results, pending, jobs)
                         break
                     queue.popleft()
+                    killed = msg[4]  # (why, host_oom) of a death by a signal from outside, if any
+                    if killed and (attempt < self.infra_retries or killed[1]):
+                        why = f"{killed[0]}, a signal the sandbox cannot tell from one sent from outside"
+                        self._retry_or_fail(j, attempt, why, results, pending, jobs)
+                        continue
+                    if killed:
+                        self._log(f"{killed[0]} on every attempt: the program's own failure", j, attempt)
                     results[j] = outcomes_of(msg[2], self.limits)
                     self.last_outputs[j] = msg[3]
                 if queue and (worker.buf is None or time.monotonic() > queue[0][2]):
@@ -430,11 +474,20 @@ class ProcessExecutor:
         self._retry_or_fail(j, attempt, why, results, pending, jobs)
 
     def _retry_or_fail(self, j: int, attempt: int, why: str, results, pending, jobs) -> None:
+        """One infrastructure event (counted, one log line): job ``j`` runs again, or past its retries is
+        ``infra_error`` on every call (never scored)."""
+        self.stats["infra_events"] += 1
         if attempt < self.infra_retries:
             self.stats["retries"] += 1
             pending.appendleft((j, attempt + 1))
+            self._log(f"{why}; it runs again (retry {attempt + 1} of {self.infra_retries})", j, attempt)
         else:
             results[j] = [CallOutcome("infra_error", None, f"InfraError: {why}"[:2000])] * len(jobs[j][1])
+            self._log(f"{why}; infra_error after {attempt} retries (not scored)", j, attempt)
+
+    def _log(self, what: str, j: int, attempt: int) -> None:
+        line = " | ".join(part.strip() for part in what.splitlines() if part.strip())
+        log.warning("sandbox job %d (attempt %d): %s", j, attempt + 1, line[:500])
 
     # ---------------------------------------------------------------------------------------------
 

@@ -93,6 +93,7 @@ def _make_harness(
     blocking_exc, os_error = BlockingIOError, OSError
     pack_result, unpack_result, result_head = _RESULT.pack, _RESULT.unpack_from, _RESULT.size
     limit_bytes = max_bytes + 4096 + _RESULT.size
+    n_codes, error_bytes = len(STATUS_CODES), 4 * _ERROR_CHARS  # (UTF-8: at most 4 bytes a character)
 
     def describe(exc: BaseException) -> str:
         """``"Type: message"`` without trusting the exception (its ``__str__`` is untrusted code)."""
@@ -161,6 +162,20 @@ def _make_harness(
             code, payload = 1, describe(exc).encode("utf-8", "replace")
         return code, payload, now() - t0
 
+    def received(got: bytearray, elapsed: float) -> tuple[int, bytes, float]:
+        """A call's process's self-reported outcome, checked field by field before it is framed: a status
+        code outside :data:`STATUS_CODES` or a result over ``max_value_bytes`` fails this call alone (with
+        the reason), an error message is cut to its cap and an implausible duration replaced by ours, so
+        nothing a call's process sends can make a frame the worker refuses (which voids every call)."""
+        code, seconds, size = unpack_result(got)
+        if code >= n_codes:
+            return 1, f"SandboxViolation: the call's process reported status code {code}".encode(), elapsed
+        if code == 0 and size > max_bytes:
+            return 1, f"SandboxViolation: the call's process reported {size} result bytes".encode(), elapsed
+        if not 0.0 <= seconds <= elapsed:  # (NaN included)
+            seconds = elapsed
+        return code, bytes(got[result_head : result_head + (size if code == 0 else error_bytes)]), seconds
+
     def evaluate_apart(expr: str, namespace: dict, chan: int) -> tuple[int, bytes, float]:
         """One call in its own forked copy of the defined program, so nothing it does (rebinding a
         name, patching a builtin or a module, state in the program's objects) reaches another call.
@@ -224,8 +239,9 @@ def _make_harness(
                 except child_error:
                     pass
         if len_(got) >= result_head and len_(got) == result_head + unpack_result(got)[2]:
-            code, seconds, _n = unpack_result(got)
-            return code, bytes(got[result_head:]), seconds
+            return received(got, now() - t0)
+        if not exited:  # past its output cap, killed by this process: never "CallKilled" (see supervision)
+            return 1, b"SandboxViolation: the call's process wrote more than a result may hold", now() - t0
         if wifsignaled(status):
             return 1, f"CallKilled: signal {wtermsig(status)}".encode(), now() - t0
         if got:

@@ -41,13 +41,15 @@ class ExecLimits:
     ``unsupported_output`` "result too large". With the decode budget (``sandbox/decoding.py``) this bounds
     the parent's memory per program, hence per batch, whatever the programs return. The default keeps
     every EvalPlus reference whole: prepare's 100-call chunks of HumanEval/15 plus inputs total ~145 MB."""
-    isolate_calls: bool = False
+    isolate_calls: bool = True
     """Each call runs in its own forked copy of the defined program, so no call can change what
     another returns (a call whose argument rebinds the function under test, patches a builtin or
-    leaves state in the program's objects); False: all calls in one namespace, in order. Only calls
-    that bring code of their own are forked (``sandbox/harness.py``, ``plain``): a call of a function
-    the program defined, on constants, runs in the program's process (dataset inputs cost no fork).
-    The project's executors turn it on (``sandbox.isolate_calls``, default true, ``sandbox/factory.py``)."""
+    leaves state in the program's objects). Only calls that bring code of their own are forked
+    (``sandbox/harness.py``, ``plain``): a call of a function the program defined, on constants, runs in
+    the program's process (dataset inputs cost no fork). On by default, as in every executor the project
+    builds (``sandbox.isolate_calls``, ``sandbox/factory.py``). ``False`` is the weaker, opt-in mode: all
+    calls in one namespace, in order, so one call can change what every later call returns (the
+    official protocol's behaviour, and the benchmarks' shared-namespace arm)."""
     max_decode_s: float = 60.0
     """CPU seconds the trusted parent may spend decoding one program's results; calls past it are
     ``unsupported_output`` (``sandbox/decoding.py``). Not lower: HumanEval/130's plus inputs

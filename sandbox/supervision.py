@@ -2,8 +2,11 @@
 
 What it does: :func:`_supervise` reads the child's frames until every call reported, the child died
 or a deadline passed, enforcing the limits from outside with a wall clock and validating every frame
-(token, kind, strictly increasing call index, the program's result-byte cap); :func:`_exit_reason`
-says why a child stopped reporting, from its wait status (a cgroup OOM kill is the program's memory).
+(token, kind, strictly increasing call index; per call its status code and size; the program's
+result-byte cap); :func:`_exit_reason` says why a child stopped reporting, from its wait status (a
+cgroup OOM kill is the program's memory), and with :func:`_judge_call_deaths` notes a death by a signal
+that may have come from outside the sandbox, for the parent to run the job again (the rule:
+"Killed from outside" in ``sandbox/executor.py``).
 
 What it does not do: decode values (the trusted parent does, ``sandbox/decoding.py``), or kill and
 reap the child (the zygote does, ``sandbox/zygote.py``). The threat model is in ``sandbox/executor.py``.
@@ -24,6 +27,12 @@ from sandbox.harness import _ERROR_CHARS, _FRAME, _HDR, _TOKEN_BYTES, STATUS_COD
 _SETUP_S = 10.0  # generous: a child that cannot even start on a loaded machine is an infra failure
 _COALESCE_MS = 1  # see _supervise: how long the worker lets small frames gather before reading them
 _COALESCE_BYTES = 4096
+_HEAD_BYTES = _TOKEN_BYTES + _FRAME.size  # a frame's body starts with the token and the frame header
+_OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+"""Signals an operator, a shutdown or the host's OOM killer sends (as a program may itself); a death by
+any other signal (a fault the process raised by what it ran: SIGSEGV, SIGABRT, SIGFPE, SIGBUS, SIGSYS,
+SIGXCPU, ...) is the program's own."""
+_OVERSIZED = -1  # status code of a call whose frame passed the size cap (a frame's own code is 0..255)
 
 
 class _Progress:
@@ -36,6 +45,7 @@ class _Progress:
         self.t_last = time.monotonic()  # arrival of the last accepted frame (our clock)
         self.results: dict[int, tuple] = {}
         self.buf = bytearray()
+        self.skip = 0  # bytes of an oversized frame still to drop (its call already failed)
 
     def mark(self) -> tuple:
         return (self.ready, self.defined, self.expect)
@@ -134,27 +144,44 @@ def _supervise(
 
 
 def _accept_frames(st: _Progress, token: bytes, n: int, lim: _limits.ExecLimits) -> tuple[str, object] | None:
-    """Consume complete frames from ``st.buf``; returns ``(end, detail)`` when the child is finished."""
-    arrival = time.monotonic()
-    while len(st.buf) >= 4:
-        size = _HDR.unpack_from(st.buf)[0]
-        if size > lim.max_value_bytes + 4096 or size < _TOKEN_BYTES + _FRAME.size:
-            return "violation", f"bad frame size {size}"
-        if len(st.buf) < 4 + size:
+    """Consume complete frames from ``st.buf``; returns ``(end, detail)`` when the child is finished.
+
+    Per call: an authenticated call frame in order whose status code or size is out of range fails that
+    call alone (an oversized frame's rest is dropped as it arrives, :attr:`_Progress.skip`). Per program
+    (``violation``): a frame without the run token, of an unknown kind or out of order, or too short to
+    hold its header; only the program's own process can write those (a call's process has no channel).
+    """
+    arrival, cap = time.monotonic(), lim.max_value_bytes + 4096
+    while True:
+        if st.skip:
+            dropped = min(st.skip, len(st.buf))
+            del st.buf[:dropped]
+            st.skip -= dropped
+        if st.skip or len(st.buf) < 4:
             return None
-        frame = bytes(st.buf[4 : 4 + size])
-        del st.buf[: 4 + size]
-        if not hmac.compare_digest(frame[:_TOKEN_BYTES], token):
+        size = _HDR.unpack_from(st.buf)[0]
+        if size < _HEAD_BYTES:
+            return "violation", f"bad frame size {size}"
+        if len(st.buf) < 4 + (_HEAD_BYTES if size > cap else size):
+            return None
+        if not hmac.compare_digest(bytes(st.buf[4 : 4 + _TOKEN_BYTES]), token):
             return "violation", "frame without the run token"
-        kind, code, index, child_s = _FRAME.unpack_from(frame, _TOKEN_BYTES)
-        payload = frame[_TOKEN_BYTES + _FRAME.size :]
+        kind, code, index, child_s = _FRAME.unpack_from(st.buf, 4 + _TOKEN_BYTES)
+        if size > cap:  # its call fails; the rest of the frame is dropped as it arrives
+            if kind != b"C":
+                return "violation", f"bad frame size {size}"
+            code, st.skip = _OVERSIZED, 4 + size
+            payload = b"SandboxViolation: result frame of %d bytes" % size
+        else:
+            payload = bytes(st.buf[4 + _HEAD_BYTES : 4 + size])
+            del st.buf[: 4 + size]
         if kind == b"S" and not st.ready:
             st.ready, st.t_last = True, arrival
         elif kind == b"R" and st.ready and not st.defined:
             st.defined, st.t_last = True, arrival
         elif kind == b"P" and st.ready and not st.defined:
             return "program_error", payload.decode("utf-8", "replace")
-        elif kind == b"C" and st.defined and index == st.expect and code < len(STATUS_CODES):
+        elif kind == b"C" and st.defined and index == st.expect:
             st.results[index] = _call_result(code, payload, arrival - st.t_last, child_s, lim, st.used)
             st.used += len(st.results[index][1])
             st.t_last, st.expect = arrival, st.expect + 1
@@ -162,7 +189,6 @@ def _accept_frames(st: _Progress, token: bytes, n: int, lim: _limits.ExecLimits)
                 return "done", None
         else:
             return "violation", f"unexpected frame {kind!r} index {index} (expected {st.expect})"
-    return None
 
 
 def _call_result(
@@ -171,6 +197,12 @@ def _call_result(
     """One reported call. The harness judged its own time-out and result budget; our clock (``dur_s``)
     and byte count (``used``) are the backstop: a result arriving after our hard limit, or passing the
     program's result cap, is never ``ok``."""
+    if code == _OVERSIZED:  # (the harness never sends an out-of-range value: a forged frame fails its call)
+        code = 1
+    elif code >= len(STATUS_CODES):
+        code, payload = 1, b"SandboxViolation: status code %d out of range" % code
+    elif code == 0 and len(payload) > lim.max_value_bytes:
+        code, payload = 1, b"SandboxViolation: a result of %d bytes" % len(payload)
     status = STATUS_CODES[code]
     if status == "ok" and dur_s > lim.call_timeout_s * 1.1 + 0.25:  # past our hard limit: never "ok"
         return ("timeout", b"", f"Timeout: call exceeded {lim.call_timeout_s} s", dur_s)
@@ -185,7 +217,12 @@ def _call_result(
 
 
 def _exit_reason(status: int, alive: bool, ready: bool, defined: bool, ctx: dict) -> tuple[str, object]:
-    """Why a child stopped reporting, from its wait status (``alive``: it had not exited by itself)."""
+    """Why a child stopped reporting, from its wait status (``alive``: it had not exited by itself).
+
+    A death by a signal that someone outside the sandbox may have sent, with no sign that the program
+    did, is also noted in ``ctx["killed"]`` (:func:`_killed_from_outside`); the verdict returned is the
+    one the program gets if every attempt of its job dies so.
+    """
     if alive:
         what = "closed its result channel"
     elif status == -1:
@@ -198,6 +235,8 @@ def _exit_reason(status: int, alive: bool, ready: bool, defined: bool, ctx: dict
         if sig == signal.SIGKILL and ready and _oom_killed(ctx):
             detail = "MemoryError: the program's processes exceeded the memory limit (cgroup OOM kill)"
             return ("exited" if defined else "program_error"), detail
+        if ready and sig in _OUTSIDE_SIGNALS:
+            _killed_from_outside(f"the program's process died of {what}", ctx)
     elif os.WIFEXITED(status):
         what = f"code {os.WEXITSTATUS(status)}"
     else:
@@ -209,10 +248,58 @@ def _exit_reason(status: int, alive: bool, ready: bool, defined: bool, ctx: dict
     return "exited", f"ChildExited: child exited before reporting this call ({what})"
 
 
+def _judge_call_deaths(got: dict[int, tuple], ctx: dict) -> None:
+    """Isolated calls whose process died of a signal (``CallKilled``, reported by the harness, which
+    never reports its own kill so): a SIGKILL the worker cgroup's OOM killer counted is the call's
+    ``memory``; one of :data:`_OUTSIDE_SIGNALS` otherwise is noted as in :func:`_exit_reason`."""
+    for index, item in got.items():
+        if item[0] != "error" or not item[2].startswith("CallKilled: signal "):
+            continue
+        sig = item[2][len("CallKilled: signal ") :]
+        if sig == "9" and _oom_killed(ctx):
+            got[index] = (
+                "memory",
+                b"",
+                "MemoryError: the call's processes exceeded the memory limit",
+                item[3],
+            )
+        elif sig.isdigit() and int(sig) in _OUTSIDE_SIGNALS:
+            _killed_from_outside(f"call {index}'s process died of signal {sig}", ctx)
+
+
+def _killed_from_outside(what: str, ctx: dict) -> None:
+    """Note in ``ctx["killed"]`` (first death of the job only) ``(why, host_oom)``: the program's job is
+    to run again (``ProcessExecutor``), as when a worker dies. ``host_oom``: the kernel counted an OOM
+    kill since the worker last looked (``/proc/vmstat``) and the worker's cgroup did not (the one kill
+    from outside the sandbox the kernel counts; an OOM kill in the program's own cgroup never makes it
+    one)."""
+    if ctx.get("killed"):
+        return
+    _oom_killed(ctx)  # (a new kill in the worker's cgroup moves the baseline past every kill so far)
+    kills, seen = _host_oom_kills(), ctx.get("host_oom_seen")
+    ctx["host_oom_seen"] = kills
+    host_oom = seen is not None and kills > seen
+    ctx["killed"] = (f"{what}{' (the host OOM killer)' if host_oom else ''}", host_oom)
+
+
+def _host_oom_kills() -> int:
+    """The kernel's count of OOM kills since boot, every cgroup's included (0 when unreadable)."""
+    try:
+        with open("/proc/vmstat", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def _oom_killed(ctx: dict) -> bool:
     """Whether the worker's cgroup counted a new OOM kill (read only after a SIGKILL death)."""
     kills = _cgroups.oom_kills(ctx["cgroup_dirs"])
     new, ctx["oom_seen"] = kills > ctx["oom_seen"], kills
+    if new:  # (the kernel's count includes it: not the host's OOM killer)
+        ctx["host_oom_seen"] = _host_oom_kills()
     return new
 
 

@@ -227,7 +227,13 @@ def _set_up_rules(add: Callable[..., None], uid: int | None) -> None:
 
 def _child_rules(add: Callable[..., None], deny: int) -> None:
     for name in SET_UP_ONLY:
-        add(name, deny)
+        if name not in _RESTRICT_ONLY:
+            add(name, deny)
+
+
+_RESTRICT_ONLY = ("landlock_create_ruleset", "landlock_add_rule")
+"""Set-up calls a privileged child keeps: a Landlock ruleset can only ever restrict its joiner, and each
+isolated call's process makes its own signal scope with them (``sandbox/landlock.py``, ``scope_joiner``)."""
 
 
 def _compile(lib: ctypes.CDLL, default_action: int, rules: Callable[[Callable[..., None]], None]) -> bytes:

@@ -95,7 +95,7 @@ def execute(
     executor: Any, plans: list[Any], cfg: Config, iteration: int
 ) -> tuple[list[Any], dict[str, float]]:
     """Two-phase execution of all problems of a step; returns outcome matrices and ``sandbox/`` metrics."""
-    t0 = time.perf_counter()
+    t0, events = time.perf_counter(), _event_counts(executor)
     frac = cfg.sandbox.max_infra_failure_frac
     ref_out = run_jobs(executor, [p.reference_job() for p in plans], frac, f"iteration {iteration} reference")
     cand_jobs = [p.candidate_jobs(r) for p, r in zip(plans, ref_out, strict=True)]
@@ -107,7 +107,9 @@ def execute(
         cand = flat[i : i + len(jobs)]
         i += len(jobs)
         matrices.append(plan.assemble(ref, cand, cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol))
-    return matrices, outcome_metrics(ref_out + flat, time.perf_counter() - t0)
+    return matrices, outcome_metrics(
+        ref_out + flat, time.perf_counter() - t0, _event_counts(executor, events)
+    )
 
 
 @task(name="execute_golden", task_run_name="execute_golden[it={iteration}]", cache_policy=NO_CACHE)
@@ -115,7 +117,7 @@ def execute_golden(
     executor: Any, plans: list[Any], cfg: Config, iteration: int
 ) -> tuple[list[Any], dict[str, float]]:
     """Golden mode (§7.4): every code of every problem on its golden tests, in one ``run_many``."""
-    t0 = time.perf_counter()
+    t0, events = time.perf_counter(), _event_counts(executor)
     jobs = [p.jobs() for p in plans]
     flat = run_jobs(
         executor, [j for js in jobs for j in js], cfg.sandbox.max_infra_failure_frac, f"it {iteration}"
@@ -126,11 +128,22 @@ def execute_golden(
             plan.assemble(flat[i : i + len(js)], cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol)
         )
         i += len(js)
-    return outcomes, outcome_metrics(flat, time.perf_counter() - t0)
+    return outcomes, outcome_metrics(flat, time.perf_counter() - t0, _event_counts(executor, events))
 
 
-def outcome_metrics(outcomes: list[list[Any]], seconds: float) -> dict[str, float]:
-    """``sandbox/`` metrics of one step: programs, calls, time-outs, infra errors, calls per second."""
+def _event_counts(executor: Any, since: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
+    """The executor's infrastructure events and retries (``stats``; none where it keeps no such count)
+    since the counts ``since``."""
+    stats = getattr(executor, "stats", None) or {}
+    return stats.get("infra_events", 0) - since[0], stats.get("retries", 0) - since[1]
+
+
+def outcome_metrics(
+    outcomes: list[list[Any]], seconds: float, events: tuple[float, float] = (0.0, 0.0)
+) -> dict[str, float]:
+    """``sandbox/`` metrics of one step: programs, calls, time-outs, infra errors, calls per second, and
+    ``events``: the executor's infrastructure events (a worker lost, a program killed from outside; each
+    logged by the executor) and the job retries they caused."""
     infra, calls = _infra_count(outcomes)
     timeouts = sum(1 for o in outcomes for c in o if c.status == "timeout")
     return {
@@ -139,5 +152,7 @@ def outcome_metrics(outcomes: list[list[Any]], seconds: float) -> dict[str, floa
         "sandbox/timeouts": float(timeouts),
         "sandbox/timeout_rate": timeouts / calls if calls else 0.0,
         "sandbox/infra_errors": float(infra),
+        "sandbox/infra_events": float(events[0]),
+        "sandbox/retries": float(events[1]),
         "sandbox/calls_per_s": calls / seconds if seconds > 0 else 0.0,
     }

@@ -25,7 +25,10 @@ HOST_TARGETS = [
     f"/root/codea1-hostile-{TOKEN}",
     f"/etc/codea1-hostile-{TOKEN}",
 ]
-LIMITS = ExecLimits(call_timeout_s=1.0, program_timeout_s=8.0, memory_mb=512, max_output_bytes=4096)
+# The expectations are those of the shared namespace (a call that exits ends the program): the opt-in mode.
+LIMITS = ExecLimits(
+    call_timeout_s=1.0, program_timeout_s=8.0, memory_mb=512, max_output_bytes=4096, isolate_calls=False
+)
 OK, ERR, TO, MEM, UNS, PROG = "ok", "error", "timeout", "memory", "unsupported_output", "program_error"
 
 

@@ -66,6 +66,18 @@ def test_namespace_persists_across_calls(ex):
     assert [o.value for o in ex.run(PROGRAM, ["push(1)", "push(2)", "len(state)"])] == [1, 2, 2]
 
 
+def test_the_defaults_are_the_strictest_mode_the_project_uses():
+    """``ExecLimits()`` and ``ProcessExecutor()`` with no arguments isolate each call that brings code of its
+    own, as every executor the project builds: built directly (a bench, a script), they ran all calls in
+    one namespace, where one test's call rebinds the function every later call sees."""
+    assert ExecLimits().isolate_calls and not ExecLimits(isolate_calls=False).isolate_calls
+    with ProcessExecutor(workers=1) as plain:
+        assert plain.limits == ExecLimits()
+        out = plain.run(PROGRAM, ["globals().update(f=lambda x: 0)", "f(4)"])
+        assert [(o.status, o.value) for o in out] == [("ok", None), ("ok", 8)], out
+        assert plain._settings["deny"] == "on" and plain._settings["mode"] == "auto"
+
+
 def test_errors_carry_type_and_message(ex):
     out = ex.run(PROGRAM, ["1/0", "undefined_name", "f(", "f()", "[][1]"])
     assert statuses(out) == ["error"] * 5
