@@ -276,3 +276,29 @@ def test_a_step_budget_below_the_workspace_checkpoint_is_one_line_before_any_ran
     )
     assert "orchestration.checkpoint_dir to another folder" in last
     assert (out / "checkpoints" / "it_000005").is_dir()
+
+
+def test_ddp_wrapping_uses_no_deprecated_argument(tmp_path):
+    """Regression: ``broadcast_buffers=False`` printed torch's FutureWarning on every rank of every distributed
+    run; the wrap must not warn (a one-rank gloo group is enough to build the DDP module)."""
+    import types
+    import warnings
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        policy = types.SimpleNamespace(
+            model=torch.nn.Linear(2, 2),
+            device=torch.device("cpu"),
+            logprob_forward=lambda: lambda model, x: model(x),
+            rebuild_optimizer=lambda: None,
+        )
+        policy.model.register_buffer("table", torch.ones(2))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # any warning fails the wrap
+            dp.wrap_policy(policy, "ddp")
+        assert isinstance(policy.dist_module, torch.nn.parallel.DistributedDataParallel)
+        assert policy.dist_module.forward_sync_buffers is False
+    finally:
+        dist.destroy_process_group()
