@@ -1,10 +1,12 @@
 """Training on several GPUs or machines: torchrun launch, rank sharding and rank-0 orchestration of ``flows.train``.
 
-What it does: ``codea1 train distributed.nproc_per_node=N ...`` re-executes the same command under
-``torchrun --nproc-per-node N`` (:func:`launch`; multi-node: run the ``torchrun`` line of docs/distributed.md on
-every node). Each rank joins the process group with ``distributed.timeout_s`` as the collective timeout
-(:func:`join`), wraps both policies (``codea1_core.models.distributed``: DDP or FSDP2) and runs
-``flows.train``'s loop on its shard of every step's problems. The loop's hooks here keep ONE run:
+What it does: ``codea1 train distributed.nproc_per_node=N ...`` checks what needs no rank (the train preflight),
+then re-executes the same command under ``torchrun --nproc-per-node N`` (:func:`launch`, torchrun run by this
+module's ``__main__``: a failed rank ends the command with one line naming it, :func:`stopped_line`; multi-node:
+run the ``torchrun`` line of docs/distributed.md on every node). Each rank joins the process group with
+``distributed.timeout_s`` as the collective timeout (:func:`join`), wraps both policies
+(``codea1_core.models.distributed``: DDP or FSDP2) and runs ``flows.train``'s loop on its shard of every step's
+problems. The loop's hooks here keep ONE run:
 
 * :func:`shard_problems` -- rank r takes the r-th contiguous shard of the step's B problems;
 * :func:`gather_outcomes` -- every rank gets all B outcome matrices (rank order = problem order), so the
@@ -21,7 +23,7 @@ What it does not: the reduction of gradients (``codea1_core.models.distributed``
 rank, each rank's ``rollout.*`` settings; docs/distributed.md).
 
 Run: ``codea1 train distributed.nproc_per_node=2`` (CPU: gloo) or
-``torchrun --nproc-per-node 2 -m flows.train [key=value ...]``; tests: ``pytest tests/test_distributed*.py``.
+``torchrun --nproc-per-node 2 -m flows.train [key=value ...]``; tests: ``pytest tests/flows/test_distributed*.py``.
 """
 
 from __future__ import annotations
