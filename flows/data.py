@@ -4,8 +4,9 @@ What it does: downloads each named benchmark (default: all three) from its pinne
 (:data:`RELEASES`: URL, file name, sha256 — the same bytes as the offline copies CI reads), checks the
 sha256, and moves the file into place atomically under the data folder (default ``data/benchmarks/``:
 git-ignored; ``dvc add data/benchmarks`` versions it, which this command runs when the project is a DVC
-repository). A cut download is resumed (HTTP ``Range``) from its ``.part`` file, also by the next run; a failure
-is one line naming the benchmark, the URL and what failed, and leaves no file in place. A ``README.md`` beside
+repository). A cut download is resumed (HTTP ``Range``) from its ``.part`` file, also by the next run. Every
+named benchmark is tried; each failure is one line naming the benchmark, the URL, what failed and the offline
+route (the pinned file, where to copy it), and leaves no file or empty folder in place. A ``README.md`` beside
 the files lists their sha256, which every later load checks (:func:`codea1_core.data.datasets.check_sum`).
 The loaders read this folder when ``data.data_dir`` and ``$CODEA1_DATA_DIR`` are unset
 (:func:`codea1_core.config.resolve_data_dir`).
@@ -20,6 +21,7 @@ names, e.g. an internal copy; the sha256 pins still apply).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import shutil
 import subprocess
@@ -108,43 +110,65 @@ def _download(url: str, part: Path) -> None:
 
 
 def fetch(name: str, data_dir: Path, mirror: str | None = None, attempts: int | None = None) -> Path:
-    """Download one benchmark into ``data_dir/<folder>/<file>``; the path, or a UserError in one line."""
+    """Download one benchmark into ``data_dir/<folder>/<file>``; the path, or a UserError in one line that
+    names the offline route (:func:`offline_route`). A failure leaves no folder it created and names a
+    ``.part`` file only when one holds bytes to resume from."""
     release = RELEASES[name]
     url = f"{mirror.rstrip('/')}/{release.file}" if mirror else release.url
     folder = data_dir / release.folder
     final = folder / release.file
     if final.is_file() and sha256_file(final) == release.sha256:
         return final
+    created = [d for d in (folder, data_dir) if not d.exists()]  # innermost first: removed again on failure
     folder.mkdir(parents=True, exist_ok=True)
     part = folder / f".{release.file}.part"
     why = ""
-    for _ in range(attempts or ATTEMPTS):
-        try:
-            _download(url, part)
-            break
-        except Cut as exc:
-            why = f"connection cut ({exc})"
-        except urllib.error.HTTPError as exc:
-            part.unlink(missing_ok=True)
-            raise UserError(f"{name}: {url}: HTTP {exc.code} {exc.reason}; nothing written") from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", None) or exc
-            why = f"{reason}"
-    else:
-        size = part.stat().st_size if part.exists() else 0
-        raise UserError(
-            f"{name}: {url}: {why}, {size} of {release.size} bytes kept in {part}; "
-            f"rerun `codea1 data fetch {name}` to resume"
-        )
-    digest = sha256_file(part)
-    if digest != release.sha256:
-        part.unlink()
-        raise UserError(
-            f"{name}: {url}: sha256 {digest[:12]}... differs from the pinned {release.sha256[:12]}... "
-            "(corrupted download or a changed upstream file); nothing written"
-        )
+    try:
+        for _ in range(attempts or ATTEMPTS):
+            try:
+                _download(url, part)
+                break
+            except Cut as exc:
+                why = f"connection cut ({exc})"
+            except urllib.error.HTTPError as exc:
+                part.unlink(missing_ok=True)
+                raise UserError(
+                    f"{name}: {url}: HTTP {exc.code} {exc.reason}; nothing written; {offline_route(release, final)}"
+                ) from None
+            except (urllib.error.URLError, OSError) as exc:
+                reason = getattr(exc, "reason", None) or exc
+                why = f"{reason}"
+        else:
+            size = part.stat().st_size if part.exists() else 0
+            if not size:
+                part.unlink(missing_ok=True)
+                raise UserError(f"{name}: {url}: {why}; nothing written; {offline_route(release, final)}")
+            raise UserError(
+                f"{name}: {url}: {why}, {size} of {release.size} bytes kept in {part}; "
+                f"rerun `codea1 data fetch {name}` to resume, or {offline_route(release, final)}"
+            )
+        digest = sha256_file(part)
+        if digest != release.sha256:
+            part.unlink()
+            raise UserError(
+                f"{name}: {url}: sha256 {digest[:12]}... differs from the pinned {release.sha256[:12]}... "
+                f"(corrupted download or a changed upstream file); nothing written; {offline_route(release, final)}"
+            )
+    except UserError:
+        for d in created:  # only what this call created, and only while empty
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise
     final.unlink(missing_ok=True)  # a corrupt earlier copy (its sum was checked above)
     return replace_dir(part, final)
+
+
+def offline_route(release: Release, final: Path) -> str:
+    """Where to put the file by hand (downloaded on another machine): its pinned source, place and sum."""
+    return (
+        f"offline: download {release.url} elsewhere and copy it to {final} "
+        f"(sha256 {release.sha256[:12]}..., checked when loaded), then rerun"
+    )
 
 
 def write_sums(data_dir: Path) -> None:
@@ -193,11 +217,21 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [n for n in args.names if n not in RELEASES]
         if unknown:
             raise UserError(f"unknown benchmark {unknown[0]!r}: choose from {', '.join(RELEASES)}")
-        for name in args.names or list(RELEASES):
-            path = fetch(name, data_dir, args.mirror)
+        failed = []
+        for name in args.names or list(RELEASES):  # every benchmark is tried; each failure is one line
+            try:
+                path = fetch(name, data_dir, args.mirror)
+            except UserError as exc:
+                failed.append(str(exc))
+                continue
             print(f"{name}: {path} (sha256 ok)")
-        write_sums(data_dir)
-        print(_dvc_add(data_dir))
+        if len(failed) < len(args.names or RELEASES):
+            write_sums(data_dir)
+            print(_dvc_add(data_dir))
+        for line in failed[:-1]:
+            print(f"error: {line}", file=sys.stderr)
+        if failed:
+            raise UserError(failed[-1])
 
     return run_user_errors(go)
 

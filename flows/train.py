@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import flow, tags
 
 from codea1_core.atomic import write_bytes_atomic, write_json_atomic
 from codea1_core.config import Config
@@ -85,7 +85,8 @@ def train(cfg: Config) -> dict[str, Any]:
                 val = validate(run.code_pol, run.val_set, cfg, run.executor, 0)
                 log_iteration(run.tracker, 0, {"iteration": 0, **val})
             for it in range(run.start + 1, run.total + 1):
-                iteration(run, it, as_task if main else as_function)
+                with tags(f"it={it}"):  # the iteration's task runs carry it: the Prefect UI filters by tag
+                    iteration(run, it, as_task if main else as_function)
             dist_train.gather_for_save(run.policies.values())  # FSDP2: what rank 0 exports (every rank)
             run.summary = finish(run) if main else {}
     return run.summary
@@ -129,13 +130,9 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
         if state["path"] is not None:
             for role, pol in policies.items():
                 pol.load(state["path"] / role)
-    log.info(
-        "train: mode=%s, %d problems, %d steps, resuming after iteration %d",
-        cfg.mode,
-        len(train_set),
-        total,
-        state["iteration"],
-    )
+    start = state["iteration"]
+    where = f"resuming after iteration {start}" if start else "starting at iteration 1"
+    log.info("train: mode=%s, %d problems, %d steps, %s", cfg.mode, len(train_set), total, where)
     return TrainRun(
         cfg,
         train_set,

@@ -4,7 +4,8 @@ Both run as child processes of this command, each in its own process group, and 
 (SIGINT), SIGTERM and SIGHUP all stop both servers and everything they started (workers), then this command
 exits. The Prefect UI talks to the API on the same ``--prefect-port``: the child gets ``PREFECT_API_URL`` /
 ``PREFECT_SERVER_UI_API_URL`` for that port, overriding an exported ``PREFECT_API_URL`` for another one (which
-would leave the UI unable to reach its API). Runs started elsewhere appear in this UI when their
+would leave the UI unable to reach its API). Each server's URL is printed once it answers its health check
+(MLflow's first start migrates its store: a minute or more). Runs started elsewhere appear in this UI when their
 ``PREFECT_API_URL`` points at it (printed below).
 """
 
@@ -102,6 +103,17 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
+def answers(url: str) -> bool:
+    """Whether ``url`` answers HTTP 200 now (a server's health check; 1 s timeout, no proxy)."""
+    import urllib.request
+
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
 def absolute_sqlite(uri: str) -> str:
     """``sqlite:///mlflow/mlflow.db`` -> ``sqlite:////abs/.../mlflow/mlflow.db``: valid from any folder."""
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
@@ -138,15 +150,23 @@ def start_uis(params: str, prefect_port: int, mlflow_port: int) -> int:
         for cmd, env in zip(commands(prefect_port, mlflow_port, tracking_uri, artifacts), envs, strict=True):
             procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
         api = prefect_env(prefect_port)["PREFECT_API_URL"]
-        print(f"Prefect UI: http://127.0.0.1:{prefect_port}   (export PREFECT_API_URL={api})")
         from tracking.results import MLFLOW_UI_VIEW  # (the runs' view, not MLflow 3's GenAI overview)
 
-        print(
-            f"MLflow UI:  http://127.0.0.1:{mlflow_port}/#/experiments{MLFLOW_UI_VIEW}    (store: {tracking_uri})"
-        )
-        print(f"MLflow CLI (mlflow models serve, mlflow runs ...): export MLFLOW_TRACKING_URI={tracking_uri}")
-        print("Ctrl-C (or SIGTERM) stops both.", flush=True)
+        announce = {  # each server's lines, printed once it answers its health check
+            f"http://127.0.0.1:{prefect_port}/api/health": [
+                f"Prefect UI: http://127.0.0.1:{prefect_port}   (export PREFECT_API_URL={api})"
+            ],
+            f"http://127.0.0.1:{mlflow_port}/health": [
+                f"MLflow UI:  http://127.0.0.1:{mlflow_port}/#/experiments{MLFLOW_UI_VIEW}    (store: {tracking_uri})",
+                f"MLflow CLI (mlflow models serve, mlflow runs ...): export MLFLOW_TRACKING_URI={tracking_uri}",
+            ],
+        }
+        print("starting the Prefect and MLflow servers (each URL is printed once it answers)", flush=True)
         while all(p.poll() is None for p in procs):
+            for url in [u for u in announce if answers(u)]:
+                print("\n".join(announce.pop(url)), flush=True)
+                if not announce:
+                    print("Ctrl-C (or SIGTERM) stops both.", flush=True)
             time.sleep(0.5)
     except Stop:
         stopped = True  # asked to stop: both servers going down is success

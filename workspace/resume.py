@@ -73,7 +73,9 @@ def check_step_budget(latest: Path, iteration: int, total: int | None) -> None:
     if total is not None and iteration > total:
         raise CheckpointError(
             f"orchestration.max_steps={total} is below the last checkpoint's iteration {iteration} ({latest}): "
-            f"raise it to {iteration} or more to finish this run, or set orchestration.resume=never to start over"
+            f"raise it to {iteration} or more to finish this run, set orchestration.checkpoint_dir to another "
+            "folder to train a separate run beside it, or orchestration.resume=never to start over in this one "
+            "(its checkpoints are deleted)"
         )
 
 

@@ -5,8 +5,9 @@ this module as the model's pyfunc loader (:func:`_load_pyfunc`). A request's cha
 role's own prompt format (the training prompts, docs/method.md §4: the role's system line, and the code role's
 instruction and ``Question:`` section around the user's text, or the Test LLM's black-box sections), rendered
 with the tokenizer's chat template (else the plain ``Role:`` form of :func:`codea1_core.method.prompts.render_plain`)
-and answered with ``max_new_tokens`` / ``temperature`` (the model's params schema). Each answer is
-``{"text": the completion, "code": its first fenced code block (else the whole text)}``.
+and answered with ``max_new_tokens`` / ``temperature`` (the model's params schema; a value out of range is
+refused with one line, :func:`checked_params`). Each answer is ``{"text": the completion, "code": its first
+fenced code block (else the whole text)}``.
 
 What it does not: import mlflow, prefect or the rest of this project. The file is copied into every logged
 model (``code/``), so a model served outside this checkout needs only torch and transformers; the prompt
@@ -59,6 +60,37 @@ def render(tokenizer: Any, messages: list[dict[str, str]], use_chat_template: bo
     return "\n\n".join(parts) + "\n\nAssistant:\n"
 
 
+def checked_params(params: dict[str, Any] | None) -> dict[str, Any]:
+    """``params`` over :data:`DEFAULT_PARAMS`, checked: a name not among them, ``max_new_tokens`` not an integer
+    >= 1 or ``temperature`` not a number >= 0 is refused with one line (:func:`bad_request`)."""
+    given = {k: v for k, v in (params or {}).items() if v is not None}
+    unknown = sorted(set(given) - set(DEFAULT_PARAMS))
+    if unknown:
+        raise bad_request(f"unknown parameter {unknown[0]!r}: the parameters are {', '.join(DEFAULT_PARAMS)}")
+    p = {**DEFAULT_PARAMS, **given}
+    tokens, temperature = p["max_new_tokens"], p["temperature"]
+    if isinstance(tokens, bool) or not isinstance(tokens, int | float) or tokens != int(tokens) or tokens < 1:
+        raise bad_request(f"max_new_tokens={tokens!r}: expected an integer >= 1")
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not temperature >= 0:
+        raise bad_request(f"temperature={temperature!r}: expected a number >= 0 (0: greedy)")
+    return {"max_new_tokens": int(tokens), "temperature": float(temperature)}
+
+
+def bad_request(message: str) -> Exception:
+    """The error for a bad request: MLflow's ``MlflowException`` (INVALID_PARAMETER_VALUE, an HTTP 400 whose
+    body is the message, no stack trace) when MLflow serves or loads the model, else ``ValueError``.
+
+    Why through ``sys.modules``: whoever serves the model has imported ``mlflow.exceptions`` already, and this
+    file imports nothing of MLflow (it is copied into every logged model and loads with torch and transformers
+    alone); any other exception type becomes MLflow's generic 400 with the server's stack trace."""
+    import sys
+
+    host = sys.modules.get("mlflow.exceptions")
+    if host is None:
+        return ValueError(message)
+    return cast(Exception, host.MlflowException.invalid_parameter_value(message))
+
+
 class ChatModel:
     """What :func:`_load_pyfunc` returns: ``predict(model_input, params)`` as MLflow's pyfunc calls it."""
 
@@ -81,7 +113,7 @@ class ChatModel:
         """Answer each chat request (``max_new_tokens``/``temperature`` from ``params``): its text and code."""
         import torch
 
-        p = {**DEFAULT_PARAMS, **{k: v for k, v in (params or {}).items() if v is not None}}
+        p = checked_params(params)
         answers = []
         for messages in self._rows(model_input):
             msgs = [{"role": str(m["role"]), "content": str(m.get("content") or "")} for m in messages]

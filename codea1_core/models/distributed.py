@@ -211,8 +211,9 @@ def wrap_policy(policy: Any, strategy: Strategy) -> None:
         if policy.device.type == "cuda":
             index = policy.device.index
             device_ids = [index if index is not None else torch.cuda.current_device()]
+        # buffers (the rotary tables) are equal on every rank: synced once at init, never in forward
         policy.dist_module = torch.nn.parallel.DistributedDataParallel(
-            root, device_ids=device_ids, broadcast_buffers=False
+            root, device_ids=device_ids, forward_sync_buffers=False
         )
     elif strategy == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh

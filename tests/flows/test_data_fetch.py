@@ -165,3 +165,27 @@ def test_fetched_benchmarks_are_the_default_data_folder(
     assert len(load_source("mbppplus", "test", cfg, resolve_data_dir(cfg))) == 378
     monkeypatch.setenv("CODEA1_DATA_DIR", str(shared_data_dir))  # the variable still wins
     assert resolve_data_dir(cfg) == shared_data_dir
+
+
+def test_an_unreachable_server_tries_every_benchmark_and_names_the_offline_route(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: a failed fetch stopped at the first benchmark, named a ``.part`` file that did not exist,
+    left an empty folder behind and gave no offline way (which file to put where)."""
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on: connection refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setattr(data, "ATTEMPTS", 1)
+    target = tmp_path / "d"
+    assert data.main(["fetch", "--dir", str(target), "--mirror", f"http://127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(":")[1].strip() for line in err] == list(RELEASES), err  # one line per benchmark
+    for line, release in zip(err, RELEASES.values(), strict=True):
+        assert ".part" not in line, line
+        assert (
+            f"download {release.url} elsewhere and copy it to {target / release.folder / release.file}"
+            in line
+        )
+    assert not target.exists()  # no empty folder left behind

@@ -163,3 +163,142 @@ def test_memory_plan_per_rank_for_the_7b_recipe_on_8_gpus():
     assert verdict(cfg, shape, 141.0, ranks=8, strategy="fsdp2")[0]
     ok, line = verdict(cfg, shape, 141.0, ranks=8, strategy="ddp")
     assert not ok and line.endswith("set distributed.strategy=fsdp2")
+
+
+# --------------------------------------------------------------------------------------------------
+# How a multi-rank run ends: one line, the failing rank's own, resume advice only where a rerun can help
+# --------------------------------------------------------------------------------------------------
+_RANKS_SCRIPT = """
+import sys, time
+from codea1_core.config import Config
+from flows import distributed as d
+from flows.common import UserError, run_user_errors
+cfg = Config().replace(**{"distributed.nproc_per_node": 2, "data.train_batch_size": 4})
+def main():
+    time.sleep(60)  # torchrun stops it when rank 1 fails
+def other():
+    raise UserError("data.widgets=3: no such key, remove it")
+sys.exit(run_user_errors(lambda: d.run_ranks(cfg, [], main, other)))
+"""
+
+
+@pytest.mark.e2e  # torchrun
+def test_a_rank_user_error_ends_the_run_with_that_rank_line_and_no_torchrun_traceback(tmp_path):
+    """Regression: a rank's one-line error was followed by torchrun's ChildFailedError traceback and failure
+    table (~30 lines), then "run the same command again to resume", which fails the same way."""
+    from codea1_core.config import Config
+    from flows import distributed as dist_train
+
+    script = tmp_path / "ranks.py"
+    script.write_text(_RANKS_SCRIPT)
+    failure_file = tmp_path / "failure.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), dist_train.FAILURE_FILE_ENV: str(failure_file)}
+    cmd = [sys.executable, "-m", "flows.distributed", "--standalone", "--nproc-per-node=2", str(script)]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr, proc.stderr[-3000:]
+    import json
+
+    failure = json.loads(failure_file.read_text())
+    assert (failure["rank"], failure["kind"], failure["exitcode"]) == (1, "user", 2)
+    cfg = Config().replace(**{"distributed.nproc_per_node": 2, "orchestration.checkpoint_dir": str(tmp_path)})
+    assert dist_train.stopped_line(cfg, proc.returncode, failure) == (
+        "train: stopped (torchrun exit 1): rank 1/2: data.widgets=3: no such key, remove it"
+    )
+
+
+def test_a_dead_or_hung_rank_names_the_rank_and_the_checkpoint_to_resume_from(tmp_path):
+    from codea1_core.config import Config
+    from flows import distributed as dist_train
+
+    cfg = Config().replace(
+        **{
+            "distributed.nproc_per_node": 2,
+            "distributed.timeout_s": 30.0,
+            "orchestration.checkpoint_dir": str(tmp_path),
+        }
+    )
+    died = {"rank": 1, "exitcode": -9, "signal": "SIGKILL", "kind": None, "message": None}
+    assert dist_train.stopped_line(cfg, 1, died) == (
+        "train: stopped (torchrun exit 1): rank 1/2 died (SIGKILL); no checkpoint was written yet; "
+        "run the same command again to resume, at any distributed.nproc_per_node"
+    )
+    hung = {"rank": 0, "exitcode": 2, "signal": None, "kind": "collective", "message": "train: rank 0/2: ..."}
+    assert dist_train.stopped_line(cfg, 1, hung).startswith(
+        "train: stopped (torchrun exit 1): rank 0/2 lost its peers: a rank died or hung past "
+        "distributed.timeout_s=30; no checkpoint was written yet; run the same command again to resume"
+    )
+
+
+@pytest.mark.e2e  # the train stage in a subprocess
+def test_a_step_budget_below_the_workspace_checkpoint_is_one_line_before_any_rank_starts(tmp_path):
+    """Regression: after `make run` (checkpoint 95), `codea1 train distributed.nproc_per_node=2
+    orchestration.max_steps=2` buried rank 0's one line in ~80 lines of tracebacks (rank 1's, torchrun's) and
+    ended with "run the same command again to resume"."""
+    import yaml
+
+    from codea1_core.config import Config
+    from codea1_core.method import batches
+    from workspace import checkpoints, resume
+
+    class _Weights:
+        def save(self, folder: Path) -> None:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "weights.bin").write_bytes(b"w" * 64)
+
+    out = tmp_path / "train"
+    cfg = Config().replace(
+        **{
+            "orchestration.checkpoint_dir": str(out),
+            "orchestration.max_steps": 5,
+            "tracking.backend": "null",
+            "data.prepared_dir": str(tmp_path / "prepared"),
+            "data.train_sources": ["lab"],
+            "data.train_batch_size": 4,
+        }
+    )
+    fp = batches.config_fingerprint(cfg.flat())
+    resume.save_run_info(out, fp, None, cfg.flat())
+    for it in range(1, 6):
+        state = {"fingerprint": fp, "run_id": None, "history": [{"iteration": i} for i in range(1, it + 1)]}
+        checkpoints.save_checkpoint(out, it, {"code": _Weights()}, None, state, keep=2)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(cfg.to_dict()))
+    cmd = [sys.executable, "-m", "flows.train", "--params", str(params)]
+    cmd += ["distributed.nproc_per_node=2", "orchestration.max_steps=2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_HOME": str(tmp_path / "pf")}
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "torchrun exit" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: orchestration.max_steps=2 is below the last checkpoint's iteration 5"), (
+        last
+    )
+    assert "orchestration.checkpoint_dir to another folder" in last
+    assert (out / "checkpoints" / "it_000005").is_dir()
+
+
+def test_ddp_wrapping_uses_no_deprecated_argument(tmp_path):
+    """Regression: ``broadcast_buffers=False`` printed torch's FutureWarning on every rank of every distributed
+    run; the wrap must not warn (a one-rank gloo group is enough to build the DDP module)."""
+    import types
+    import warnings
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        policy = types.SimpleNamespace(
+            model=torch.nn.Linear(2, 2),
+            device=torch.device("cpu"),
+            logprob_forward=lambda: lambda model, x: model(x),
+            rebuild_optimizer=lambda: None,
+        )
+        policy.model.register_buffer("table", torch.ones(2))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # any warning fails the wrap
+            dp.wrap_policy(policy, "ddp")
+        assert isinstance(policy.dist_module, torch.nn.parallel.DistributedDataParallel)
+        assert policy.dist_module.forward_sync_buffers is False
+    finally:
+        dist.destroy_process_group()

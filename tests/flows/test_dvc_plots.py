@@ -27,3 +27,11 @@ def test_every_data_plot_has_a_y(repo_root: Path) -> None:
             if not str(name).endswith((".png", ".jpg", ".svg")):
                 missing.append(f"plots: {name}")
     assert not missing, missing
+
+
+def test_the_folder_dvc_plots_show_writes_is_ignored(repo_root: Path) -> None:
+    """``dvc plots show`` renders into ``dvc_plots/`` in the working folder: git must not list it as untracked."""
+    import subprocess
+
+    proc = subprocess.run(["git", "check-ignore", "-q", "dvc_plots/index.html"], cwd=repo_root, check=False)
+    assert proc.returncode == 0, "dvc_plots/ is not in .gitignore"

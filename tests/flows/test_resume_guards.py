@@ -65,8 +65,9 @@ def test_a_step_budget_below_the_last_checkpoint_is_refused_in_one_line(tmp_path
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == (
         f"error: orchestration.max_steps=3 is below the last checkpoint's iteration 5 "
-        f"({out / 'checkpoints' / 'it_000005'}): raise it to 5 or more to finish this run, or set "
-        "orchestration.resume=never to start over"
+        f"({out / 'checkpoints' / 'it_000005'}): raise it to 5 or more to finish this run, set "
+        "orchestration.checkpoint_dir to another folder to train a separate run beside it, or "
+        "orchestration.resume=never to start over in this one (its checkpoints are deleted)"
     )
     assert (out / "checkpoints" / "it_000005").is_dir()  # nothing discarded
     with pytest.raises(checkpoints.CheckpointError, match="orchestration.max_steps=3 is below"):

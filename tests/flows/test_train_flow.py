@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support import build_tiny, tiny_config, write_params
+from support import build_tiny, log_lines, tiny_config, write_params
 
 from codea1_core.config import Config
 from codea1_core.method import batches
@@ -193,13 +194,18 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny(tmp_path_factory.mktemp("tiny") / "model")
 
 
-def _task_run_names(flow_run_id: object) -> set[str]:
+def _task_run_tags(flow_run_id: object) -> dict[str, list[str]]:
+    """The flow run's task runs: name -> tags."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    return {r.name for r in runs}
+    return {r.name: sorted(r.tags) for r in runs}
+
+
+def _task_run_names(flow_run_id: object) -> set[str]:
+    return set(_task_run_tags(flow_run_id))
 
 
 def _flow_run_name(flow_run_id: object) -> str:
@@ -217,7 +223,9 @@ def _mlflow(cfg: Config):
 
 
 @pytest.mark.e2e
-def test_codea1_flow_end_to_end(prefect_harness: None, tiny_model: Path, tmp_path: Path, monkeypatch) -> None:
+def test_codea1_flow_end_to_end(
+    prefect_harness: None, tiny_model: Path, tmp_path: Path, monkeypatch, caplog
+) -> None:
     from codea1_core.method.mistake_book import MistakeBook
     from flows.train import train_flow
 
@@ -227,11 +235,18 @@ def test_codea1_flow_end_to_end(prefect_harness: None, tiny_model: Path, tmp_pat
     monkeypatch.setattr(MistakeBook, "to_dict", lambda book: serialised.append(1) or to_dict(book))
     cfg = tiny_config(tmp_path, tiny_model)
     params = write_params(cfg, tmp_path / "params.yaml")
-    state = train_flow(params, return_state=True)
+    with (
+        caplog.at_level(logging.INFO, logger="codea1.train"),
+        log_lines("codea1.train", fmt="%(message)s") as lines,
+    ):
+        state = train_flow(params, return_state=True)
     assert state.is_completed(), state
+    # a fresh run says it starts (not "resuming after iteration 0")
+    assert any(line.endswith("2 steps, starting at iteration 1") for line in lines), lines
     assert len(serialised) == 2 + 1  # once per step (the checkpoint copies the merge's file), once at the end
     assert _flow_run_name(state.state_details.flow_run_id) == "train-codea1-seed1-alpha0.5"
-    names = _task_run_names(state.state_details.flow_run_id)
+    runs = _task_run_tags(state.state_details.flow_run_id)
+    names = set(runs)
     for it in (1, 2):
         for task in (
             "rollout_code",
@@ -246,6 +261,8 @@ def test_codea1_flow_end_to_end(prefect_harness: None, tiny_model: Path, tmp_pat
             "log_iteration",
         ):
             assert f"{task}[it={it}]" in names, (task, it, sorted(names))
+            # grouped per iteration: the Prefect UI filters the timeline's task runs by the tag it=N
+            assert f"it={it}" in runs[f"{task}[it={it}]"], (task, runs[f"{task}[it={it}]"])
     out = tmp_path / "train"
     assert (out / "checkpoints" / "LATEST").read_text() == "it_000002"
     assert sorted(p.name for p in (out / "checkpoints" / "it_000002").iterdir()) == [

@@ -49,12 +49,21 @@ def test_ui_api_url_follows_port_and_sigterm_stops_both(tmp_path: Path, repo_roo
         PYTHONPATH=str(repo_root),
     )
     code = f"from tools.ui import start_uis; raise SystemExit(start_uis('none.yaml', {pp}, {mp}))"
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env, start_new_session=True)
+    out = tmp_path / "ui.out"
+    with out.open("w") as stdout:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code], cwd=tmp_path, env=env, stdout=stdout, start_new_session=True
+        )
     import psutil
 
     children: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 240
+        while "MLflow UI:" not in out.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, "servers did not come up"
+            time.sleep(0.2)
+        # printed only once it answers (it printed its URL a minute before MLflow answered)
+        assert httpx.get(f"http://127.0.0.1:{mp}/health", timeout=5).status_code == 200
         while not (_listening(pp) and _listening(mp)):
             assert proc.poll() is None and time.monotonic() < deadline, "servers did not come up"
             time.sleep(1)

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import pytest
 
 from codea1_core.config import Config
 from codea1_core.method.prompts import CODE_INSTRUCTION, CODE_SYSTEM, TEST_SYSTEM
-from codea1_core.models.chat_serving import first_code_block, role_messages
+from codea1_core.models.chat_serving import checked_params, first_code_block, role_messages
 from tracking import registry
 from tracking.packaging import chat_config
 from tracking.runs import MlflowTracker
@@ -56,6 +57,27 @@ def test_first_code_block() -> None:
     assert first_code_block("no fence") == "no fence"
 
 
+def test_params_are_checked_in_one_line() -> None:
+    """Regression: ``max_new_tokens=-1`` reached ``generate`` (a stack trace in the 400) and an unknown parameter
+    was silently ignored by a direct ``predict``."""
+    assert checked_params(None) == {"max_new_tokens": 256, "temperature": 0.0}
+    assert checked_params({"max_new_tokens": 8, "temperature": None}) == {
+        "max_new_tokens": 8,
+        "temperature": 0.0,
+    }
+    for bad, line in [
+        ({"max_new_tokens": -1}, "max_new_tokens=-1: expected an integer >= 1"),
+        ({"max_new_tokens": 2.5}, "max_new_tokens=2.5: expected an integer >= 1"),
+        ({"max_new_tokens": "8"}, "max_new_tokens='8': expected an integer >= 1"),
+        ({"temperature": -0.5}, "temperature=-0.5: expected a number >= 0 (0: greedy)"),
+        ({"temperature": float("nan")}, "temperature=nan: expected a number >= 0 (0: greedy)"),
+        ({"top_k": 5}, "unknown parameter 'top_k': the parameters are max_new_tokens, temperature"),
+    ]:
+        with pytest.raises(Exception) as info:
+            checked_params(bad)
+        assert str(info.value) == line
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -70,8 +92,19 @@ def _post(url: str, body: dict) -> dict:
         return json.load(response)
 
 
-def _serve(cfg: Config, cwd: Path, model_dir: Path, max_new_tokens: int = 6) -> list[dict]:
-    """Register ``model_dir`` as the code champion, serve it with ``mlflow models serve``, ask for a chat."""
+def _post_status(url: str, body: dict) -> tuple[int, dict]:
+    """The HTTP status and JSON body of a request the server may refuse."""
+    try:
+        return 200, _post(url, body)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+def _serve(
+    cfg: Config, cwd: Path, model_dir: Path, max_new_tokens: int = 6, params: tuple[dict, ...] = ()
+) -> tuple[list[dict], list[tuple[int, dict]]]:
+    """Register ``model_dir`` as the code champion, serve it with ``mlflow models serve``, ask for a chat; then
+    the same chat with each of ``params``: the predictions and each of those answers (status, body)."""
     tracker = MlflowTracker(cfg)
     version = tracker.register("code", model_dir, 1)
     tracker.end()
@@ -115,7 +148,9 @@ def _serve(cfg: Config, cwd: Path, model_dir: Path, max_new_tokens: int = 6) -> 
             "inputs": {"messages": [{"role": "user", "content": STUB}]},
             "params": {"max_new_tokens": max_new_tokens},
         }
-        return _post(f"http://127.0.0.1:{port}/invocations", body)["predictions"]
+        url = f"http://127.0.0.1:{port}/invocations"
+        answers = [_post_status(url, dict(body, params=p)) for p in params]
+        return _post(url, body)["predictions"], answers
     finally:
         with contextlib.suppress(ProcessLookupError):  # it may have exited on its own
             os.killpg(proc.pid, 15)
@@ -128,7 +163,12 @@ def test_the_champion_is_served_as_a_chat_model(
 ) -> None:
     from transformers import AutoTokenizer
 
-    predictions = _serve(mlflow_cfg, tmp_path / "elsewhere", tiny_model_dir)
+    bad = ({"max_new_tokens": -1}, {"temperature": -1.0}, {"max_new_tokens": "many"})
+    predictions, refused = _serve(mlflow_cfg, tmp_path / "elsewhere", tiny_model_dir, params=bad)
+    for (status, body), line in zip(
+        refused, ["max_new_tokens=-1: expected", "temperature=-1.0: expected", "max_new_tokens"], strict=True
+    ):  # a 400 naming the parameter, without the server's stack trace
+        assert status == 400 and line in body["message"] and "stack_trace" not in body, (status, body)
     assert isinstance(predictions, list) and len(predictions) == 1, predictions
     answer = predictions[0]
     assert set(answer) == {"text", "code"}
@@ -149,7 +189,7 @@ TRAINED = REPO / "outputs" / "train" / "final" / "code"
 def test_the_trained_champion_answers_a_chat_with_a_parsable_function(
     mlflow_cfg: Config, tmp_path: Path
 ) -> None:
-    answer = _serve(mlflow_cfg, tmp_path / "elsewhere", TRAINED, max_new_tokens=256)[0]
+    answer = _serve(mlflow_cfg, tmp_path / "elsewhere", TRAINED, max_new_tokens=256)[0][0]
     tree = ast.parse(answer["code"])
     assert any(isinstance(node, ast.FunctionDef) for node in tree.body), answer
 
