@@ -174,3 +174,20 @@ def test_closing_leaves_no_temp_dir_without_namespaces():
     with ProcessExecutor(workers=2, network_isolation="off", drop_privileges=False, hide_paths=[]) as plain:
         assert plain.run("def f():\n    return 1\n", ["f()"])[0].value == 1
     assert set(glob.glob("/tmp/codea1-run-*")) - before == set()
+
+
+def test_an_unused_private_tmpfs_costs_one_stat(tmp_path):
+    """The zygote's clean-up after every program (``sandbox/mounts.py``, ``wipe_private_tmp``): a tmpfs
+    whose root's change time is the one recorded after the last clean-up is neither replaced nor has its
+    times rewritten (ten syscalls per program on the five private tmpfs). Its times are those the last
+    clean-up set, since setting a time changes the change time; a used one is reset
+    (``test_sandbox_reach.py``: a kept tmpfs carries no counter or time)."""
+    from sandbox.mounts import wipe_private_tmp
+
+    os.utime(tmp_path, ns=(7, 7))  # stand-in for times a clean-up set: any rewrite would change them
+    stamps = {str(tmp_path): tmp_path.stat().st_ctime_ns}
+    before = dict(stamps)
+    assert wipe_private_tmp([str(tmp_path)], 1, stamps) == 0
+    after = tmp_path.stat()
+    assert (after.st_atime_ns, after.st_mtime_ns) == (7, 7)
+    assert stamps == before and after.st_ctime_ns == before[str(tmp_path)]
