@@ -12,6 +12,11 @@ children, from /proc) are printed too, with the CPU-bound throughput they imply 
 cores, beside the physical floor measured in the same run: a bare ``python3`` looping
 ``os.fork(); os._exit(0); os.waitpid()`` (CPU ms per fork, parent + child), and the ratio to it.
 
+The CPU of the isolated pool is also split by process (the parent, the workers, the zygotes, the zygotes'
+reaped children) with the minor page faults per program of zygotes and children: where a program's CPU goes.
+The target (``--target-ratio``, default 2): a trivial program's CPU at most that multiple of the floor; the
+ratio is printed and the bench exits with status 1 when it is missed (``--target-ratio 0``: no check).
+
 With ``--compare-ref REF`` (e.g. ``main``) it instead measures this checkout's executor against the
 one of git revision REF (extracted with ``git archive`` into a temporary directory) in ONE run: ABBA-
 interleaved rounds, each a fresh process running the same workloads with full isolation, and prints the
@@ -151,21 +156,45 @@ def _tree_cpu_s(pid: int) -> float:
     return own + sum(_tree_cpu_s(int(k)) for k in kids)
 
 
+def _cpu_split(pids: list[int]) -> collections.Counter:
+    """CPU seconds of the parent (this process), the workers ``pids``, their zygotes and the zygotes'
+    reaped children, and the minor page faults of zygotes and children, summed over the workers."""
+    tck, split = os.sysconf("SC_CLK_TCK"), collections.Counter(parent=time.process_time())
+    for pid in pids:
+        try:
+            worker = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            zygotes = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            split["worker"] += (int(worker[11]) + int(worker[12])) / tck
+            for z in zygotes:
+                f = Path(f"/proc/{z}/stat").read_text().rsplit(")", 1)[1].split()
+                split["zygote"] += (int(f[11]) + int(f[12])) / tck
+                split["children"] += (int(f[13]) + int(f[14])) / tck
+                split["zygote faults"] += int(f[7])
+                split["children faults"] += int(f[8])
+        except OSError:
+            continue
+    return split
+
+
 def run_executor(
     jobs: list[tuple[str, list[str]]], workers: int, isolated: bool
-) -> tuple[float, float, collections.Counter]:
-    """Wall seconds and CPU seconds (workers, children, parent) of all jobs on a warm pool, and statuses."""
+) -> tuple[float, float, collections.Counter, dict[str, float]]:
+    """Wall seconds and CPU seconds (workers, children, parent) of all jobs on a warm pool, the statuses,
+    and the CPU seconds and faults by process (:func:`_cpu_split`) per program."""
     kwargs = {} if isolated else {"network_isolation": "off", "drop_privileges": False, "hide_paths": []}
     with ProcessExecutor(
         workers=workers, limits=ExecLimits(call_timeout_s=5.0, program_timeout_s=60.0), **kwargs
     ) as ex:
         ex.run_many(jobs[: 2 * workers])  # warm-up
         pids = [w.proc.pid for w in ex._workers]
+        split0 = _cpu_split(pids)
         cpu0, t0 = sum(map(_tree_cpu_s, pids)) + time.process_time(), time.perf_counter()
         results = ex.run_many(jobs)
         seconds = time.perf_counter() - t0
         cpu_s = sum(map(_tree_cpu_s, pids)) + time.process_time() - cpu0
-    return seconds, cpu_s, collections.Counter(o.status for r in results for o in r)
+        split = _cpu_split(pids)
+    per_program = {k: (split[k] - split0[k]) / len(jobs) for k in split}
+    return seconds, cpu_s, collections.Counter(o.status for r in results for o in r), per_program
 
 
 def cpu_per_program_ms(
@@ -257,10 +286,11 @@ def run_baseline(jobs: list[tuple[str, list[str]]], workers: int) -> tuple[float
 
 def report(
     name: str, jobs: list[tuple[str, list[str]]], workers: int, baseline_sample: int, floor_ms: float
-) -> None:
+) -> float:
+    """Print one workload's table; returns its CPU per program (isolation on) as a multiple of the floor."""
     n_programs, n_calls = len(jobs), sum(len(c) for _, c in jobs)
-    on_s, on_cpu, statuses = run_executor(jobs, workers, isolated=True)
-    off_s, off_cpu, _ = run_executor(jobs, workers, isolated=False)
+    on_s, on_cpu, statuses, split = run_executor(jobs, workers, isolated=True)
+    off_s, off_cpu, _, _ = run_executor(jobs, workers, isolated=False)
     sample = jobs[:baseline_sample]
     scale = n_programs / len(sample)  # the baseline is timed on a sample and extrapolated
     base_s, base_cpu = (x * scale for x in run_baseline(sample, workers))
@@ -287,6 +317,24 @@ def report(
         f"  CPU per program, isolation on: {on_ms:.2f} ms = {on_ms / floor_ms:.2f} x the fork+exit+wait floor"
         f" ({floor_ms:.2f} ms)"
     )
+    print(
+        "  by process (isolation on, CPU ms/program): "
+        + ", ".join(f"{k} {1000 * split[k]:.3f}" for k in ("parent", "worker", "zygote", "children"))
+        + f"; minor faults/program: zygote {split['zygote faults']:.0f}, child {split['children faults']:.0f}"
+    )
+    return on_ms / floor_ms
+
+
+def check_target(ratio: float, target: float) -> int:
+    """Print the trivial program's CPU as a multiple of the floor against ``target``; 1 when missed."""
+    if target <= 0:
+        return 0
+    met = ratio <= target
+    print(
+        f"target: trivial program's CPU <= {target:g} x the fork floor: {ratio:.2f} x,"
+        f" {'met' if met else 'MISSED'}"
+    )
+    return 0 if met else 1
 
 
 MEASURE = """
@@ -324,8 +372,9 @@ print(json.dumps(out))
 """
 
 
-def compare_ref(ref: str, rounds: int, workers: int, trivial: int, data_dir: Path) -> None:
-    """Programs/s of this checkout vs revision ``ref``, interleaved ABBA in one run; prints the ratio."""
+def compare_ref(ref: str, rounds: int, workers: int, trivial: int, data_dir: Path) -> float:
+    """Programs/s of this checkout vs revision ``ref``, interleaved ABBA in one run; prints the ratios and
+    returns this checkout's CPU per trivial program as a multiple of the floor."""
     here = Path(__file__).resolve().parent.parent
     floors = [fork_floor_ms()]
     with tempfile.TemporaryDirectory(prefix="codea1-bench-ref-") as tmp:
@@ -371,6 +420,7 @@ def compare_ref(ref: str, rounds: int, workers: int, trivial: int, data_dir: Pat
             f"  {'':11s} CPU ms/program vs the floor ({floor_ms:.2f} ms): ref {ref_ms / floor_ms:.2f} x,"
             f" this {this_ms / floor_ms:.2f} x"
         )
+    return statistics.median(x["trivial cpu_ms"] for x in runs["this"]) / floor_ms
 
 
 def time_backend(ex, jobs: list[tuple[str, list[str]]]) -> tuple[float, collections.Counter]:
@@ -429,15 +479,22 @@ def main() -> None:
         default=3,
         help="--compare-ref, --deny-compare: interleaved rounds; --ray: alternating rounds",
     )
+    parser.add_argument(
+        "--target-ratio",
+        type=float,
+        default=2.0,
+        help="default and --compare-ref: exit 1 when a trivial program's CPU exceeds this multiple of the"
+        " fork floor (0: no check)",
+    )
     args = parser.parse_args()
     print(f"cores {os.cpu_count()}, load average {os.getloadavg()[0]:.2f} (shared machine: numbers vary)")
     data_dir = (
         Path(args.data_dir) if args.data_dir else Path(__file__).resolve().parents[2] / "shared" / "data"
     )
     if args.compare_ref:
-        compare_ref(args.compare_ref, args.rounds, args.workers, args.trivial, data_dir)
+        ratio = compare_ref(args.compare_ref, args.rounds, args.workers, args.trivial, data_dir)
         print(f"\nload average after: {os.getloadavg()[0]:.2f}")
-        return
+        sys.exit(check_target(ratio, args.target_ratio))
     trivial = [(f"def f(x):\n    return x + {i}\n", ["f(1)"]) for i in range(args.trivial)]
     if args.deny_compare:
         suites = {"trivial programs (one call)": trivial}
@@ -453,13 +510,14 @@ def main() -> None:
         return
     floor_ms = fork_floor_ms()
     print(f"fork+exit+wait floor (bare python3, this run): {floor_ms:.3f} ms CPU per fork")
-    report("trivial programs (one call)", trivial, args.workers, args.baseline_sample, floor_ms)
+    ratio = report("trivial programs (one call)", trivial, args.workers, args.baseline_sample, floor_ms)
     if (data_dir / "humanevalplus").is_dir():
         he = [(w.program, w.calls) for w in evalplus_workloads(data_dir, "humanevalplus", ("base_input",))]
         report("HumanEval+ canonical solutions, base inputs", he, args.workers, len(he), floor_ms)
     else:
         print(f"\n(HumanEval+ skipped: no data under {data_dir}; set --data-dir or CODEA1_DATA_DIR)")
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+    sys.exit(check_target(ratio, args.target_ratio))
 
 
 def main_ray(args: argparse.Namespace, trivial: list[tuple[str, list[str]]]) -> None:

@@ -357,7 +357,7 @@ def _run_child(
     """Run the calls from ``start`` in the zygote's next child; ``used``: result bytes so far."""
     lim: _limits.ExecLimits = ctx["lim"]
     zygote: Zygote = ctx["zygote"]
-    pid, _tmp, job_w, chan_r, out_r = zygote.take()
+    pidfd, _tmp, job_w, chan_r, out_r = zygote.take()
     token = os.urandom(_TOKEN_BYTES)
     cpu_s = max(deadline - time.monotonic(), 0.0) + 1.0
     try:
@@ -367,12 +367,13 @@ def _run_child(
             pass
         os.close(job_w)
         got, end, detail = _supervise(
-            pid, chan_r, out_r, token, len(exprs), start, used, deadline, lim, output
+            pidfd, chan_r, out_r, token, len(exprs), start, used, deadline, lim, output
         )
     finally:
         os.close(chan_r)
         os.close(out_r)
-        status = zygote.reap(pid)  # kills what is left, wipes the private tmpfs; raises if it could not
+        os.close(pidfd)
+        status = zygote.reap()  # kills what is left, wipes the private tmpfs; raises if it could not
     if end == "died":
         end, detail = _exit_reason(status, *detail, ctx)
     _judge_call_deaths(got, ctx)  # isolated calls' processes killed: the cgroup's OOM killer, or outside?

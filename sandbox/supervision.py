@@ -52,7 +52,7 @@ class _Progress:
 
 
 def _supervise(
-    pid: int,
+    pidfd: int,
     chan_r: int,
     out_r: int,
     token: bytes,
@@ -63,7 +63,8 @@ def _supervise(
     lim: _limits.ExecLimits,
     output: bytearray,
 ) -> tuple[dict, str, object]:
-    """Read frames until every call reported, the child died, or a deadline passed.
+    """Read frames until every call reported, the child died (its exit seen on ``pidfd``, which the caller
+    closes), or a deadline passed.
 
     Returns ``(results, end, detail)``; ``end`` in done / program_error / violation / call_timeout /
     program_cap / infra, or died with ``detail = (still_alive, ready, defined)`` (the reason needs
@@ -79,7 +80,6 @@ def _supervise(
     coalescing, so slow calls cost one wake-up per frame, as without it.
     """
     st = _Progress(start, used)
-    pidfd = os.pidfd_open(pid)
     poller, exit_poller = select.poll(), select.poll()
     for fd in (chan_r, out_r, pidfd):
         poller.register(fd, select.POLLIN)
@@ -140,7 +140,6 @@ def _supervise(
                 return st.results, ("call_timeout", "program_cap")[deadline < hard], st.expect
     finally:
         _drain_output(out_r, output, lim.max_output_bytes, None)
-        os.close(pidfd)
 
 
 def _accept_frames(st: _Progress, token: bytes, n: int, lim: _limits.ExecLimits) -> tuple[str, object] | None:

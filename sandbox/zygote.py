@@ -62,22 +62,6 @@ def _recv_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
     return msg, fds
 
 
-def _pid_of(pidfd: int) -> int:
-    """The pid a pidfd refers to, in this process's PID namespace (its ``fdinfo``); closes the pidfd."""
-    try:
-        fd = os.open(f"/proc/self/fdinfo/{pidfd}", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            info = os.read(fd, 4096)
-        finally:
-            os.close(fd)
-    finally:
-        os.close(pidfd)
-    for line in info.split(b"\n"):
-        if line.startswith(b"Pid:"):
-            return int(line.split()[1])
-    raise OSError("sandbox zygote sent a pidfd without a pid")
-
-
 class Zygote:
     """The process every program's child is forked from (trusted; worker side and zygote side).
 
@@ -115,13 +99,14 @@ class Zygote:
         self.pid = pid
 
     def take(self) -> tuple[int, str, int, int, int]:
-        """The next child, waiting for its job: ``(pid, tmp, job_w, chan_r, out_r)``; ``pid`` as this
-        process sees it (the zygote sends a pidfd: its own pids are those of the worker's PID namespace)."""
+        """The next child, waiting for its job: ``(pidfd, tmp, job_w, chan_r, out_r)``, all descriptors
+        the caller closes. A pidfd, not a pid: the zygote's pids are those of the worker's PID namespace,
+        and the worker needs the child only to see its exit (the zygote kills and reaps it)."""
         msg, fds = _recv_fds(self.sock)
         if msg[:1] == b"C" and len(fds) == 3:
-            tmp, (msg, pidfds) = msg[1:].decode(), _recv_fds(self.sock)  # then the pid (or why not)
+            tmp, (msg, pidfds) = msg[1:].decode(), _recv_fds(self.sock)  # then the pidfd (or why not)
             if msg[:1] == b"P" and len(msg) == 9 and len(pidfds) == 1:
-                return _pid_of(pidfds[0]), tmp, *fds
+                return pidfds[0], tmp, *fds
             for fd in pidfds:
                 os.close(fd)
         for fd in fds:
@@ -148,9 +133,9 @@ class Zygote:
             pass
         self.sock.close()
 
-    def reap(self, pid: int) -> int:
-        """Kill the child ``pid`` with its descendants, wait for it, clean up; returns its wait status."""
-        self.sock.send(b"R" + _Q.pack(pid))
+    def reap(self) -> int:
+        """Kill the child last taken with its descendants, wait for it, clean up; returns its wait status."""
+        self.sock.send(b"R")
         reply = self.sock.recv(32)
         if len(reply) != _QQ.size:
             raise OSError(f"sandbox zygote died ({len(reply)}-byte reply)")
@@ -281,7 +266,7 @@ def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
                     reap(offered, uids, init)
                     clean(tmp, ctx)
                     offered = -(exc.errno or 5)
-            if offered > 0:  # the pid, as a pidfd: the worker, outside our PID namespace, finds its own
+            if offered > 0:  # a pidfd: the worker, outside our PID namespace, watches the child's exit
                 try:
                     sendmsg([b"P" + pack_q(offered)], [(sol_socket, scm_rights, pack_fd(pidfd))])
                 finally:
@@ -296,9 +281,9 @@ def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
                 remove_tree(tmp)
             send(b"Q")
             return
-        if len(msg) != 9 or msg[:1] != b"R" or offered <= 0:
+        if msg != b"R" or offered <= 0:
             return
-        reaping = offered  # (the worker names it by its own pid for it; ours is the one we offered)
+        reaping = offered  # (the child the worker took: the one we offered)
 
 
 def _prepare_child(ctx: dict) -> tuple[str, int, int, int, int, int, int, int]:

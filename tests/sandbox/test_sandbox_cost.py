@@ -174,3 +174,56 @@ def test_closing_leaves_no_temp_dir_without_namespaces():
     with ProcessExecutor(workers=2, network_isolation="off", drop_privileges=False, hide_paths=[]) as plain:
         assert plain.run("def f():\n    return 1\n", ["f()"])[0].value == 1
     assert set(glob.glob("/tmp/codea1-run-*")) - before == set()
+
+
+def test_an_unused_private_tmpfs_costs_one_stat(tmp_path):
+    """The zygote's clean-up after every program (``sandbox/mounts.py``, ``wipe_private_tmp``): a tmpfs
+    whose root's change time is the one recorded after the last clean-up is neither replaced nor has its
+    times rewritten (ten syscalls per program on the five private tmpfs). Its times are those the last
+    clean-up set, since setting a time changes the change time; a used one is reset
+    (``test_sandbox_reach.py``: a kept tmpfs carries no counter or time)."""
+    from sandbox.mounts import wipe_private_tmp
+
+    os.utime(tmp_path, ns=(7, 7))  # stand-in for times a clean-up set: any rewrite would change them
+    stamps = {str(tmp_path): tmp_path.stat().st_ctime_ns}
+    before = dict(stamps)
+    assert wipe_private_tmp([str(tmp_path)], 1, stamps) == 0
+    after = tmp_path.stat()
+    assert (after.st_atime_ns, after.st_mtime_ns) == (7, 7)
+    assert stamps == before and after.st_ctime_ns == before[str(tmp_path)]
+
+
+def test_the_worker_watches_each_child_through_the_zygotes_pidfd():
+    """The zygote's child is handed over as a pidfd that the worker polls for the child's exit, and the
+    reap names no pid: the worker reads no ``/proc`` file and opens no pidfd of its own per program (five
+    syscalls of the worker's ~28). A zygote without namespaces, forked from this process."""
+    import select
+
+    from sandbox import child, zygote
+
+    ctx = {
+        "lim": ExecLimits(call_timeout_s=2.0, program_timeout_s=5.0),
+        "uid": None,
+        "private_tmp": [],
+        "cgroup_fds": [],
+        "cgroup_dirs": [],
+        "ipc": False,
+        "pidns": False,
+        "n": 0,
+        "peak_fds": [],
+    }
+    child._deny_layers({"deny": "off"}, {"private_tmp": []}, ctx)
+    zyg = zygote.Zygote(ctx, close_fds=())
+    try:
+        pidfd, tmp, job_w, chan_r, out_r = zyg.take()
+        os.close(job_w)  # no job: the child reads EOF and exits by itself
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        assert poller.poll(10_000), "the child's exit was not seen on the pidfd"
+        for fd in (pidfd, chan_r, out_r):
+            os.close(fd)
+        status = zyg.reap()
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 71, status
+    finally:
+        zyg.close()
+    assert not os.path.exists(tmp)
