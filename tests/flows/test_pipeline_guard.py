@@ -111,3 +111,21 @@ def test_a_stage_that_ignores_sigterm_is_killed_after_the_stop_timeout(
     left = _wait_gone(pgid, within_s=20)
     assert left == [], f"a SIGTERM-ignoring group outlived its stop timeout: {left}"
     assert time.monotonic() - t0 >= 2.5
+
+
+def test_prune_rwlock_removes_only_the_entries_of_dead_processes(tmp_path: Path) -> None:
+    """Regression: a killed ``dvc`` left its entries in ``.dvc/tmp/rwlock`` (DVC warns about them next time)."""
+    import json
+
+    from flows.guard import prune_rwlock
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    me = {"pid": os.getpid(), "cmd": "dvc repro"}
+    gone = {"pid": dead.pid, "cmd": "dvc repro"}
+    (tmp_path / ".dvc" / "tmp").mkdir(parents=True)
+    rwlock = tmp_path / ".dvc" / "tmp" / "rwlock"
+    rwlock.write_text(json.dumps({"write": {"a": gone, "b": me}, "read": {"c": [gone, me], "d": [gone]}}))
+    assert prune_rwlock(tmp_path) == [dead.pid]
+    assert json.loads(rwlock.read_text()) == {"write": {"b": me}, "read": {"c": [me]}}
+    assert prune_rwlock(tmp_path) == [] and prune_rwlock(tmp_path / "nothing") == []
