@@ -15,6 +15,12 @@ What it does, top to bottom:
      way while the API still answers (the stage ends its flow and task runs, releases its lock), then stops
      the server and removes its log. The entries a killed ``dvc`` leaves in ``.dvc/tmp/rwlock`` are removed.
 
+DVC experiments the same way: ``make exp ARGS="-S reward.alpha=0.25"`` or ``python -m flows.pipeline exp
+[dvc exp run arguments]`` runs ``dvc exp run`` under one Prefect API. ``dvc exp run`` commits the experiment
+and DVC refuses to without a git identity ("Git user name and email must be configured"): where git has none,
+the experiment commit alone is made as :data:`FALLBACK_IDENTITY` (``GIT_AUTHOR_*``/``GIT_COMMITTER_*`` in the
+child's environment; git's configuration is left alone), with one line saying how to set yours.
+
 How to run: ``make run`` or ``python -m flows.pipeline [dvc repro arguments, e.g. train -f]``.
 """
 
@@ -49,7 +55,42 @@ def _dvc() -> str:
     return str(local) if local.exists() else "dvc"
 
 
-def run_child(cmd: list[str], stop_timeout_s: float = CHILD_STOP_TIMEOUT_S) -> int:
+FALLBACK_IDENTITY = {"NAME": "codea1", "EMAIL": "codea1@localhost"}
+"""Who an experiment commit is made as where git has no user identity (:func:`git_identity_env`)."""
+
+
+def git_identity_env() -> dict[str, str]:
+    """``GIT_AUTHOR_*`` / ``GIT_COMMITTER_*`` from :data:`FALLBACK_IDENTITY` for a role git has no identity for
+    here (``git var`` fails; variables already set are kept); ``{}`` when git has one."""
+    env: dict[str, str] = {}
+    for role in ("AUTHOR", "COMMITTER"):
+        known = subprocess.run(["git", "var", f"GIT_{role}_IDENT"], capture_output=True, check=False)
+        if known.returncode != 0:
+            for part, value in FALLBACK_IDENTITY.items():
+                env[f"GIT_{role}_{part}"] = os.environ.get(f"GIT_{role}_{part}") or value
+    return env
+
+
+def dvc_command(args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """``dvc repro ARGS``, or ``dvc exp run ARGS[1:]`` when ``ARGS[0]`` is ``exp`` (with :func:`git_identity_env`);
+    the command and the environment it adds."""
+    if not args or args[0] != "exp":
+        return [_dvc(), "repro", *args], {}
+    extra = git_identity_env()
+    if extra:
+        print(
+            f"pipeline: git has no user identity here: the experiment commit is made as "
+            f"{FALLBACK_IDENTITY['NAME']} <{FALLBACK_IDENTITY['EMAIL']}> "
+            '(set yours: git config user.name "NAME" && git config user.email "EMAIL")',
+            file=sys.stderr,
+            flush=True,
+        )
+    return [_dvc(), "exp", "run", *args[1:]], extra
+
+
+def run_child(
+    cmd: list[str], stop_timeout_s: float = CHILD_STOP_TIMEOUT_S, extra_env: dict[str, str] | None = None
+) -> int:
     """Run ``cmd`` to completion in its own process group; on interrupt stop the whole group (:func:`stop_group`)
     and re-raise.
 
@@ -60,7 +101,7 @@ def run_child(cmd: list[str], stop_timeout_s: float = CHILD_STOP_TIMEOUT_S) -> i
     server when there is one (told the group's id: it stops the group before the server), else one started here.
     """
     shared = active_guard()
-    proc = subprocess.Popen(cmd, env=child_env(), start_new_session=True)
+    proc = subprocess.Popen(cmd, env=child_env() | (extra_env or {}), start_new_session=True)
     guard = None
     if shared is not None:
         shared.stage_group(proc.pid)
@@ -114,10 +155,12 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"pipeline: Prefect API {api_url} (started in {time.monotonic() - start:.1f} s)", flush=True
             )
-            rc = run_child([_dvc(), "repro", *args])
+            cmd, extra_env = dvc_command(args)
+            rc = run_child(cmd, extra_env=extra_env)
             if rc != 0:
+                what = "exp run" if cmd[1] == "exp" else "repro"
                 print(
-                    f"pipeline: `dvc repro` failed (exit {rc}); fix the error above and rerun",
+                    f"pipeline: `dvc {what}` failed (exit {rc}); fix the error above and rerun",
                     file=sys.stderr,
                 )
                 return rc
