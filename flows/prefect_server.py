@@ -15,8 +15,9 @@ start-up cost stays that of ``--no-services`` — which, though, records no task
 run said "did not generate any task or subflow runs"). The server writes to the same database as the ephemeral API
 (``$PREFECT_HOME``), so every run still shows in the Prefect UI afterwards (``make ui``).
 
-What it does not: replace a server the user runs — with ``PREFECT_API_URL`` already set it uses that one and
-starts nothing.
+What it does not: replace a server the user runs — with ``PREFECT_API_URL`` already set (exported, or set by
+:func:`flows.environment.apply` from the active profile or a server answering on this machine: ``codea1 ui``)
+it uses that one and starts nothing.
 """
 
 from __future__ import annotations
