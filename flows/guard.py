@@ -2,16 +2,18 @@
 the temporary Prefect server, when the pipeline runner dies.
 
 What it does: :func:`stop_process_group` is how :mod:`flows.pipeline` stops ``dvc repro`` and the running stage
-(on Ctrl-C or SIGTERM). Run as a script, ``python flows/guard.py RUNNER_PID TIMEOUT_S [--group PGID] [--log FILE]
-[--dvc-root DIR] [--server CMD ...]``, this file is the runner's guard: a separate process, in its own session
-(no signal meant for the group or the terminal reaches it), that the kernel sends SIGTERM when the runner dies,
-however it dies (``PR_SET_PDEATHSIG``, armed by the runner before the exec, with SIGTERM blocked until the
-handler below is in place). It then, in this order:
+(on Ctrl-C or SIGTERM). Run as a script, ``python flows/guard.py RUNNER_PID TIMEOUT_S [--group PGID]
+[--log FILE] [--dvc-root DIR] [--api URL] [--server CMD ...]``, this file is the runner's guard: a separate
+process, in its own session (no signal meant for the group or the terminal reaches it), that the kernel sends
+SIGTERM when the runner dies, however it dies (``PR_SET_PDEATHSIG``, armed by the runner before the exec, with
+SIGTERM blocked until the handler below is in place). It then, in this order:
 
 1. stops the stage's process group (``--group``, or the last ``group PGID`` line the runner wrote on its stdin)
    the same way: SIGTERM, the stage finishes its current task and ends its runs while their API still answers;
 2. removes the entries of ``dvc`` processes that no longer exist from ``<dvc-root>/.dvc/tmp/rwlock``;
-3. stops the Prefect server it started itself (``--server``: the server is the guard's child, so it outlives
+3. marks the flow and task runs still RUNNING or PENDING that started on its server's watch CRASHED (``--api``:
+   a stage killed after the stop timeout could not end them itself; they would stay RUNNING forever);
+4. stops the Prefect server it started itself (``--server``: the server is the guard's child, so it outlives
    the runner by exactly as long as the stage needs it, and dies with the guard by ``PR_SET_PDEATHSIG``), and
    removes the server's log (``--log``).
 
@@ -124,6 +126,57 @@ def prune_rwlock(dvc_root: str | os.PathLike[str], attempts: int = 25) -> list[i
         return sorted(dead)
 
 
+ACTIVE_STATES = ["RUNNING", "PENDING"]
+
+
+def _post(url: str, body: dict, timeout_s: float) -> object:
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return json.loads(response.read() or b"null")
+
+
+def crash_orphans(api: str, since_s: float, timeout_s: float = 5.0) -> list[str]:
+    """Set every flow run still RUNNING or PENDING that started after ``since_s`` (epoch seconds), and every
+    such task run of those flow runs, to CRASHED through the Prefect REST API at ``api``; returns the flow run
+    ids. Called once the stage's process group is gone: no process is left to end them. Best effort: an API
+    that does not answer changes nothing."""
+    import datetime as dt
+
+    after = dt.datetime.fromtimestamp(since_s, dt.UTC).isoformat()
+    state = {
+        "type": "CRASHED",
+        "name": "Crashed",
+        "message": "its process was killed with the pipeline runner",
+    }
+    active = {"type": {"any_": ACTIVE_STATES}}
+    try:
+        runs = _post(
+            f"{api}/flow_runs/filter",
+            {"flow_runs": {"state": active, "start_time": {"after_": after}}, "limit": 200},
+            timeout_s,
+        )
+        ids = [str(r["id"]) for r in runs] if isinstance(runs, list) else []
+        if not ids:
+            return []
+        tasks = _post(
+            f"{api}/task_runs/filter",
+            {"task_runs": {"state": active, "flow_run_id": {"any_": ids}}, "limit": 200},
+            timeout_s,
+        )
+        for task in tasks if isinstance(tasks, list) else []:
+            _post(f"{api}/task_runs/{task['id']}/set_state", {"state": state, "force": True}, timeout_s)
+        for run_id in ids:
+            _post(f"{api}/flow_runs/{run_id}/set_state", {"state": state, "force": True}, timeout_s)
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return ids
+
+
 def _stop_server(server: subprocess.Popen, timeout_s: float = 10.0) -> None:
     try:
         os.killpg(server.pid, signal.SIGTERM)
@@ -149,6 +202,7 @@ def _die_with_guard() -> None:
 
 
 def _guard(args: argparse.Namespace) -> None:
+    started = time.time()  # runs that started before the server did are not this pipeline's
     group: list[int | None] = [args.group]
     server: list[subprocess.Popen | None] = [None]
     stopping = threading.Event()
@@ -168,6 +222,8 @@ def _guard(args: argparse.Namespace) -> None:
             stop_process_group(pgid, args.timeout_s)
         if args.dvc_root:
             prune_rwlock(args.dvc_root)
+        if args.api and server[0] is not None and server[0].poll() is None:
+            crash_orphans(args.api, started)
         if server[0] is not None:
             _stop_server(server[0])
         if args.log:
@@ -212,6 +268,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--group", type=int, default=None)
     parser.add_argument("--log", default=None)
     parser.add_argument("--dvc-root", default=None)
+    parser.add_argument("--api", default=None)
     parser.add_argument("--server", nargs=argparse.REMAINDER, default=None)
     return parser.parse_args(argv)
 

@@ -171,6 +171,7 @@ def shared_api(timeout_s: float = STARTUP_TIMEOUT_S, stop_timeout_s: float = 120
     cmd += ["--no-ui", "--analytics-off"]
     root = dvc_root()
     guard_cmd = [sys.executable, "-I", GUARD, str(os.getpid()), str(stop_timeout_s), "--log", str(log)]
+    guard_cmd += ["--api", api_url]
     guard_cmd += ["--dvc-root", str(root)] if root else []
     guard = Guard(
         subprocess.Popen(
