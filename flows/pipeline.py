@@ -151,10 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     start = time.monotonic()
     try:
+        given = os.environ.get(
+            "PREFECT_API_URL"
+        )  # exported, the profile's or a running server's (flows.environment)
         with sigterm_as_interrupt(), shared_api() as api_url:
-            print(
-                f"pipeline: Prefect API {api_url} (started in {time.monotonic() - start:.1f} s)", flush=True
-            )
+            how = "in use" if given else f"started in {time.monotonic() - start:.1f} s"
+            print(f"pipeline: Prefect API {api_url} ({how})", flush=True)
             cmd, extra_env = dvc_command(args)
             rc = run_child(cmd, extra_env=extra_env)
             if rc != 0:

@@ -213,7 +213,7 @@ def test_sigterm_ends_the_pipeline_with_143_and_ctrl_c_with_130(monkeypatch) -> 
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # a given API: no server is started
 
     def interrupted(signum: int):
-        def run(cmd: list[str], stop_timeout_s: float = 0.0) -> int:
+        def run(cmd: list[str], *args: object, **kwargs: object) -> int:
             os.kill(os.getpid(), signum)
             time.sleep(5)
             raise AssertionError("no signal arrived")
