@@ -17,7 +17,7 @@ TEST_WORKERS ?= 2
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.codea1-vllm-installed
 
-.PHONY: setup vllm-venv run test test-fast test-vllm test-slow test-gpu ui lint typecheck format lab-compare readme-numbers clean
+.PHONY: setup vllm-venv run exp test test-fast test-vllm test-slow test-gpu ui lint typecheck format lab-compare readme-numbers clean
 
 ## setup: create .venv (idempotent); CPU torch first where there is no CUDA, then the project with constraints
 setup: $(STAMP)
@@ -67,6 +67,12 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 run: setup
 	@test -d .dvc || $(BIN)/dvc init -q
 	@$(BIN)/python -m flows.pipeline
+
+## exp: a DVC experiment, `make exp ARGS="-S reward.alpha=0.25"`: `dvc exp run ARGS` under one Prefect API, the
+##      experiment commit made as codea1 <codea1@localhost> where git has no user identity (flows/pipeline.py)
+exp: setup
+	@test -d .dvc || $(BIN)/dvc init -q
+	@$(BIN)/python -m flows.pipeline exp $(ARGS)
 
 ## test: the test suite without the opt-in gpu/slow markers (installs the optional `ray` extra its tests need);
 ##       run it before a commit or a stop

@@ -11,6 +11,12 @@ stages), the ``codea1`` CLI, ``serve``, ``ui`` and ``lab-compare`` get these def
 What it does not: override anything the user set — every default is ``os.environ.setdefault`` — or hide
 real warnings: only named library notices a user can do nothing about are filtered.
 
+A running Prefect API is reused (:func:`running_api`): without ``PREFECT_API_URL`` in the environment, the
+active Prefect profile's is exported, else that of a Prefect server answering on this machine's API port
+(``codea1 ui``, ``prefect server start``; ``PREFECT_SERVER_API_PORT``, default 4200), so a stage run by
+``dvc repro`` / ``dvc exp run`` uses it (its runs show in that UI) instead of starting a temporary server of
+its own. ``CODEA1_PREFECT_REUSE=0`` turns the probe off (the test suite does: its runs stay in its own API).
+
 Numerics (``model.cpu_numerics``): :data:`REPRODUCIBLE_NUMERICS` pins the kernel levels that decide how CPU
 arithmetic rounds, so a seed gives the same numbers on any x86-64 CPU with AVX2 (vendor, AVX-512 or not).
 MKL and ATen read these variables at their first kernel, not at import, so :func:`apply` sets them as
@@ -88,10 +94,64 @@ def _warnings_and_above(record: logging.LogRecord) -> bool:
     return record.levelno >= logging.WARNING
 
 
+PREFECT_REUSE_ENV = "CODEA1_PREFECT_REUSE"
+"""``0``: never reuse a Prefect server found on this machine's API port (:func:`running_api`)."""
+
+
+def profile_api_url() -> str | None:
+    """``PREFECT_API_URL`` of the active Prefect profile (``$PREFECT_PROFILES_PATH`` or
+    ``$PREFECT_HOME/profiles.toml``; ``$PREFECT_PROFILE`` or the file's ``active``), read without importing
+    Prefect; None when unset or unreadable."""
+    import tomllib
+    from pathlib import Path
+
+    home = Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
+    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
+    try:
+        profiles = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    active = os.environ.get("PREFECT_PROFILE") or profiles.get("active")
+    url = (profiles.get("profiles") or {}).get(active or "", {}).get("PREFECT_API_URL")
+    return str(url) if url else None
+
+
+def local_api(timeout_s: float = 0.5) -> str | None:
+    """``http://127.0.0.1:<port>/api`` when a Prefect server answers ``/api/health`` there (``port``:
+    ``PREFECT_SERVER_API_PORT``, default 4200; ``codea1 ui``, ``prefect server start``), else None."""
+    import json
+    import urllib.request
+
+    port = os.environ.get("PREFECT_SERVER_API_PORT", "4200").strip() or "4200"
+    api = f"http://127.0.0.1:{port}/api"
+    try:
+        with urllib.request.urlopen(f"{api}/health", timeout=timeout_s) as response:
+            healthy = response.status == 200 and json.loads(response.read(64) or b"null") is True
+    except (OSError, ValueError):
+        return None
+    return api if healthy else None
+
+
+def running_api() -> str | None:
+    """The Prefect API a process started here uses: ``PREFECT_API_URL`` from the environment, else the active
+    profile's (:func:`profile_api_url`), else a server answering on this machine (:func:`local_api`, unless
+    ``CODEA1_PREFECT_REUSE=0``); None when none (Prefect then starts a temporary server)."""
+    url = os.environ.get("PREFECT_API_URL") or profile_api_url()
+    if url or os.environ.get(PREFECT_REUSE_ENV, "1").strip() == "0":
+        return url
+    return local_api()
+
+
 def apply() -> None:
-    """Set the environment defaults (explicit user settings win) and filter known library noise."""
+    """Set the environment defaults (explicit user settings win), export the Prefect API to use when one runs
+    (:func:`running_api`) and filter known library noise."""
     for key, value in DEFAULTS.items():
         os.environ.setdefault(key, value)
+    api = running_api()
+    if (
+        api is not None
+    ):  # (a profile's URL is set here too: the pipeline's children need no server of their own)
+        os.environ.setdefault("PREFECT_API_URL", api)
     ours = _numerics_set_here()
     for key, value in REPRODUCIBLE_NUMERICS.items():
         if key not in os.environ and os.environ.get(NUMERICS_ENV, "").strip().lower() != "native":

@@ -234,16 +234,43 @@ def _dir_digest(path: Path, h: Any) -> None:
         h.update(f.relative_to(path).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
 
 
+ROLLOUT_TRAINING_ONLY = (
+    "n_code",
+    "n_tests",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_new_tokens_code",
+    "max_new_tokens_test",
+    "max_prompt_tokens_test",
+)
+"""``rollout`` keys only training's sampling reads (the evaluation samples with ``eval.*``); every other
+``rollout`` key decides how the evaluation generates: ``batch_size`` splits the prompts into chunks, each
+seeded by its offset, so it changes the samples; ``backend`` and the engine keys choose the kernels."""
+
+
 def baseline_cache_key(cfg: Config, paths: dict[str, str]) -> str:
-    """Content hash of the baseline models, the evaluation settings and the evaluated data files."""
+    """Content hash of the baseline models, every setting the evaluation reads and the evaluated data files.
+
+    Everything that changes the warm start's numbers is in the key (the ``model`` section, the ``rollout`` keys
+    generation reads, ``eval``, ...), so an entry written under other params is never read back as this
+    run's warm start: the warm-start column is the same whichever entry point evaluates it.
+    """
+    import dataclasses
     import hashlib
 
     h = hashlib.sha256(f"{BASELINE_CACHE_VERSION}\0{cfg.seed}\0".encode())
-    h.update(
-        json.dumps(
-            [cfg.eval, cfg.data.eval_benchmarks, cfg.reward.k, cfg.tests, cfg.sandbox], default=str
-        ).encode()
-    )
+    generation = {k: v for k, v in dataclasses.asdict(cfg.rollout).items() if k not in ROLLOUT_TRAINING_ONLY}
+    settings = [
+        cfg.eval,
+        cfg.data.eval_benchmarks,
+        cfg.reward.k,
+        cfg.tests,
+        cfg.sandbox,
+        cfg.model,
+        generation,
+    ]
+    h.update(json.dumps(settings, default=str, sort_keys=True).encode())
     for role in sorted(paths):
         _dir_digest(Path(paths[role]), h)
     for name in sorted({*cfg.data.eval_benchmarks, *cfg.eval.test_sources}):

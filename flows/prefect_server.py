@@ -4,7 +4,8 @@ Without ``PREFECT_API_URL``, every ``python -m flows.<stage>`` process starts Pr
 itself (seconds on a small machine, longer the first time: the database is created and migrated).
 ``make run`` runs five stages, so :func:`shared_api` starts one ``prefect server start`` (no UI) on a free
 loopback port, exports its URL to the child processes, and stops it when the block ends, also on Ctrl-C or
-SIGTERM.
+SIGTERM. The server runs as the child of a guard process (:mod:`flows.guard`), which outlives a killed runner
+just long enough to stop the running stage before the server (the stage's runs end while their API answers).
 
 Services (:data:`SERVICES_ENV`): Prefect 3 clients report task runs as *events*; the server's task-run recorder
 turns them into the task runs the UI and API show, and the event persister stores the events (the run's event
@@ -14,8 +15,9 @@ start-up cost stays that of ``--no-services`` — which, though, records no task
 run said "did not generate any task or subflow runs"). The server writes to the same database as the ephemeral API
 (``$PREFECT_HOME``), so every run still shows in the Prefect UI afterwards (``make ui``).
 
-What it does not: replace a server the user runs — with ``PREFECT_API_URL`` already set it uses that one and
-starts nothing.
+What it does not: replace a server the user runs — with ``PREFECT_API_URL`` already set (exported, or set by
+:func:`flows.environment.apply` from the active profile or a server answering on this machine: ``codea1 ui``)
+it uses that one and starts nothing.
 """
 
 from __future__ import annotations
@@ -94,72 +96,124 @@ def die_with_parent() -> None:
         pass
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the server's process group (uvicorn and its children), SIGKILL what is left after a while."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+GUARD = str(Path(__file__).with_name("guard.py"))
+"""The runner's guard (:mod:`flows.guard`), run as a script (standard library only)."""
+
+
+class Guard:
+    """The guard process of this runner: it starts the temporary server as its own child and, should the runner
+    die, stops the running stage's process group first, then the server (:mod:`flows.guard`)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+
+    def stage_group(self, pgid: int | None) -> None:
+        """Tell the guard which process group runs a stage now (None: none)."""
+        assert self.proc.stdin is not None
+        with contextlib.suppress(OSError):
+            self.proc.stdin.write(f"group {'-' if pgid is None else pgid}\n".encode())
+            self.proc.stdin.flush()
+
+    def close(self, timeout_s: float) -> None:
+        """EOF on the guard's stdin: it stops the server, removes its log and exits (killed after ``timeout_s``)."""
+        with contextlib.suppress(OSError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # the server gets SIGTERM from the kernel (it dies with its parent)
+            self.proc.wait()
+
+
+_GUARD: Guard | None = None
+"""The guard of the server :func:`shared_api` runs, while it runs (``flows.pipeline.run_child`` reports to it)."""
+
+
+def active_guard() -> Guard | None:
+    return _GUARD
+
+
+def guard_preexec() -> None:
+    """In a guard (before exec): SIGTERM when the runner dies, and SIGTERM blocked until the guard's handler is
+    installed (a runner killed while the guard starts up would otherwise kill the guard instead)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    die_with_parent()
+
+
+def dvc_root(start: Path | None = None) -> Path | None:
+    """The DVC repository this process runs in (the first folder upwards with a ``.dvc``), if any."""
+    here = (start or Path.cwd()).resolve()
+    return next((p for p in (here, *here.parents) if (p / ".dvc").is_dir()), None)
 
 
 @contextlib.contextmanager
-def shared_api(timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[str]:
+def shared_api(timeout_s: float = STARTUP_TIMEOUT_S, stop_timeout_s: float = 120.0) -> Iterator[str]:
     """Yield a Prefect API URL valid for the block; start (and finally stop) a local server if none is set.
 
     ``PREFECT_API_URL`` is set in ``os.environ`` for the block, so child processes started inside it
-    (``dvc repro`` and the stages it runs) all talk to the same API.
+    (``dvc repro`` and the stages it runs) all talk to the same API. The server is the child of a guard
+    process (:class:`Guard`): when this process dies, even by SIGKILL, the guard stops the running stage first
+    (up to ``stop_timeout_s``: it ends its runs while the API still answers), then the server, and removes the
+    server's log; the log is removed on every ending.
     """
+    global _GUARD
     existing = os.environ.get("PREFECT_API_URL")
     if existing:
         yield existing
         return
     port = _free_port()
     api_url = f"http://127.0.0.1:{port}/api"
-    log = Path(tempfile.mkstemp(prefix="codea1-prefect-server-", suffix=".log")[1])
+    fd, name = tempfile.mkstemp(prefix="codea1-prefect-server-", suffix=".log")
+    os.close(fd)
+    log = Path(name)
     cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--no-ui", "--analytics-off"]
-    env = {**os.environ, **SERVICES_ENV}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
+    root = dvc_root()
+    guard_cmd = [sys.executable, "-I", GUARD, str(os.getpid()), str(stop_timeout_s), "--log", str(log)]
+    guard_cmd += ["--api", api_url]
+    guard_cmd += ["--dvc-root", str(root)] if root else []
+    guard = Guard(
+        subprocess.Popen(
+            [*guard_cmd, "--server", *cmd],
+            stdin=subprocess.PIPE,
+            env={**os.environ, **SERVICES_ENV},
             start_new_session=True,
-            preexec_fn=die_with_parent,
+            preexec_fn=guard_preexec,
         )
+    )
     try:
         deadline = time.monotonic() + timeout_s
         while not _healthy(api_url):
-            if proc.poll() is not None or time.monotonic() > deadline:
+            if guard.proc.poll() is not None or time.monotonic() > deadline:
                 why = (
-                    f"exited with code {proc.returncode}"
-                    if proc.poll() is not None
+                    f"exited with code {guard.proc.returncode}"
+                    if guard.proc.poll() is not None
                     else f"no answer in {timeout_s:.0f} s"
                 )
-                raise ServerStartError(f"the Prefect server {why}; its log ({log}):\n{_tail(log)}")
+                raise ServerStartError(f"the Prefect server {why}; the end of its log:\n{_tail(log)}")
             time.sleep(0.25)
         os.environ["PREFECT_API_URL"] = api_url
+        _GUARD = guard
         yield api_url
     finally:
+        _GUARD = None
         os.environ.pop("PREFECT_API_URL", None)
-        _stop(proc)
-    log.unlink(missing_ok=True)
+        guard.close(STOP_TIMEOUT_S + 5)
+        log.unlink(missing_ok=True)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as a KeyboardInterrupt (:func:`sigterm_as_interrupt`): the caller exits 143, not 130."""
 
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt for the block, so ``finally`` clauses (server stop) run."""
+    """Turn SIGTERM into :class:`Terminated` (a KeyboardInterrupt) for the block, so ``finally`` clauses (server
+    stop) run."""
 
     def _raise(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
+        raise Terminated(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, _raise)
     try:

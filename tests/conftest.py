@@ -14,6 +14,7 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("CODEA1_PREFECT_REUSE", "0")  # a developer's running `codea1 ui` gets no test runs
 
 import pytest  # noqa: E402
 

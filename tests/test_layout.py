@@ -47,7 +47,7 @@ def _dvc_params(repo_root: Path) -> list[tuple[str, str]]:
     used = []
     for name, stage in dvc["stages"].items():
         for entry in stage.get("params", []):
-            keys = entry if isinstance(entry, str) else [k for spec in entry.values() for k in spec]
+            keys = entry if isinstance(entry, str) else [k for spec in entry.values() for k in spec or ()]
             used.extend((name, k) for k in ([keys] if isinstance(keys, str) else keys))
     assert used, "dvc.yaml declares no params"
     return used

@@ -1,7 +1,8 @@
 """The training run's tracker: one MLflow run per training run, and a null stand-in with the same methods.
 
 What it does: a :class:`Tracker` protocol with an MLflow implementation (:class:`MlflowTracker`: one run per
-training run, flattened params, git/DVC tags (:func:`run_tags`), per-iteration metrics with
+training run, flattened params, git/DVC tags (:func:`run_tags`; under ``dvc exp run`` the experiment's name
+and baseline revision, :func:`dvc_experiment`, the name also ending the run's name), per-iteration metrics with
 ``step=iteration``, artifacts, the final models logged and registered as versions of ``codea1-code`` /
 ``codea1-test``) and a :class:`NullTracker` for tests and ``tracking.backend: null``; :func:`make_tracker`
 picks one from the config.
@@ -16,6 +17,7 @@ Tests: ``pytest tests/tracking/test_runs.py``.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -112,6 +114,20 @@ def run_tags(repo_dir: str | Path = ".") -> dict[str, str]:
     return tags
 
 
+def dvc_experiment() -> dict[str, str]:
+    """The DVC experiment this process runs in, as MLflow tags: ``dvc exp run`` gives its stages
+    ``DVC_EXP_NAME`` and ``DVC_EXP_BASELINE_REV`` (the commit it derives from); ``{}`` outside one."""
+    names = {"DVC_EXP_NAME": "dvc.exp.name", "DVC_EXP_BASELINE_REV": "dvc.exp.baseline_rev"}
+    return {tag: os.environ[var] for var, tag in names.items() if os.environ.get(var)}
+
+
+def experiment_run_name(run_name: str | None) -> str | None:
+    """``run_name`` with the DVC experiment's name appended under ``dvc exp run``: two experiments of the same
+    params (``train-codea1-seed1-alpha0.25``) get two names."""
+    exp = os.environ.get("DVC_EXP_NAME")
+    return f"{run_name}-{exp}" if run_name and exp else run_name
+
+
 class MlflowTracker:
     """One MLflow run per training run, re-opened by id on resume."""
 
@@ -125,7 +141,8 @@ class MlflowTracker:
             self.client.update_run(run_id, status="RUNNING")
         else:
             exp_id = experiment_id(self.client, cfg)
-            run = self.client.create_run(exp_id, run_name=run_name, tags={"codea1.mode": cfg.mode})
+            created = {"codea1.mode": cfg.mode, **dvc_experiment()}
+            run = self.client.create_run(exp_id, run_name=experiment_run_name(run_name), tags=created)
             self.run_id = run.info.run_id
             params = [
                 Param(k, json.dumps(v) if isinstance(v, list) else str(v)) for k, v in cfg.flat().items()

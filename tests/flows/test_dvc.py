@@ -26,6 +26,8 @@ CSV = ("iteration,code/reward_mean,test/reward_mean,mistake_book/size,mistake_bo
 stage = yaml.safe_load(open("dvc.yaml"))["stages"][sys.argv[1]]
 params = yaml.safe_load(open("params.yaml"))
 stamp = json.dumps({"stage": sys.argv[1], "t": time.time_ns(), "alpha": params["reward"]["alpha"]})
+if sys.argv[1] == "params":  # as flows.params_check: the same bytes for every valid params file
+    stamp = json.dumps({"params": "checked"})
 for kind in ("outs", "metrics", "plots"):
     for entry in stage.get(kind, []):
         path = pathlib.Path(entry if isinstance(entry, str) else next(iter(entry)))
@@ -102,20 +104,20 @@ def _commit(cwd: Path) -> None:
 @pytest.mark.e2e
 def test_alpha_reruns_train_and_later_only(stub_repo: Path) -> None:
     first = _ran(_dvc(stub_repo, "repro"))
-    assert first == ["prepare", "warmstart", "train", "evaluate", "register"]
+    assert first == ["params", "prepare", "warmstart", "train", "evaluate", "register"]
     assert "up to date" in _dvc(stub_repo, "status")
     params = stub_repo / "params.yaml"
     params.write_text(params.read_text().replace("alpha: 0.5", "alpha: 0.25"))
     status = _dvc(stub_repo, "status")
     assert "train:" in status and "prepare:" not in status and "warmstart:" not in status
-    assert _ran(_dvc(stub_repo, "repro")) == ["train", "evaluate", "register"]
+    assert _ran(_dvc(stub_repo, "repro")) == ["params", "train", "evaluate", "register"]
     plots = json.loads(_plots(stub_repo))  # `dvc plots show` renders the curves from history.csv
     for name in ("rewards", "mistake_book"):
         values = plots["data"][name][0]["content"]["data"]["values"]
         assert [v["iteration"] for v in values][:2] == ["1", "2"], name
     # a key only the last stages read (eval.promote_metric: evaluate's headline.json, register) re-runs them alone
     params.write_text(params.read_text().replace("promote_metric: ", "promote_metric: x"))
-    assert _ran(_dvc(stub_repo, "repro")) == ["evaluate", "register"]
+    assert _ran(_dvc(stub_repo, "repro")) == ["params", "evaluate", "register"]
 
 
 @pytest.mark.timeout(900)  # several dvc runs of up to 300 s
@@ -124,7 +126,7 @@ def test_exp_run_with_set_param(stub_repo: Path) -> None:
     _dvc(stub_repo, "repro")
     _commit(stub_repo)
     out = _dvc(stub_repo, "exp", "run", "-S", "reward.alpha=0.75")
-    assert _ran(out) == ["train", "evaluate", "register"], out
+    assert _ran(out) == ["params", "train", "evaluate", "register"], out
     shown = _dvc(stub_repo, "exp", "show", "--no-pager", "--csv")
     assert "0.75" in shown
 
@@ -166,6 +168,80 @@ def test_two_experiments_compare_in_exp_show(stub_repo: Path) -> None:
     changed = json.loads(diff[diff.index("{") :])["outputs/eval/headline.json"]["alpha"]
     assert (changed["old"], changed["new"]) == (0.25, 0.75)
     assert "outputs/eval/headline.json" in _dvc(stub_repo, "metrics", "show")
+
+
+@pytest.mark.timeout(900)  # several dvc runs of up to 300 s
+@pytest.mark.e2e
+def test_a_refused_value_fails_before_dvc_removes_any_output(stub_repo: Path, repo_root: Path) -> None:
+    """Regression: ``dvc exp run -S reward.alpha=2`` was refused by the train stage itself, after DVC had removed
+    its outputs (DVC removes them just before running a stage's command). The ``params`` stage (the real
+    ``flows.params_check``) refuses it first, in one line naming the key; train's outputs stay as they were.
+    The train stub checks its params as the real stage does."""
+    pipeline = yaml.safe_load((stub_repo / "dvc.yaml").read_text())
+    real = f"env PYTHONPATH={repo_root} {sys.executable} -m"
+    pipeline["stages"]["params"]["cmd"] = f"{real} flows.params_check"
+    pipeline["stages"]["train"]["cmd"] = f"{real} flows.params_check && {pipeline['stages']['train']['cmd']}"
+    (stub_repo / "dvc.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
+    _dvc(stub_repo, "repro")
+    _commit(stub_repo)
+    final = stub_repo / "outputs" / "train" / "final" / "stub.json"
+    before = final.read_text()
+    env = dict(os.environ, DVC_NO_ANALYTICS="1", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t")
+    env |= {"GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    run = subprocess.run(
+        [DVC, "exp", "run", "-S", "reward.alpha=2"], cwd=stub_repo, capture_output=True, text=True, env=env
+    )
+    out = run.stdout + run.stderr
+    assert run.returncode != 0 and "reward.alpha" in out, out
+    assert _ran(out) == ["params"], out
+    assert final.read_text() == before  # nothing of train's removed
+    assert "Traceback" not in out
+
+
+@pytest.mark.timeout(900)  # several dvc runs of up to 300 s
+@pytest.mark.e2e
+def test_an_experiment_runs_where_git_has_no_identity(
+    stub_repo: Path, tmp_path: Path, repo_root: Path
+) -> None:
+    """Regression: ``dvc exp run`` failed with "unexpected error - Git user name and email must be configured"
+    where git had no identity (a fresh machine). ``python -m flows.pipeline exp`` (``make exp``) makes the
+    experiment commit as codea1 <codea1@localhost> there and says how to set one; git's config is left alone."""
+    _dvc(stub_repo, "repro")
+    _commit(stub_repo)
+    (stub_repo / "new_module.py").write_text("")  # a change to commit with the experiment
+    subprocess.run(["git", "add", "new_module.py"], cwd=stub_repo, check=True)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("GIT_AUTHOR_", "GIT_COMMITTER_", "EMAIL"))
+    }
+    env |= {
+        "HOME": str(home),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "DVC_NO_ANALYTICS": "1",
+        "PYTHONPATH": str(repo_root),
+    }
+    env["PREFECT_API_URL"] = "http://127.0.0.1:9/api"  # given (the stubs never call it): no server is started
+    no_identity = subprocess.run(
+        ["git", "var", "GIT_AUTHOR_IDENT"], cwd=stub_repo, env=env, capture_output=True
+    )
+    assert no_identity.returncode != 0  # the machine this test stands for
+    run = subprocess.run(
+        [sys.executable, "-m", "flows.pipeline", "exp", "-S", "reward.alpha=0.75", "-n", "no-identity"],
+        cwd=stub_repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = run.stdout + run.stderr
+    assert "git has no user identity here" in out and "git config user.name" in out, out
+    assert _ran(out) == ["params", "train", "evaluate", "register"], out
+    authors = subprocess.run(
+        ["git", "log", "--all", "--format=%an <%ae>"], cwd=stub_repo, env=env, capture_output=True, text=True
+    ).stdout
+    assert "codea1 <codea1@localhost>" in authors, authors
+    assert subprocess.run(["git", "config", "user.name"], cwd=stub_repo, env=env).returncode != 0
 
 
 def test_stage_params_are_declared_precisely(repo_root: Path) -> None:
@@ -220,7 +296,7 @@ def _closure(start: Path, root: Path) -> set[Path]:
     return seen
 
 
-@pytest.mark.parametrize("stage", ["prepare", "warmstart", "train", "evaluate", "register"])
+@pytest.mark.parametrize("stage", ["params", "prepare", "warmstart", "train", "evaluate", "register"])
 def test_stage_deps_cover_the_code_the_stage_imports(repo_root: Path, stage: str) -> None:
     """`dvc repro` reruns a stage only when a listed dep changes: every repo module it imports is listed."""
     spec = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"][stage]
@@ -236,7 +312,7 @@ def test_stage_deps_cover_the_code_the_stage_imports(repo_root: Path, stage: str
     assert not missing, f"dvc.yaml stage {stage!r}: imported but not in deps: {missing}"
 
 
-@pytest.mark.parametrize("stage", ["prepare", "warmstart", "train", "evaluate", "register"])
+@pytest.mark.parametrize("stage", ["params", "prepare", "warmstart", "train", "evaluate", "register"])
 def test_stage_deps_list_no_code_the_stage_does_not_import(repo_root: Path, stage: str) -> None:
     """Bug guarded: the train stage listed ``mutants.py``, ``report.py`` and ``benchmarks.py`` (modules
     it does not import), so editing the mutant generator re-ran training.

@@ -175,10 +175,11 @@ def _start_holding_the_api(tmp_path: Path, body: str) -> tuple[subprocess.Popen,
         "except KeyboardInterrupt:\n"
         "    print('stopped', flush=True)\n"
     )
+    (tmp_path / "tmp").mkdir(exist_ok=True)
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
         cwd=tmp_path,
-        env=_pristine_env(tmp_path),
+        env=_pristine_env(tmp_path, TMPDIR=str(tmp_path / "tmp")),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -201,6 +202,7 @@ def test_sigterm_stops_the_pipeline_and_its_prefect_server(tmp_path: Path) -> No
         assert proc.stdout.read().strip() == "stopped"
         assert time.monotonic() - t0 < 15
         assert not _health(url), "the Prefect server outlived the pipeline"
+        assert not list((tmp_path / "tmp").glob("codea1-prefect-server-*.log"))  # its log went with it
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -217,6 +219,10 @@ def test_a_killed_pipeline_takes_its_prefect_server_with_it(tmp_path: Path) -> N
         while _health(url) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not _health(url), "the Prefect server outlived a killed pipeline"
+        deadline = time.monotonic() + 15  # its guard removes the log once the server is stopped
+        while list((tmp_path / "tmp").glob("codea1-prefect-server-*.log")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not list((tmp_path / "tmp").glob("codea1-prefect-server-*.log"))
     finally:
         if proc.poll() is None:
             proc.kill()

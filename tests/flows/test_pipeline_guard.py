@@ -111,3 +111,57 @@ def test_a_stage_that_ignores_sigterm_is_killed_after_the_stop_timeout(
     left = _wait_gone(pgid, within_s=20)
     assert left == [], f"a SIGTERM-ignoring group outlived its stop timeout: {left}"
     assert time.monotonic() - t0 >= 2.5
+
+
+def test_prune_rwlock_removes_only_the_entries_of_dead_processes(tmp_path: Path) -> None:
+    """Regression: a killed ``dvc`` left its entries in ``.dvc/tmp/rwlock`` (DVC warns about them next time)."""
+    import json
+
+    from flows.guard import prune_rwlock
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    me = {"pid": os.getpid(), "cmd": "dvc repro"}
+    gone = {"pid": dead.pid, "cmd": "dvc repro"}
+    (tmp_path / ".dvc" / "tmp").mkdir(parents=True)
+    rwlock = tmp_path / ".dvc" / "tmp" / "rwlock"
+    rwlock.write_text(json.dumps({"write": {"a": gone, "b": me}, "read": {"c": [gone, me], "d": [gone]}}))
+    assert prune_rwlock(tmp_path) == [dead.pid]
+    assert json.loads(rwlock.read_text()) == {"write": {"b": me}, "read": {"c": [me]}}
+    assert prune_rwlock(tmp_path) == [] and prune_rwlock(tmp_path / "nothing") == []
+
+
+@pytest.mark.e2e
+def test_the_guard_marks_the_runs_a_killed_stage_left_running_crashed(prefect_harness) -> None:
+    """A stage killed after the stop timeout cannot end its runs: the guard sets those that started on its
+    server's watch CRASHED (and their task runs) before it stops the server; older runs are left alone."""
+    from prefect import flow, task
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+    from prefect.states import Completed, Running
+
+    from flows.guard import crash_orphans
+
+    @flow(name="guard-orphan")
+    def orphan() -> None:
+        pass
+
+    @task(name="guard-orphan-step")
+    def step() -> None:
+        pass
+
+    with get_client(sync_client=True) as client:
+        older = client.create_flow_run(orphan)
+        client.set_flow_run_state(older.id, Running(), force=True)
+        time.sleep(1.0)
+        since = time.time()
+        left = client.create_flow_run(orphan)
+        client.set_flow_run_state(left.id, Running(), force=True)
+        stuck = client.create_task_run(step, left.id, "step-0", state=Running())  # a task run of the orphan
+        crashed = crash_orphans(str(PREFECT_API_URL.value()), since)
+        assert crashed == [str(left.id)]
+        assert client.read_flow_run(left.id).state.type.value == "CRASHED"
+        assert client.read_task_run(stuck.id).state.type.value == "CRASHED"
+        assert client.read_flow_run(older.id).state.type.value == "RUNNING"
+        client.set_flow_run_state(older.id, Completed(), force=True)
+    assert crash_orphans("http://127.0.0.1:9/api", since, timeout_s=1.0) == []  # no API: nothing, quietly

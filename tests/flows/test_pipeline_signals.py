@@ -6,7 +6,8 @@ reached the stage at all: it trained to the end and registered a model version a
 "interrupted". Here the real runner (``python -m flows.pipeline``) runs ``dvc repro`` of the real train stage on
 a tiny config in a DVC repo; once the first checkpoint is written it is stopped as a terminal's Ctrl-C does
 (SIGINT to its process group) or as a service manager does (SIGTERM to it). After it exits: the stage's process
-is gone, no lock is left, the MLflow run is KILLED and the Prefect flow run CANCELLED (nothing RUNNING).
+is gone, no lock is left, the MLflow run is KILLED and the Prefect flow run CANCELLED (nothing RUNNING); the
+pipeline exits 130 after Ctrl-C and 143 after SIGTERM, the code of a stage stopped by SIGTERM.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def test_stopping_the_pipeline_during_train_stops_the_stage(
     assert proc.poll() is None, proc.communicate()[0][-3000:]
     stage_pid = json.loads((out / "train.lock").read_text())["pid"]
     log = _stop(proc, how, stage_pid, "train")
-    assert proc.returncode == 130, log[-3000:]
+    assert proc.returncode == (130 if how == "ctrl-c" else 143), log[-3000:]  # SIGTERM: as a stage
     assert not (out / "train.lock").exists()
     run_id = json.loads((out / "checkpoints" / "run.json").read_text())["run_id"]
     mlflow = MlflowClient(tracking_uri=f"sqlite:///{repo}/mlflow.db")
@@ -192,7 +193,7 @@ def test_stopping_the_pipeline_during_warm_start_or_evaluate_leaves_nothing_runn
     stage_pid = _stage_pid(repo, stage)
     assert stage_pid is not None
     log = _stop(proc, how, stage_pid, stage)
-    assert proc.returncode == 130, log[-3000:]
+    assert proc.returncode == (130 if how == "ctrl-c" else 143), log[-3000:]  # SIGTERM: as a stage
     states = [(r.name, r.state_type.value) for r in running()]
     assert len(states) == 1 and states[0][1] in ("CANCELLED", "CRASHED"), (states, log[-4000:])
     leftovers = (
@@ -203,3 +204,23 @@ def test_stopping_the_pipeline_during_warm_start_or_evaluate_leaves_nothing_runn
     assert not leftovers, leftovers
     locks = [p for p in repo.rglob("*.lock") if p.name != "dvc.lock" and ".dvc" not in p.parts]
     assert not locks, locks
+
+
+def test_sigterm_ends_the_pipeline_with_143_and_ctrl_c_with_130(monkeypatch) -> None:
+    """Regression: SIGTERM exited 130, a Ctrl-C's code; the stages exit 143 after SIGTERM."""
+    from flows import pipeline
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # a given API: no server is started
+
+    def interrupted(signum: int):
+        def run(cmd: list[str], *args: object, **kwargs: object) -> int:
+            os.kill(os.getpid(), signum)
+            time.sleep(5)
+            raise AssertionError("no signal arrived")
+
+        return run
+
+    monkeypatch.setattr(pipeline, "run_child", interrupted(signal.SIGTERM))
+    assert pipeline.main([]) == 143
+    monkeypatch.setattr(pipeline, "run_child", interrupted(signal.SIGINT))
+    assert pipeline.main([]) == 130
