@@ -1,8 +1,8 @@
 """Evaluate stage: benchmark the Code LLM and the Test LLM, write metrics and an HTML report.
 
 What it does (docs/method.md §13), read top to bottom:
-  0. check the inputs: every prepared file it reads was prepared with this config's data params (one line
-     naming the keys and the prepare command otherwise);
+  0. check the inputs: every prepared file it reads was prepared with this config's data params, and a few
+     references pass their own golden tests under the ``sandbox.*`` limits (one line naming the fix);
   1. resolve the models: ``--code-model/--test-model`` (or the function arguments, or the params keys
      ``eval.code_model/eval.test_model``, e.g. ``codea1 evaluate eval.code_model=DIR``) win, else the latest
      training export ``<orchestration.checkpoint_dir>/final/{code,test}``, else ``model.code_path`` /
@@ -132,6 +132,17 @@ def check_prepared(cfg: Config) -> None:
                 check_record(path, cfg)
             except DatasetError as exc:
                 raise UserError(str(exc)) from None
+
+
+def check_references(cfg: Config, executor: Any) -> None:
+    """A sample of the first benchmark's references on their own golden tests under the sandbox limits
+    (``tasks.execute.check_reference_health``): limits that fail them are one line, before any model loads."""
+    from codea1_core.evaluation.benchmarks import load_benchmark
+    from tasks.execute import check_reference_health
+
+    names = evaluated_benchmarks(cfg)
+    if names:
+        check_reference_health(executor, load_benchmark(cfg, names[0]), cfg, "evaluate")
 
 
 def load_history(cfg: Config) -> list[dict[str, Any]]:
@@ -354,6 +365,8 @@ def _evaluate(
         executor = make_executor(cfg.sandbox)
     mutant_dir = str(out_dir / "mutants")
     try:
+        if own_executor:  # the stage's own sandbox: its limits checked on a few references first
+            check_references(cfg, executor)
         code = _lazy(code_policy, cfg, "code", code_model)
         test = _lazy(test_policy, cfg, "test", test_model)
         metrics = _evaluate_models(cfg, code, test, executor, mutant_dir)
