@@ -22,7 +22,7 @@ What it does:
 What it does not: run code (the ``prepare`` flow does, in the sandbox) or read raw sources
 (``codea1_core.data.datasets``). How to run: ``load_prepared("data/prepared/train.parquet")``; tests in
 ``tests/core/data/test_datasets.py`` (``test_resolve_*``, ``test_prepared_parquet_round_trip_and_errors``) and
-``tests/flows/test_prepare.py``; the record in ``test_prepared_record_*`` there.
+``tests/flows/test_prepare.py``; the record in ``tests/core/data/test_prepared.py``.
 """
 
 from __future__ import annotations
