@@ -274,6 +274,12 @@ class SandboxConfig:
     """Retries of a program whose worker failed, before reporting ``infra_error``."""
     max_infra_failure_frac: float = 0.1
     """A step aborts when more than this share of its calls hit infrastructure errors (D4)."""
+    max_reference_failure_frac: float = 0.5
+    """Train and evaluate stop, naming the sandbox limit to raise, when more than this share of the
+    references fail under these limits: of a sample of references on their own golden tests at the start
+    (train and evaluate), and of a training step's problems (a reference program that does not load masks its
+    problem; one whose every call hits a limit leaves every test invalid). Limits that fail every reference
+    would otherwise train on zero rewards; 1.0 turns the check off (``tasks/execute.py``)."""
     network_isolation: Literal["auto", "require", "off"] = "auto"
     """``require``: fail at start-up without a network namespace or bubblewrap; ``auto``: best available."""
     drop_privileges: bool = True
@@ -685,6 +691,7 @@ RANGES: dict[str, tuple[str, Callable[[float], bool]]] = {
     "sandbox.float_abs_tol": _COUNT0,
     "sandbox.infra_retries": _COUNT0,
     "sandbox.max_infra_failure_frac": _UNIT,
+    "sandbox.max_reference_failure_frac": _UNIT,
     "sandbox.ray_actors_per_node": _COUNT,
     "sandbox.ray_workers_per_actor": _COUNT,
     "eval.n_samples": _COUNT,

@@ -1,6 +1,8 @@
 """Evaluate stage: benchmark the Code LLM and the Test LLM, write metrics and an HTML report.
 
 What it does (docs/method.md §13), read top to bottom:
+  0. check the inputs: every prepared file it reads was prepared with this config's data params, and a few
+     references pass their own golden tests under the ``sandbox.*`` limits (one line naming the fix);
   1. resolve the models: ``--code-model/--test-model`` (or the function arguments, or the params keys
      ``eval.code_model/eval.test_model``, e.g. ``codea1 evaluate eval.code_model=DIR``) win, else the latest
      training export ``<orchestration.checkpoint_dir>/final/{code,test}``, else ``model.code_path`` /
@@ -107,6 +109,40 @@ def evaluated_policy(cfg: Config, role: str, override: str | None = None) -> Any
         return build_policy(path, cfg, role, total_steps=1, adapter_dir=str(adapters))
     except OSError as exc:
         raise UserError(f"{exc} (train or warm-start first, or pass --{role}-model)") from None
+
+
+def evaluated_benchmarks(cfg: Config) -> list[str]:
+    """The benchmarks :func:`_evaluate_models` reads, each once, in the order it reads them."""
+    names = list(cfg.data.eval_benchmarks)
+    if "test" in evaluated_roles(cfg):
+        names += [*cfg.eval.test_sources, *cfg.eval.solve_benchmarks]
+    return list(dict.fromkeys(names))
+
+
+def check_prepared(cfg: Config) -> None:
+    """Every prepared file the evaluation reads was prepared with this config's data params
+    (``prepared.check_record``); otherwise one line naming the file, the keys and the prepare command."""
+    from codea1_core.data.dataset_types import DatasetError
+    from codea1_core.data.prepared import check_record
+
+    for name in evaluated_benchmarks(cfg):
+        path = Path(cfg.data.prepared_dir) / f"eval_{name}.parquet"
+        if path.is_file():  # an absent one is load_benchmark's line; bigcodebench / ULT are read from files
+            try:
+                check_record(path, cfg)
+            except DatasetError as exc:
+                raise UserError(str(exc)) from None
+
+
+def check_references(cfg: Config, executor: Any) -> None:
+    """A sample of the first benchmark's references on their own golden tests under the sandbox limits
+    (``tasks.execute.check_reference_health``): limits that fail them are one line, before any model loads."""
+    from codea1_core.evaluation.benchmarks import load_benchmark
+    from tasks.execute import check_reference_health
+
+    names = evaluated_benchmarks(cfg)
+    if names:
+        check_reference_health(executor, load_benchmark(cfg, names[0]), cfg, "evaluate")
 
 
 def load_history(cfg: Config) -> list[dict[str, Any]]:
@@ -316,7 +352,11 @@ def evaluate_flow(
     params file + overrides; ``code_model``/``test_model`` as ``--code-model``/``--test-model``. With ``run_dir``
     that training run's models are evaluated into ``<run_dir>/eval``; ``run_dir="auto"`` evaluates the
     workspace's models into a new run folder."""
+    from flows.console import quiet_user_error_tracebacks
+
     cfg = flow_config(params, overrides, run_dir, keep_train_dir=True)
+    quiet_user_error_tracebacks()  # a refused input is its one line, here as in a deployment's run
+    check_prepared(cfg)
     record_numerics(cfg, "evaluate")
     return evaluate(cfg, code_model or None, test_model or None)
 
@@ -352,6 +392,8 @@ def _evaluate(
         executor = make_executor(cfg.sandbox)
     mutant_dir = str(out_dir / "mutants")
     try:
+        if own_executor:  # the stage's own sandbox: its limits checked on a few references first
+            check_references(cfg, executor)
         code = _lazy(code_policy, cfg, "code", code_model)
         test = _lazy(test_policy, cfg, "test", test_model)
         metrics = _evaluate_models(cfg, code, test, executor, mutant_dir)
@@ -451,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {compare(args.compare, out)}")
             return
         cfg = load_stage_config(args.params, list(args.overrides))  # a bad file: one line, before Prefect
+        check_prepared(cfg)  # another config's data too
         try:  # an unusable MLflow store: one line now, not minutes of retries after the evaluation
             probe_if_used(cfg)
         except TrackingUnavailable as exc:

@@ -14,7 +14,9 @@ What it does, top to bottom:
   3. Fill expected values from the reference, drop golden tests the reference cannot answer or whose
      dataset claim disagrees (``prepared.resolve``), reject problems left without tests, then gate every
      set with Great Expectations (``tasks.quality.validate_problems``).
-  4. Write ``train.parquet``, ``val.parquet``, ``eval_<name>.parquet`` and ``report.json`` (counts per
+  4. Write ``train.parquet``, ``val.parquet``, ``eval_<name>.parquet`` (each with the record of the params
+     that decided it, ``prepared.prepared_record``: train and evaluate refuse a file another config
+     prepared) and ``report.json`` (counts per
      source, rejected problems, excluded tests and unparsed dataset asserts with reasons, skipped
      sources with reasons), each
      atomically, only after everything succeeded; print a summary table. Those DVC-tracked files hold
@@ -49,6 +51,7 @@ from codea1_core.data.datasets import load_source
 from codea1_core.data.prepared import (
     chunk_exprs,
     load_prepared,
+    prepared_record,
     reference_exprs,
     rerun_alone,
     resolve,
@@ -365,7 +368,7 @@ def prepare(cfg: Config) -> dict[str, Any]:
         }
     for group, problems in final.items():  # write only after every set passed
         if group in ("train", "val") or problems:
-            save_prepared(problems, out_dir / f"{group}.parquet")
+            save_prepared(problems, out_dir / f"{group}.parquet", prepared_record(cfg, group))
         else:  # a skipped benchmark must not leave a stale file behind
             (out_dir / f"{group}.parquet").unlink(missing_ok=True)
     report["seconds"] = round(time.monotonic() - t0, 2)

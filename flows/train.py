@@ -41,7 +41,7 @@ from flows.common import flow_config, flow_run_name, record_numerics, run_label,
 from flows.steps import as_function, as_task
 from flows.train_run import TrainRun, load_problems, seed_everything, training_steps
 from tasks.checkpoint import checkpoint
-from tasks.execute import execute, execute_golden
+from tasks.execute import check_reference_health, execute, execute_golden
 from tasks.mistake_book import merge_mistake_book, retrieve_replay
 from tasks.rollout import drop_overlong_problems, extract_codes, gate_tests, rollout_code, rollout_tests
 from tasks.score import score, validate, write_outcomes
@@ -76,11 +76,11 @@ def train(cfg: Config) -> dict[str, Any]:
     # several ranks: rank 0 owns lock, tracking, checkpoints (flows/distributed.py)
     main = dist_train.is_main()
     lock = WorkspaceLock(cfg.orchestration.checkpoint_dir) if main else contextlib.nullcontext()
-    with lock, steps.stop_on_sigterm() as stop:
-        run = setup(cfg, make_tracker if main else dist_train.null_tracker)
+    with lock, steps.stop_on_sigterm() as stop, make_executor(cfg.sandbox) as executor:
+        run = setup(cfg, make_tracker if main else dist_train.null_tracker, executor)
         run.stop = stop
         # the tracker's run ends with this block
-        with run_endings.ending(run), make_executor(cfg.sandbox) as run.executor:
+        with run_endings.ending(run):
             if run.start == 0 and cfg.eval.every > 0 and run.val_set and main:  # validate first (§3 step 16)
                 val = validate(run.code_pol, run.val_set, cfg, run.executor, 0)
                 log_iteration(run.tracker, 0, {"iteration": 0, **val})
@@ -95,8 +95,9 @@ def train(cfg: Config) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 # Before the first step: problems, resume state, tracker, policies, the Mistake Book
 # --------------------------------------------------------------------------------------------------
-def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
-    """Problems, resume state, tracker, policies (restored from the last checkpoint) and the Mistake Book."""
+def setup(cfg: Config, tracker_factory: Any, executor: Any) -> TrainRun:
+    """Problems (a sample of references checked under the sandbox limits, before anything is created), resume
+    state, tracker, policies (restored from the last checkpoint) and the Mistake Book."""
     from codea1_core.method.mistake_book import starting_book
 
     console.quiet_console()  # SyntaxWarnings of generated code, progress bars of every load and save
@@ -111,6 +112,7 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
             ", ".join(dropped[:5]),
         )
     total = training_steps(cfg, len(train_set))
+    check_reference_health(executor, train_set, cfg, "train")  # limits that fail the references: one line
     fingerprint = batches.config_fingerprint(cfg.flat())
     state = resume.resume_or_start(out_dir, cfg.orchestration.resume, fingerprint, total, cfg.flat())
     tracker = tracker_factory(cfg, run_id=state["run_id"], run_name=f"train-{run_label(cfg)}")
@@ -145,6 +147,7 @@ def setup(cfg: Config, tracker_factory: Any) -> TrainRun:
         tracker,
         state["history"],
         out_dir,
+        executor,
     )
 
 

@@ -83,15 +83,19 @@ def training_steps(cfg: Config, n_problems: int) -> int:
 
 
 def load_problems(cfg: Config) -> tuple[list[Any], list[Any]]:
-    """Prepared train/val problems (``data/prepared``); lab-only configs fall back to generating them."""
+    """Prepared train/val problems (``data/prepared``); lab-only configs fall back to generating them. A file
+    that another config prepared, or that records nothing (``prepared.check_record``), is one line."""
     prepared = Path(cfg.data.prepared_dir)
     if (prepared / "train.parquet").is_file():
         from codea1_core.data.dataset_types import DatasetError
-        from codea1_core.data.prepared import load_prepared
+        from codea1_core.data.prepared import check_record, load_prepared
 
-        try:  # a truncated or malformed file: one line naming it
-            val = load_prepared(prepared / "val.parquet") if (prepared / "val.parquet").is_file() else []
-            return load_prepared(prepared / "train.parquet"), val
+        files = [prepared / name for name in ("train.parquet", "val.parquet")]
+        try:  # a truncated or malformed file, or another config's: one line naming it
+            for path in (f for f in files if f.is_file()):
+                check_record(path, cfg)
+            val = load_prepared(files[1]) if files[1].is_file() else []
+            return load_prepared(files[0]), val
         except DatasetError as exc:
             raise UserError(str(exc)) from None
     if set(cfg.data.train_sources) <= {"lab"}:

@@ -8,6 +8,11 @@ problem in ONE ``run_many``; each (program, call) runs exactly once. Jobs whose 
 ``infra_error`` are retried once more as a batch; if the share of calls still failing for infrastructure
 reasons exceeds ``sandbox.max_infra_failure_frac`` the step aborts with :class:`InfraFailure` (D4: an
 infrastructure failure is never a score). The executor is created once per flow run, not here.
+Reference health: limits under which the references themselves fail would mask every problem or leave
+every test invalid, and train on zero rewards. :func:`check_reference_health` runs a few references on their
+own golden tests at the start of train and evaluate, and ``execute`` counts each step's problems whose
+reference failed (``sandbox/reference_failures``); past ``sandbox.max_reference_failure_frac`` both stop
+with :class:`ReferenceFailure`, one line naming the limit the failures point at.
 What it does not: score (``tasks/score.py``) or judge values (``codea1_core.method.outcomes`` does, in this
 trusted parent).
 """
@@ -15,13 +20,16 @@ trusted parent).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from codea1_core.config import Config
+from codea1_core.config import Config, ConfigError
+from codea1_core.types import CallOutcome
+from codea1_core.values import values_equal
 
 
 class InfraFailure(RuntimeError):
@@ -90,6 +98,98 @@ def run_jobs(
     return outcomes
 
 
+# --------------------------------------------------------------------------------------------------
+# Reference health: sandbox limits under which the references themselves fail
+# --------------------------------------------------------------------------------------------------
+class ReferenceFailure(ConfigError):
+    """Too many references fail under the configured ``sandbox.*`` limits: a configuration failure, stopped
+    before it is trained on (every problem masked or every test invalid would train on zero rewards)."""
+
+
+MAX_REFERENCE_KEY = "sandbox.max_reference_failure_frac"
+HEALTH_SAMPLE = 8
+"""References run on their own golden tests at the start of train and evaluate (spread over the set)."""
+LIMIT_STATUSES = ("timeout", "memory")
+
+
+def limit_of(outcome: Any) -> str:
+    """The ``sandbox.*`` limit a failed call points at ("" when none does): a memory error at ``memory_mb``,
+    a program that ran out of its cap at ``program_cap_s``, any other time-out (a call, the program's top
+    level) at ``call_timeout_s``."""
+    error = outcome.error or ""
+    if outcome.status == "memory" or "MemoryError" in error:
+        return "sandbox.memory_mb"
+    if "program cap" in error:
+        return "sandbox.program_cap_s"
+    if outcome.status == "timeout" or error.startswith("Timeout:"):
+        return "sandbox.call_timeout_s"
+    return ""
+
+
+def reference_failed(outcomes: Sequence[Any]) -> Any:
+    """The outcome that shows a step's reference job failed, or None: a ``program_error`` (the reference did
+    not load: its problem is masked) or, when every call hit a limit, the first (every test is invalid).
+    A job with an ``infra_error`` is the infrastructure guard's (:func:`run_jobs`), not counted here."""
+    if any(o.status == "infra_error" for o in outcomes):
+        return None
+    broken = next((o for o in outcomes if o.status == "program_error"), None)
+    if broken is not None:
+        return broken
+    if outcomes and all(o.status in LIMIT_STATUSES for o in outcomes):
+        return outcomes[0]
+    return None
+
+
+def stop_on_reference_failures(failed: list[tuple[str, Any]], total: int, cfg: Config, what: str) -> None:
+    """Raise :class:`ReferenceFailure` when ``failed`` (problem id, failing outcome) is more than
+    ``sandbox.max_reference_failure_frac`` of ``total``: one line naming the limit most failures point at
+    and its value, or saying that no limit explains them."""
+    limit = cfg.sandbox.max_reference_failure_frac
+    if not total or len(failed) / total <= limit:
+        return
+    keys = Counter(limit_of(o) for _, o in failed)
+    key = max(keys, key=lambda k: (keys[k], k != ""))  # the commonest; a limit before no limit on a tie
+    pid, first = next((pid, o) for pid, o in failed if limit_of(o) == key)
+    if key:
+        fix = f"raise {key} (now {getattr(cfg.sandbox, key.split('.')[1])})"
+    else:
+        fix = "no sandbox limit explains it: check the prepared data (`dvc repro prepare`)"
+    raise ReferenceFailure(
+        f"{what} under the sandbox limits (> {MAX_REFERENCE_KEY}={limit}), e.g. {pid}: "
+        f"{first.status}: {' '.join((first.error or '(no message)').split())[:200]}; {fix}"
+    )
+
+
+def health_sample(problems: Sequence[Any], k: int = HEALTH_SAMPLE) -> list[Any]:
+    """Up to ``k`` problems with golden tests, evenly spread over ``problems`` (no random draw)."""
+    with_tests = [p for p in problems if p.tests]
+    n = len(with_tests)
+    return [with_tests[i * n // k] for i in range(k)] if n > k else with_tests
+
+
+def check_reference_health(executor: Any, problems: Sequence[Any], cfg: Config, label: str) -> int:
+    """Run :func:`health_sample` references on their own golden tests under ``cfg.sandbox``'s limits (through
+    :func:`run_jobs`); raise :class:`ReferenceFailure` when too many fail one. Returns how many failed."""
+    sample = health_sample(problems)
+    jobs = [(p.reference_solution, [t.call for t in p.tests]) for p in sample]
+    frac = cfg.sandbox.max_infra_failure_frac
+    outcomes = run_jobs(executor, jobs, frac, f"{label}: reference check", names=[p.id for p in sample])
+    rel_tol, abs_tol = cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol
+    failed = []
+    for p, out in zip(sample, outcomes, strict=True):
+        for t, o in zip(p.tests, out, strict=True):
+            if o.status != "ok":
+                failed.append((p.id, o))
+                break
+            if not values_equal(o.value, t.expected, rel_tol, max(abs_tol, p.atol)):
+                wrong = f"{t.call} returned {o.value!r}, its golden test expects {t.expected!r}"
+                failed.append((p.id, CallOutcome("error", None, f"WrongValue: {wrong[:200]}")))
+                break
+    what = f"{label}: {len(failed)}/{len(sample)} sampled references fail their own golden tests"
+    stop_on_reference_failures(failed, len(sample), cfg, what)
+    return len(failed)
+
+
 @task(name="execute", task_run_name="execute[it={iteration}]", cache_policy=NO_CACHE)
 def execute(
     executor: Any, plans: list[Any], cfg: Config, iteration: int
@@ -98,6 +198,15 @@ def execute(
     t0, events = time.perf_counter(), _event_counts(executor)
     frac = cfg.sandbox.max_infra_failure_frac
     ref_out = run_jobs(executor, [p.reference_job() for p in plans], frac, f"iteration {iteration} reference")
+    failed = [
+        (p.problem.id, o) for p, out in zip(plans, ref_out, strict=True) if (o := reference_failed(out))
+    ]
+    stop_on_reference_failures(
+        failed,
+        len(plans),
+        cfg,
+        f"iteration {iteration}: the reference failed on {len(failed)}/{len(plans)} problems",
+    )
     cand_jobs = [p.candidate_jobs(r) for p, r in zip(plans, ref_out, strict=True)]
     flat = run_jobs(
         executor, [j for jobs in cand_jobs for j in jobs], frac, f"iteration {iteration} candidates"
@@ -107,9 +216,8 @@ def execute(
         cand = flat[i : i + len(jobs)]
         i += len(jobs)
         matrices.append(plan.assemble(ref, cand, cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol))
-    return matrices, outcome_metrics(
-        ref_out + flat, time.perf_counter() - t0, _event_counts(executor, events)
-    )
+    metrics = outcome_metrics(ref_out + flat, time.perf_counter() - t0, _event_counts(executor, events))
+    return matrices, metrics | {"sandbox/reference_failures": float(len(failed))}
 
 
 @task(name="execute_golden", task_run_name="execute_golden[it={iteration}]", cache_policy=NO_CACHE)

@@ -13,11 +13,16 @@ What it does:
   canonical-solutions test use both.
 * :func:`save_prepared` / :func:`load_prepared`: one parquet file of problems per split; expected values
   are ``values.encode`` bytes (never pickle); writes are atomic (``codea1_core.atomic``).
+* :func:`prepared_record` / :func:`check_record`: each file records, in its parquet metadata, the params
+  that decided its content (sources, caps, seeds, the lab's sizes, the reference limits and tolerances);
+  train and evaluate refuse a file whose record differs from their config, or that has none, naming the keys
+  and the command that prepares the right data. The record sits in each file, not beside them, so a file
+  copied alone or left by an interrupted prepare can never be paired with another run's record.
 
 What it does not: run code (the ``prepare`` flow does, in the sandbox) or read raw sources
 (``codea1_core.data.datasets``). How to run: ``load_prepared("data/prepared/train.parquet")``; tests in
 ``tests/core/data/test_datasets.py`` (``test_resolve_*``, ``test_prepared_parquet_round_trip_and_errors``) and
-``tests/flows/test_prepare.py``.
+``tests/flows/test_prepare.py``; the record in ``tests/core/data/test_prepared.py``.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from codea1_core.atomic import atomic_path
+from codea1_core.config import Config
 from codea1_core.data.dataset_types import DatasetError, is_pending
 from codea1_core.data.evalplus_rules import EVALPLUS_SOURCES
 from codea1_core.types import Problem, TestCase
@@ -53,7 +59,6 @@ def rerun_alone(exprs: list[str], outcomes: list[Any]) -> list[int]:
     if len(exprs) < 2:
         return []
     return [i for i, o in enumerate(outcomes) if o.status in RERUN_ALONE]
-
 
 
 def _claims(problem: Problem) -> list[str]:
@@ -157,8 +162,9 @@ def _schema() -> Any:
     )
 
 
-def save_prepared(problems: list[Problem], path: str | Path) -> Path:
-    """Write problems to parquet atomically (:func:`codea1_core.atomic.atomic_path`).
+def save_prepared(problems: list[Problem], path: str | Path, record: dict[str, Any] | None = None) -> Path:
+    """Write problems to parquet atomically (:func:`codea1_core.atomic.atomic_path`), with ``record``
+    (:func:`prepared_record`) in the file's metadata when given.
 
     Raises:
         DatasetError: A test's expected value is still :class:`Pending` or not encodable.
@@ -192,8 +198,11 @@ def save_prepared(problems: list[Problem], path: str | Path) -> Path:
             cols[f"{key}_expected"].append(expected(p, tests))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    schema = _schema()
+    if record is not None:
+        schema = schema.with_metadata({RECORD_KEY: json.dumps(record, sort_keys=True)})
     with atomic_path(path) as tmp:
-        pq.write_table(pa.table(cols, schema=_schema()), tmp)
+        pq.write_table(pa.table(cols, schema=schema), tmp)
     return path
 
 
@@ -237,3 +246,83 @@ def load_prepared(path: str | Path) -> list[Problem]:
             )
         )
     return problems
+
+
+# --------------------------------------------------------------------------------------------------
+# What prepared a file: the record of its data params, checked where train and evaluate read it
+# --------------------------------------------------------------------------------------------------
+
+RECORD_KEY = "codea1.prepared_with"
+"""Parquet metadata key of a prepared file's record (JSON: dotted key -> value)."""
+_COMMON_KEYS = (
+    "data.max_problems_per_source",
+    "data.seed",
+    "data.reference_call_timeout_s",
+    "data.reference_memory_mb",
+    "sandbox.float_rel_tol",
+    "sandbox.float_abs_tol",
+)
+_SOURCE_KEYS = {
+    "lab": ("lab.families", "lab.seed", "lab.train_per_family", "lab.heldout_per_family", "lab.golden_tests"),
+    "kodcode": ("data.kodcode_path", "data.kodcode_difficulty"),
+}
+_SOURCE_KEYS["lab_heldout"] = _SOURCE_KEYS["lab"]
+PREPARE_COMMAND = "`dvc repro prepare`, or `codea1 prepare` with this run's params and overrides"
+
+
+def prepared_record(cfg: Config, group: str) -> dict[str, Any]:
+    """The params that decide the content of prepared file ``group`` (``train``, ``val``, ``eval_<name>``):
+    its sources (``data.train_sources`` / ``data.val_sources``; an eval file's name is its benchmark), caps,
+    seeds, the reference limits and tolerances, and the keys of the sources it holds (the lab's sizes and
+    seed, KodCode's file and difficulty). JSON values, as stored."""
+    flat = cfg.flat()
+    if group in ("train", "val"):
+        keys = [f"data.{group}_sources", *_COMMON_KEYS]
+        sources = list(flat[keys[0]])
+    else:
+        keys, sources = list(_COMMON_KEYS), [group.removeprefix("eval_")]
+    for source in sources:
+        keys += _SOURCE_KEYS.get(source, ())
+    return json.loads(json.dumps({key: flat[key] for key in dict.fromkeys(keys)}))
+
+
+def read_record(path: str | Path) -> dict[str, Any] | None:
+    """The record in ``path``'s metadata (None when it has none); only the file's footer is read."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except Exception as exc:  # pyarrow raises ArrowInvalid/OSError for corrupt files
+        raise DatasetError(f"{path}: not a readable parquet file: {exc}") from None
+    raw = meta.get(RECORD_KEY.encode())
+    if raw is None:
+        return None
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def check_record(path: str | Path, cfg: Config) -> None:
+    """Refuse a prepared file that another config prepared, or that records nothing.
+
+    Raises:
+        DatasetError: One line naming the file, the differing keys (its value and this config's) and the
+            command that prepares the right data; or saying that the file has no record.
+    """
+    path = Path(path)
+    record = read_record(path)
+    if record is None:
+        raise DatasetError(
+            f"{path}: no record of the data params that prepared it (written by an older codea1 or by hand): "
+            f"prepare it again: {PREPARE_COMMAND}"
+        )
+    wanted = prepared_record(cfg, path.stem)
+    differ = [key for key, value in wanted.items() if key in record and record[key] != value]
+    keys = differ or [key for key in wanted if key not in record]  # another source's keys: its name says it
+    diff = [f"{key}={record.get(key, '(not recorded)')!r} (this run: {wanted[key]!r})" for key in keys]
+    if diff:
+        raise DatasetError(
+            f"{path} was prepared by another config: {', '.join(diff)}: prepare this run's data: {PREPARE_COMMAND}"
+        )

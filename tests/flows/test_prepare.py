@@ -12,7 +12,7 @@ import yaml
 from codea1_core.config import Config
 from codea1_core.data.dataset_types import is_pending
 from codea1_core.data.datasets import load_humaneval
-from codea1_core.data.prepared import load_prepared
+from codea1_core.data.prepared import load_prepared, prepared_record, read_record
 from codea1_core.values import values_equal
 from flows.prepare import main, prepare
 
@@ -77,6 +77,8 @@ def test_prepare_offline_lab_and_humaneval_then_cached_rerun(tmp_path, prefect_h
             checked += 1
     assert checked >= 4
     assert all(p.tests and p.split == "train" for p in load_prepared(out / "train.parquet"))
+    for group in ("train", "val", "eval_lab_heldout", "eval_humaneval"):  # what prepared each file, in it
+        assert read_record(out / f"{group}.parquet") == prepared_record(cfg, group)
 
     again = prepare(cfg)  # same inputs: everything comes from the expected-value cache
     assert again["sandbox_programs"] == 0 and again["cache_hits"] == report["sandbox_programs"]

@@ -122,7 +122,7 @@ def test_pipeline_deployment_trains_evaluates_and_registers_in_its_run_folder(tm
     from mlflow.tracking import MlflowClient
 
     from codea1_core.data.lab import lab_problems
-    from codea1_core.data.prepared import save_prepared
+    from codea1_core.data.prepared import prepared_record, save_prepared
     from flows.deploy import pipeline_flow
 
     model = build_tiny(tmp_path / "model")
@@ -131,7 +131,10 @@ def test_pipeline_deployment_trains_evaluates_and_registers_in_its_run_folder(tm
         model,
         **{"orchestration.max_steps": 1, "mode": "golden", "eval.out_dir": str(tmp_path / "eval")},
     )  # the params file's eval folder in tmp_path: the relative default (outputs/eval) exists in a checkout
-    save_prepared(lab_problems(cfg.lab, "test")[:3], Path(cfg.data.prepared_dir) / "eval_lab_heldout.parquet")
+    record = prepared_record(cfg, "eval_lab_heldout")  # what evaluate checks before reading it
+    save_prepared(
+        lab_problems(cfg.lab, "test")[:3], Path(cfg.data.prepared_dir) / "eval_lab_heldout.parquet", record
+    )
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(cfg.to_dict()))
     run_dir = tmp_path / "runs" / "p1"

@@ -1,6 +1,7 @@
 """Bad inputs of ``codea1 train`` are one line naming the file or key, before any work.
 
-Before: a truncated ``train.parquet`` or a missing warm-start model was a 50-145-line traceback.
+Before: a truncated ``train.parquet`` or a missing warm-start model was a 50-145-line traceback; another config's
+prepared data was read silently.
 """
 
 from __future__ import annotations
@@ -77,3 +78,40 @@ def test_a_hub_model_without_weights_offline_is_one_line_naming_the_key(
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: model.code_path=no-such-org/no-such-model: not a local folder, not in the")
     assert "huggingface-cli download no-such-org/no-such-model" in last and "Traceback" not in err
+
+
+def test_another_configs_prepared_data_is_one_line_naming_the_key_and_the_command(
+    tmp_path: Path, capsys
+) -> None:
+    """Regression: the lab's prepared data read by a real-model config was trained on silently (or ended in
+    "no training step: 156 problems, data.train_batch_size=256"); now the differing key and the fix are named."""
+    from codea1_core.data.lab import lab_problems
+    from codea1_core.data.prepared import prepared_record, save_prepared
+    from flows.common import stage_main
+    from flows.train import run
+
+    lab = Config().replace(**{"data.train_sources": ["lab"]})
+    parquet = save_prepared(
+        lab_problems(lab.lab, "train"), tmp_path / "prepared" / "train.parquet", prepared_record(lab, "train")
+    )
+    params = _params(tmp_path, **{"data.train_sources": ["mbpp"], "data.train_batch_size": 256})
+    assert stage_main(run, "train", ["--params", str(params)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        f"error: {parquet} was prepared by another config: data.train_sources=['lab'] (this run: ['mbpp']): "
+        "prepare this run's data: `dvc repro prepare`, or `codea1 prepare` with this run's params and overrides"
+    )
+    assert "Traceback" not in err
+
+
+def test_prepared_data_without_its_record_is_one_line(tmp_path: Path, capsys) -> None:
+    from codea1_core.data.lab import lab_problems
+    from codea1_core.data.prepared import save_prepared
+    from flows.common import stage_main
+    from flows.train import run
+
+    parquet = save_prepared(lab_problems(Config().lab, "train"), tmp_path / "prepared" / "train.parquet")
+    assert stage_main(run, "train", ["--params", str(_params(tmp_path))]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"error: {parquet}: no record of the data params that prepared it")
+    assert last.endswith("`dvc repro prepare`, or `codea1 prepare` with this run's params and overrides")
