@@ -64,6 +64,11 @@ _LOADED: dict[tuple[str, tuple[str, ...]], tuple[str, Config]] = {}
 _LOADED_MAX = 16
 
 
+ALL_CHECKS = ("metrics", "models")
+"""What :func:`check_loaded` can check: ``metrics`` (the promotion metrics are names the evaluate stage writes:
+evaluate, register) and ``models`` (device and generation budgets: the stages that run a model)."""
+
+
 def stage_config(params: str | Path, overrides: list[str] | None = None) -> Config:
     """``params`` + ``overrides`` as a validated :class:`Config`, parsed and validated once per process.
 
@@ -84,18 +89,19 @@ def stage_config(params: str | Path, overrides: list[str] | None = None) -> Conf
     return cfg
 
 
-def load_stage_config(params: str, overrides: list[str]) -> Config:
+def load_stage_config(params: str, overrides: list[str], checks: tuple[str, ...] = ALL_CHECKS) -> Config:
     """Load and validate params (ConfigError with a one-line message), check them against this machine
-    (:func:`check_loaded`) and pin torch's CPU threads (:func:`pin_cpu_threads`): every stage's entry and the CLI
-    commands that run models outside a flow (``solve``, ``attack``) load here."""
+    (:func:`check_loaded`, the ``checks`` the stage needs) and pin torch's CPU threads
+    (:func:`pin_cpu_threads`): every stage's entry and the CLI commands that run models outside a flow
+    (``solve``, ``attack``) load here."""
     cfg = stage_config(params, overrides)
-    check_loaded(cfg, params)
+    check_loaded(cfg, params, checks)
     pin_numerics(cfg.model.cpu_numerics)
     pin_cpu_threads(cfg)
     return cfg
 
 
-def check_loaded(cfg: Config, source: str | Path) -> None:
+def check_loaded(cfg: Config, source: str | Path, checks: tuple[str, ...] = ALL_CHECKS) -> None:
     """What a loaded config must also satisfy before a stage starts: the promotion metrics are names the
     evaluate stage writes (``codea1_core.config.check_metric_names``), ``model.device`` exists, and every
     generation budget fits its model's context (``codea1_core.models.preflight``). Imports no torch unless
@@ -103,8 +109,10 @@ def check_loaded(cfg: Config, source: str | Path) -> None:
     from codea1_core.config import check_metric_names
     from codea1_core.models.preflight import check_models
 
-    check_metric_names(cfg.flat(), str(source))
-    check_models(cfg, ("code",) if cfg.mode == "golden" else ("code", "test"), hub=False)
+    if "metrics" in checks:
+        check_metric_names(cfg.flat(), str(source))
+    if "models" in checks:
+        check_models(cfg, ("code",) if cfg.mode == "golden" else ("code", "test"), hub=False)
 
 
 PLAIN = (int, float, str, bool, type(None))
@@ -154,11 +162,13 @@ def stage_main(
     description: str,
     argv: list[str] | None = None,
     prog: str | None = None,
+    checks: tuple[str, ...] = ALL_CHECKS,
 ) -> int:
     """``python -m flows.<stage>``: parse args, validate the params, call ``run(params, overrides)``; exit code.
 
     The config is validated here first, so a bad file or override is one line before any Prefect run starts;
-    ``run`` (the stage's entry) then calls its flow with the same ``params`` and ``overrides``.
+    ``run`` (the stage's entry) then calls its flow with the same ``params`` and ``overrides``. ``checks``:
+    what :func:`check_loaded` checks for this stage.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Prefect has usually configured the root logger already (level WARNING, its console handler), which makes
@@ -169,7 +179,7 @@ def stage_main(
 
     def go() -> None:
         try:
-            load_stage_config(params, overrides)
+            load_stage_config(params, overrides, checks)
         except ConfigError as exc:
             stage = os.environ.get("DVC_STAGE")  # set by DVC for a stage's command
             if stage:  # DVC deleted the stage's outputs before it ran the command: say how to get them back

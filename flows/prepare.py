@@ -397,7 +397,7 @@ def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m flows.prepare [--params FILE] [key=value ...]``."""
-    return stage_main(run, "prepare: verified problem sets for train/val/eval", argv)
+    return stage_main(run, "prepare: verified problem sets for train/val/eval", argv, checks=())
 
 
 if __name__ == "__main__":

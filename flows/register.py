@@ -151,5 +151,9 @@ def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict
 
 if __name__ == "__main__":
     raise SystemExit(
-        stage_main(run, "Register trained models; promote to champion if the evaluation beats it")
+        stage_main(
+            run,
+            "Register trained models; promote to champion if the evaluation beats it",
+            checks=("metrics",),
+        )
     )
