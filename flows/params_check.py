@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from codea1_core.atomic import write_text_atomic
-from flows.common import parse_stage_args, run_user_errors, stage_config
+from flows.common import check_loaded, parse_stage_args, run_user_errors, stage_config
 
 OUTPUT = Path("outputs/params_check.json")
 CHECKED = {"params": "checked"}
@@ -27,8 +27,10 @@ CHECKED = {"params": "checked"}
 
 
 def check(params: str, overrides: list[str]) -> None:
-    """Load and validate ``params`` + ``overrides`` (ConfigError naming the key), then write :data:`OUTPUT`."""
-    stage_config(params, overrides)
+    """Load and validate ``params`` + ``overrides`` (ConfigError naming the key) and check its promotion metrics
+    are names the evaluate stage writes (a typo there would otherwise surface at register, after training),
+    then write :data:`OUTPUT`."""
+    check_loaded(stage_config(params, overrides), params, ("metrics",))
     write_text_atomic(OUTPUT, json.dumps(CHECKED) + "\n")
 
 
