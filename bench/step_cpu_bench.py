@@ -14,10 +14,12 @@ functions the training step's tasks call, phase by phase:
     merge       ``tasks.mistake_book.merge_mistake_book`` (its plain function: the book update and its JSON)
 
 Code completions: correct (the reference), wrong (the lab's buggy variants), raising, and hanging briefly (a busy
-loop of about a millisecond per call, then the reference). Test completions: suites of 5-10 asserts in one fenced
-block (answers mostly right, some wrong, a few malformed lines and duplicates, as ``bench/gate_bench.py``). The
-Mistake Book starts with tests stored for every problem, so each candidate replays ``mistake_book.top_k`` of them,
-as in a step after the first epoch.
+loop of ``--spin`` iterations per call, about 0.8 ms, then the reference). The lab's programs are one-liners, so the
+sandbox's CPU is mostly the per-program and per-call machinery plus those busy loops (half of it at the default;
+``--spin 0`` leaves the machinery alone, the least a step's sandbox can cost); the ratio below depends on it.
+Test completions: suites of 5-10 asserts in one fenced block (answers mostly right, some wrong, a few malformed lines
+and duplicates, as ``bench/gate_bench.py``). The Mistake Book starts with tests stored for every problem, so each
+candidate replays ``mistake_book.top_k`` of them, as in a step after the first epoch.
 
 It prints per phase wall and CPU seconds (CPU: this process; sandbox phases also the workers, zygotes and children,
 from /proc), calls and calls/s; the sandbox's calls/s on a sample of candidate jobs with 1 and 2 workers (fresh pools,
@@ -65,7 +67,7 @@ RECIPE = REPO / "configs" / "qwen2.5-coder-1.5b.yaml"
 POOL = 48
 """Distinct calls per problem the synthetic suites draw from (64 suites per problem share them)."""
 SPIN = 40_000
-"""Iterations of the busy loop a briefly-hanging candidate runs before each answer (~1 ms)."""
+"""Iterations of the busy loop a briefly-hanging candidate runs before each answer (``--spin``; ~0.8 ms here)."""
 CODE_KINDS = (("correct", 0.4), ("wrong", 0.3), ("raising", 0.15), ("slow", 0.15))
 SANDBOX_PHASES = ("reference", "candidates")
 BAD_LINES = (
@@ -102,7 +104,7 @@ def _wrong_value(value: Any) -> Any:
     return None
 
 
-def _code(problem: Problem, kind: str, rng: random.Random) -> str:
+def _code(problem: Problem, kind: str, rng: random.Random, spin: int) -> str:
     family = FAMILIES[problem.metadata["family"]]
     head, body = problem.reference_solution.split("\n", 1)
     if kind == "wrong" and problem.metadata.get("buggy"):
@@ -110,7 +112,7 @@ def _code(problem: Problem, kind: str, rng: random.Random) -> str:
     if kind in ("wrong", "raising"):
         return f"def {family.name}({family.args}):\n    raise ValueError('unsupported input')"
     if kind == "slow":
-        return f"{head}\n    for _ in range({SPIN}):\n        pass\n{body}"
+        return f"{head}\n    for _ in range({spin}):\n        pass\n{body}"
     return problem.reference_solution
 
 
@@ -129,7 +131,7 @@ def _suite(ep: str, pool: list[str], right: list[Any], wrong: list[Any], rng: ra
 
 
 def completions(
-    problems: list[Problem], m: int, n: int, seed: int
+    problems: list[Problem], m: int, n: int, seed: int, spin: int = SPIN
 ) -> tuple[list[list[Any]], list[list[list[Any]]], list[list[TestCase]]]:
     """Per problem: M code completions, N test completions per code, and ``POOL`` (call, right answer) tests."""
     code_out, test_out, golden = [], [], []
@@ -150,7 +152,7 @@ def completions(
             w if not isinstance(w, Exception) and w != r else _wrong_value(r)
             for w, r in zip(evaluate_trusted(bug, pool), right, strict=True)
         ]
-        codes = [_code(p, rng.choices(kinds, weights)[0], rng) for _ in range(m)]
+        codes = [_code(p, rng.choices(kinds, weights)[0], rng, spin) for _ in range(m)]
         code_out.append([SimpleNamespace(text=f"```python\n{c}\n```") for c in codes])
         test_out.append(
             [
@@ -362,7 +364,10 @@ def report(cfg: Config, result: dict, rates: dict[int, float], s: dict[str, floa
     sb = cfg.sandbox
     load = os.getloadavg()
     b, m, n = len(result["problems"]), cfg.rollout.n_code, cfg.rollout.n_tests
-    print(f"one step: B={b} problems, M={m} codes, N={n} suites: {b * m} programs, {b * m * n} suites")
+    print(
+        f"one step: B={b} problems, M={m} codes, N={n} suites: {b * m} programs, {b * m * n} suites; "
+        f"slow codes spin {args.spin} iterations per call"
+    )
     print(
         f"sandbox: {sb.backend}, {sb.workers} workers, call_timeout_s={sb.call_timeout_s}; load average {load}"
     )
@@ -419,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-ratio", type=float, default=0.25, help="max non-sandbox / sandbox CPU")
     parser.add_argument("--target-gate-growth", type=float, default=6.0, help="max gate CPU ratio, rows x4")
     parser.add_argument("--seed", type=int, default=0, help="the synthetic completions' seed")
+    parser.add_argument("--spin", type=int, default=SPIN, help="busy-loop iterations per call of a slow code")
     parser.add_argument("--json", default="", help="also write the measurements to this file")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of --params")
     args = parser.parse_args(argv)
@@ -427,7 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.params, [f"sandbox.workers={args.workers}", *args.overrides])
     b = max(4, round(cfg.data.train_batch_size * args.scale))
     problems = step_problems(b, args.seed)
-    code_out, test_out, golden = completions(problems, cfg.rollout.n_code, cfg.rollout.n_tests, args.seed)
+    code_out, test_out, golden = completions(
+        problems, cfg.rollout.n_code, cfg.rollout.n_tests, args.seed, args.spin
+    )
     book = seeded_book(cfg, problems, golden)
     with tempfile.TemporaryDirectory(prefix="codea1-step-bench-") as tmp:
         result = run_step(cfg, problems, code_out, test_out, book, Path(tmp))
