@@ -18,7 +18,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from codea1_core.config import Config
+from codea1_core.config import Config, TestsConfig
 from codea1_core.method.batches import iteration_seed
 from codea1_core.models.sampling import sampling_params
 from codea1_core.types import Problem
@@ -112,13 +112,26 @@ def gate_tests(
     order.
     Returns ``suites[b][m][n]`` (``ParsedSuite``) and gate metrics (``test/rejected_rate``, per reason).
     """
-    from codea1_core.method.parsing import extract_tests
-    from codea1_core.method.validity import OK
     from gates.generated_tests import gate_columns
     from tasks.quality import gx_gate_tests
 
-    tests_cfg = cfg.tests
-    suites = [
+    suites = parse_suites(problems, completions, cfg.tests)
+    table = gate_columns(problems, suites)
+    n_rows = len(table["call"])
+    if not n_rows:
+        return suites, {"test/rejected_rate": 0.0}
+    gate = gx_gate_tests.fn(table, cfg.tests)  # inside this task: the GX gate's body, not a nested task run
+    apply_gate(suites, gate.reasons)
+    return suites, {**gate.metrics(), "test/gate_rows": float(n_rows)}
+
+
+def parse_suites(
+    problems: list[Problem], completions: list[list[list[Any]]], tests_cfg: TestsConfig
+) -> list[list[list[Any]]]:
+    """``suites[b][m][n]``: every test completion parsed (§5.2, D5) with the ``tests`` section's settings."""
+    from codea1_core.method.parsing import extract_tests
+
+    return [
         [
             [
                 extract_tests(
@@ -130,19 +143,21 @@ def gate_tests(
         ]
         for p, per_problem in zip(problems, completions, strict=True)
     ]
-    table = gate_columns(problems, suites)
-    n_rows = len(table["call"])
-    if not n_rows:
-        return suites, {"test/rejected_rate": 0.0}
-    gate = gx_gate_tests.fn(table, tests_cfg)  # inside this task: the GX gate's body, not a nested task run
-    verdicts = iter(gate.reasons)  # one per row, rows in (b, m, n, test) order
+
+
+def apply_gate(suites: list[list[list[Any]]], reasons: list[str]) -> None:
+    """Drop, in place, the tests whose gate verdict is not ``ok``; each dropped test counts invalid
+    (``gate_<reason>``). ``reasons``: one per row, rows in (b, m, n, test) order."""
+    from codea1_core.method.validity import OK
+
+    verdicts = iter(reasons)
     for per_problem in suites:
         for per_code in per_problem:
             for n, suite in enumerate(per_code):
-                reasons = [next(verdicts) for _ in suite.tests]
-                drop = [f"gate_{r}" for r in reasons if r != OK]
+                row = [next(verdicts) for _ in suite.tests]
+                drop = [f"gate_{r}" for r in row if r != OK]
                 if drop:
-                    kept = [i for i, r in enumerate(reasons) if r == OK]
+                    kept = [i for i, r in enumerate(row) if r == OK]
                     per_code[n] = dataclasses.replace(
                         suite,
                         tests=tuple(suite.tests[i] for i in kept),
@@ -150,4 +165,3 @@ def gate_tests(
                         invalid=suite.invalid + len(drop),
                         reasons=(*suite.reasons, *drop),
                     )
-    return suites, {**gate.metrics(), "test/gate_rows": float(n_rows)}

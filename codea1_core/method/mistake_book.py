@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import functools
 import unicodedata
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -63,6 +64,7 @@ class Entry:
         return (self.call, self.value_key)
 
 
+@functools.lru_cache(maxsize=1 << 15)  # a step's update sees each failing test once per code and suite
 def canonical_call(call: str) -> str:
     """The ast-normalized source of a call expression (whitespace, quotes and parentheses unified).
 

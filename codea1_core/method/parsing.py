@@ -59,7 +59,7 @@ _FENCE_RE = re.compile(r"```[ \t]*([^\n`]*)\n(.*?)```", re.DOTALL)
 _PYTHON_TAGS = {"python", "py", "python3"}
 _MAX_NODES = 5_000  # strict substitution limit (a 2000-char call has far fewer nodes): larger is not built
 _ASSERT_LINE = re.compile(r"\s*assert\b")  # "assert x", "assert(x)"; not prose like "assertion"
-_PRINTABLE = frozenset(string.printable)
+_NONPRINTABLE_RE = re.compile(f"[^{re.escape(string.printable)}]")
 _PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError)
 
 
@@ -112,7 +112,7 @@ def nonprintable_ratio(text: str) -> float:
     """np (§5.2): share of characters not in ``string.printable`` (any non-ASCII counts); 0 for ''."""
     if not text:
         return 0.0
-    return sum(ch not in _PRINTABLE for ch in text) / len(text)
+    return len(_NONPRINTABLE_RE.findall(text)) / len(text)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -295,8 +295,10 @@ def _classify_official(test: ast.expr) -> tuple[ast.expr, ast.expr] | str:
 
 
 def _unparse(node: ast.expr) -> str | None:
+    """The source of an expression node (``ast.unparse`` reads no source location of an expression, so
+    nodes built by the substitution need none)."""
     try:
-        return ast.unparse(ast.fix_missing_locations(node))
+        return ast.unparse(node)
     except _PARSE_ERRORS:
         return None
 

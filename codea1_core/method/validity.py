@@ -77,6 +77,10 @@ FORBIDDEN_NAMES = frozenset(
 _PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError)
 _INT = r"-?(?:0|[1-9][0-9]*)"
 _ATOM = rf"{_INT}(?:\.[0-9]+)?|True|False|None|'[^'\\\n]*'|\"[^\"\\\n]*\""
+_MAX_FAST_CHARS = 4000
+"""Longest answer :func:`is_plain_literal` accepts by its pattern alone (printable, so no character a string
+literal cannot hold): Python refuses int literals of over 4,300 digits (``sys.get_int_max_str_digits``), so a
+longer one takes the parse."""
 _SIMPLE_LITERAL = re.compile(rf"(?:{_ATOM})|\[ *(?:{_INT} *(?:, *{_INT} *)*,? *)?\]")
 
 
@@ -85,6 +89,8 @@ def is_plain_literal(answer: str, entry_point: str, tree: ast.Expression | None 
 
     ``tree``: ``answer`` already parsed (``mode="eval"``), to skip a second parse.
     """
+    if len(answer) <= _MAX_FAST_CHARS and answer.isprintable() and _SIMPLE_LITERAL.fullmatch(answer):
+        return True  # a number, bool, None, plain string or flat int list: data, and no name at all
     try:
         if tree is None:
             tree = ast.parse(answer, mode="eval")

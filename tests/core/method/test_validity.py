@@ -63,6 +63,23 @@ def test_parser_gate_and_rule_agree_on_every_answer() -> None:
     assert 0 < rule.count(False) < len(rule)  # the cases above are not all one kind
 
 
+@pytest.mark.parametrize(
+    ("answer", "plain"),
+    [
+        ("1" * 5000, False),  # over Python's 4,300-digit int limit: the pattern alone would accept it
+        ("-" + "9" * 4299, True),
+        ("'a\rb'", False),  # a raw carriage return ends the line: not a string literal
+        ("'a\x00b'", False),  # a NUL byte cannot be parsed
+        ("'\u2028'", True),
+        ("[1, 2,]", True),
+        ("00", True),
+    ],
+)
+def test_plain_literal_shortcut_agrees_with_the_parse(answer: str, plain: bool) -> None:
+    """The pattern that spares the parse of plain answers keeps its verdicts: the answers at its edges."""
+    assert validity.is_plain_literal(answer, "f") is plain
+
+
 def _functions_calling(path: Path, name: str) -> list[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     return sorted(
