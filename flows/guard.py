@@ -36,6 +36,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from codea1_core.atomic import write_json_atomic
+
 
 def group_alive(pgid: int) -> bool:
     """Whether any process (zombies included) is still in process group ``pgid``."""
@@ -120,9 +122,9 @@ def prune_rwlock(dvc_root: str | os.PathLike[str], attempts: int = 25) -> list[i
             p: kept for p, infos in lock.get("read", {}).items() if (kept := [i for i in infos if alive(i)])
         }
         if dead:
-            with open(path + ".tmp", "w", encoding="utf-8") as fh:
-                json.dump({"write": write, "read": read}, fh)
-            os.replace(path + ".tmp", path)
+            write_json_atomic(
+                path, {"write": write, "read": read}, indent=None, sort_keys=False, default=None
+            )
         return sorted(dead)
 
 
