@@ -3,14 +3,16 @@
 What it does (docs/method.md §13.1, EvalPlus protocol): one sandbox program per *distinct* sample of a
 problem (identical code is deduplicated and runs once), with every base and plus input as one call; a sample
 passes ``base`` when all base calls match the reference output and ``plus`` when it passes base AND all plus
-inputs (EvalPlus semantics). EvalPlus' special oracles (``find_zero``, MBPP set equality, ...) are applied in
-the trusted parent. Aggregates unbiased pass@k and avg@n per split. The Test LLM's benchmark (pass@k on the
-reference, mut@k on mutants, Mul) is :mod:`codea1_core.evaluation.suites`; test-time collaboration (``solve``)
-is :mod:`codea1_core.evaluation.collaboration`.
+inputs (EvalPlus semantics). Under the EvalPlus protocol a sample runs in stages that stop at its first
+failing input, as evalplus stops it (:func:`run_code_jobs`). EvalPlus' special oracles (``find_zero``,
+MBPP set equality, ...) are applied in the trusted parent. Aggregates unbiased pass@k and avg@n per split.
+The Test LLM's benchmark (pass@k on the reference, mut@k on mutants, Mul) is
+:mod:`codea1_core.evaluation.suites`; test-time collaboration (``solve``) is
+:mod:`codea1_core.evaluation.collaboration`.
 
-What it does not: generate text, run code (the caller passes executor outcomes in), touch files, or
-import prefect/mlflow/sandbox. Infrastructure failures (``infra_error``) are never scored: affected
-samples and mutants are dropped from the denominators and counted (docs/method.md D4).
+What it does not: generate text, run code (the caller passes executor outcomes, or a function that runs
+jobs, in), touch files, or import prefect/mlflow/sandbox. Infrastructure failures (``infra_error``) are
+never scored: affected samples and mutants are dropped from the denominators and counted (docs/method.md D4).
 
 Two rule sets (``eval.evalplus_protocol``, reported as ``code/<bench>/evalplus_protocol``):
   * **EvalPlus protocol** (default on HumanEval+ / MBPP+): the sample runs as written (no imports added),
@@ -331,17 +333,15 @@ def run_code_jobs(
 ) -> list[list[CallOutcome]]:
     """The outcomes of ``jobs.jobs`` (or of the jobs ``only`` lists, in its order), one per call, via ``run``.
 
-    A job judged by the EvalPlus protocol runs in stages (:func:`evalplus_stages`): a fresh program on its
-    first input, then on its base inputs, then on all of them, and stops at the first stage with an input
-    that fails (:func:`evalplus_flags`) or an ``infra_error``. Its verdict is the one the full run gives,
-    as evalplus stops a sample at its first failing input: each stage runs the same calls in the same
-    order from a freshly defined program, so a prefix's outcomes are those of the full run's first calls
-    (for a program whose results do not vary from run to run), and once an input failed the inputs after
-    it cannot change ``base`` or ``plus``; they are reported as :data:`NOT_RUN` errors (an infra-failed
-    stage's last outcome, for the D4 count). Every verdict is still decided here, from the calls' outcomes:
-    the staging only decides how many calls run. A job under the training rules runs once with every call
-    (the lab's sparse verdict needs them all); without EvalPlus jobs ``run`` is called once, in job order.
-    Each stage's jobs go out longest first (the reference's time on that prefix) so no long job starts last.
+    An EvalPlus job runs in stages (:func:`evalplus_stages`), each from a freshly defined program on a longer
+    prefix of its calls, and stops at the first stage with a failing input (:func:`evalplus_flags`) or an
+    ``infra_error``: as evalplus stops a sample at its first failure. Its verdict is the full run's: a
+    stage runs the full run's first calls in the same order (for a program whose results do not vary from
+    run to run, the same outcomes), and after a failed input no later input changes ``base`` or ``plus``;
+    those are :data:`NOT_RUN` errors (after an infra failure, its outcome, for the D4 count). The verdicts
+    are still decided here from outcomes; the stages only decide how many calls run. A job under the training
+    rules runs once with every call (the lab's sparse verdict needs them all): without EvalPlus jobs ``run``
+    is called once, with the jobs as built. A stage's jobs go out longest first (reference time).
     """
     select = list(range(len(jobs.jobs))) if only is None else list(only)
     problem_of = [problems[jobs.job_problem[j]] for j in select]
