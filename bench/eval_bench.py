@@ -8,15 +8,18 @@ Two modes, both with the same number of parallel workers on each side:
     on ``--loop-tasks`` seeded tasks one that loops), scored by both evaluators.
 What each side does:
   * ours: the prepare stage's reference run (``chunk_exprs`` + ``run_reference_jobs`` + ``resolve``, not
-    timed), then every sample as one ``run_many`` through the process sandbox under the EvalPlus protocol
-    (``codea1_core.evaluation.verdicts``, ``eval.evalplus_protocol``), each problem under an executor
+    timed), then every sample through the process sandbox under the EvalPlus protocol
+    (``codea1_core.evaluation.verdicts``, ``eval.evalplus_protocol``) as ``flows/evaluate.py`` runs it:
+    in stages that stop at the first failing input (``run_code_jobs``), each problem under an executor
     whose call limit covers its largest ``max(1 s, 4 x reference time)``, memory EvalPlus' 4 GiB;
   * evalplus 0.3.x: ``evalplus.evaluate.evaluate`` on the same sample texts, its data read from the
     offline copy (``HUMANEVAL_OVERRIDE_PATH`` / ``MBPP_OVERRIDE_PATH``), its ground truth computed
     beforehand (not timed) into a temporary cache.
 Prints the agreement, and every sample whose base or plus verdict differs with its cause: a documented
 evalplus defect (:data:`KNOWN_EVALPLUS_DEFECTS`, by task id, with the evidence) or UNEXPLAINED. Tasks
-some of whose inputs our prepare step dropped are listed. Exit 1 on an unexplained disagreement.
+some of whose inputs our prepare step dropped are listed, then each benchmark's ratio of scoring walls
+evalplus/ours and the load average. Exit 1 on an unexplained disagreement, or when a benchmark's ratio is
+below ``--target-ratio`` (:data:`TARGET_RATIO`; 0 checks parity only).
 
 How to run: ``python bench/eval_bench.py [--mutants] [--workers 2] [--data DIR] [--max-tasks N]``
 (data: ``$CODEA1_DATA_DIR`` or ``../shared/data``). ``--mutants`` on both benchmarks takes tens of
@@ -83,6 +86,8 @@ KNOWN_EVALPLUS_DEFECTS.update(
     }
 )
 
+TARGET_RATIO = 2.0
+"""Scoring wall of evalplus / ours that each benchmark must reach (``--target-ratio``; 0 checks nothing)."""
 DATASETS = {"humanevalplus": "humaneval", "mbppplus": "mbpp"}
 OVERRIDE_ENV = {"humanevalplus": "HUMANEVAL_OVERRIDE_PATH", "mbppplus": "MBPP_OVERRIDE_PATH"}
 STEMS = {"humanevalplus": "HumanEvalPlus", "mbppplus": "MbppPlus"}
@@ -179,7 +184,7 @@ def score_ours(problems, samples, workers: int):
     exact per-input limit is applied to each call's measured time by the verdicts."""
     from codea1_core.config import Config
     from codea1_core.data.evalplus_rules import time_limit_s
-    from codea1_core.evaluation.verdicts import build_code_jobs, verdicts_for
+    from codea1_core.evaluation.verdicts import build_code_jobs, run_code_jobs, verdicts_for
     from sandbox import make_executor
 
     codes = [[code for _, code in row] for row in samples]
@@ -199,7 +204,8 @@ def score_ours(problems, samples, workers: int):
         )
         with make_executor(cfg.sandbox) as ex:
             t0 = time.perf_counter()
-            for j, out in zip(idx, ex.run_many([jobs.jobs[j] for j in idx]), strict=True):
+            ran = run_code_jobs(problems, jobs, lambda batch, _ids: ex.run_many(batch), True, only=idx)
+            for j, out in zip(idx, ran, strict=True):
                 results[j] = out
             wall += time.perf_counter() - t0
     verdicts = verdicts_for(problems, jobs, results, 1e-6, 1e-6, evalplus_protocol=True)
@@ -280,8 +286,8 @@ def cause(
     return "UNEXPLAINED"
 
 
-def run_bench(bench: str, args, data_dir: Path, tmp: Path) -> tuple[int, int, int]:
-    """Print one benchmark's comparison; returns (samples, disagreements, unexplained)."""
+def run_bench(bench: str, args, data_dir: Path, tmp: Path) -> tuple[int, int, int, float]:
+    """Print one benchmark's comparison; returns (samples, disagreements, unexplained, ratio evalplus/ours)."""
     cache = Path(args.cache) if args.cache else None
     everything = not args.max_tasks and not args.tasks
     tasks = tuple(args.tasks or ())
@@ -314,7 +320,7 @@ def run_bench(bench: str, args, data_dir: Path, tmp: Path) -> tuple[int, int, in
         print(f"    {task_id} [{kind}]: ours {a} evalplus {b}  {why}")
     if dropped:
         print(f"  inputs dropped by our prepare step: {dropped}")
-    return n, len(diff), unexplained
+    return n, len(diff), unexplained, their_wall / our_wall
 
 
 def main() -> int:
@@ -334,6 +340,12 @@ def main() -> int:
     parser.add_argument(
         "--cache", default="", help="keep both sides' reference outputs here between runs (default: none)"
     )
+    parser.add_argument(
+        "--target-ratio",
+        type=float,
+        default=TARGET_RATIO,
+        help=f"exit 1 when a benchmark's ratio evalplus/ours is below this (default {TARGET_RATIO}; 0: none)",
+    )
     args = parser.parse_args()
     data_dir = Path(args.data)
     benches = args.bench or (["humanevalplus", "mbppplus"] if args.mutants else ["humanevalplus"])
@@ -342,7 +354,7 @@ def main() -> int:
             print(f"error: {data_dir}/{bench} not found (set --data or CODEA1_DATA_DIR)", file=sys.stderr)
             return 2
     t0 = time.perf_counter()
-    total = [0, 0, 0]
+    total, ratios = [0, 0, 0], {}
     with tempfile.TemporaryDirectory() as tmp:
         for bench in benches:  # evalplus reads these at import time
             os.environ[OVERRIDE_ENV[bench]] = str(next((data_dir / bench).glob(f"{STEMS[bench]}-*.jsonl*")))
@@ -351,13 +363,20 @@ def main() -> int:
         if args.cache:
             Path(args.cache).mkdir(parents=True, exist_ok=True)
         for bench in benches:
-            for i, x in enumerate(run_bench(bench, args, data_dir, Path(tmp))):
+            *counts, ratios[bench] = run_bench(bench, args, data_dir, Path(tmp))
+            for i, x in enumerate(counts):
                 total[i] += x
+    missed = {b: r for b, r in ratios.items() if r < args.target_ratio}
     print(
         f"total: {total[0]} samples, {total[1]} disagreements, {total[2]} unexplained; "
-        f"wall {time.perf_counter() - t0:.0f} s"
+        f"wall {time.perf_counter() - t0:.0f} s; load average {os.getloadavg()[0]:.1f}"
     )
-    return 1 if total[2] else 0
+    if args.target_ratio:
+        verdict = "missed on " + ", ".join(f"{b} ({r:.2f}x)" for b, r in missed.items()) if missed else "met"
+        print(
+            f"target: ours at least {args.target_ratio:g}x faster than evalplus on each benchmark: {verdict}"
+        )
+    return 1 if total[2] or missed else 0
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """Code-LLM benchmark evaluation task: generate, execute once, score purely (docs/method.md §13.1).
 
 What it does: :func:`evaluate_code` — Code LLM on one benchmark with the EvalPlus protocol: ``n`` samples
-per problem, one :func:`tasks.execute.run_jobs` for the whole benchmark (identical samples of a problem run
-once), base and plus verdicts, unbiased pass@k and avg@n. The plan and the verdicts are the core's
-(:mod:`codea1_core.evaluation.verdicts`); this module generates and runs. It is also the in-training
-validation of ``tasks/score.py``, which is why the Test-LLM evaluation (mutants) lives apart, in
-``tasks/evaluate_tests.py``: the train stage does not depend on the mutant generator.
+per problem, run through :func:`tasks.execute.run_jobs` for the whole benchmark at once (identical samples
+of a problem run once; EvalPlus samples in stages that stop at the first failing input,
+:func:`codea1_core.evaluation.verdicts.run_code_jobs`), base and plus verdicts, unbiased pass@k and avg@n.
+The plan and the verdicts are the core's (:mod:`codea1_core.evaluation.verdicts`); this module generates and
+runs. It is also the in-training validation of ``tasks/score.py``, which is why the Test-LLM evaluation
+(mutants) lives apart, in ``tasks/evaluate_tests.py``: the train stage does not depend on the mutant generator.
 
 What it does not: decide which benchmarks to run or write reports (``flows/evaluate.py`` does).
 Infrastructure failures are never scored: past ``sandbox.max_infra_failure_frac`` of ``infra_error`` calls
@@ -24,10 +25,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from codea1_core.config import Config
-from codea1_core.evaluation.verdicts import build_code_jobs, code_metrics, verdicts_for
+from codea1_core.evaluation.verdicts import build_code_jobs, code_metrics, run_code_jobs, verdicts_for
 from codea1_core.models.sampling import sampling_params
 from codea1_core.types import Problem
-from tasks.execute import run_jobs
+from tasks.execute import check_infra, run_jobs
 
 
 def generate_codes(
@@ -74,7 +75,13 @@ def score_codes(
     evalplus = cfg.eval.evalplus_protocol
     jobs = build_code_jobs(problems, codes, evalplus)
     names = [problems[p].id for p in jobs.job_problem]
-    results = run_jobs(executor, jobs.jobs, cfg.sandbox.max_infra_failure_frac, f"code/{bench}", names)
+    label, frac = f"code/{bench}", cfg.sandbox.max_infra_failure_frac
+
+    def run(batch: list, ids: list[int]) -> list:  # the D4 rule once, on the final outcomes
+        return run_jobs(executor, batch, 1.0, label, [names[i] for i in ids])
+
+    results = run_code_jobs(problems, jobs, run, evalplus)
+    check_infra(results, frac, label, names)
     tols = cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol
     verdicts = verdicts_for(problems, jobs, results, *tols, evalplus)
     metrics = code_metrics(bench, problems, verdicts, cfg.eval.k_list, subsets, evalplus)

@@ -3,14 +3,16 @@
 What it does (docs/method.md §13.1, EvalPlus protocol): one sandbox program per *distinct* sample of a
 problem (identical code is deduplicated and runs once), with every base and plus input as one call; a sample
 passes ``base`` when all base calls match the reference output and ``plus`` when it passes base AND all plus
-inputs (EvalPlus semantics). EvalPlus' special oracles (``find_zero``, MBPP set equality, ...) are applied in
-the trusted parent. Aggregates unbiased pass@k and avg@n per split. The Test LLM's benchmark (pass@k on the
-reference, mut@k on mutants, Mul) is :mod:`codea1_core.evaluation.suites`; test-time collaboration (``solve``)
-is :mod:`codea1_core.evaluation.collaboration`.
+inputs (EvalPlus semantics). Under the EvalPlus protocol a sample runs in stages that stop at its first
+failing input, as evalplus stops it (:func:`run_code_jobs`). EvalPlus' special oracles (``find_zero``,
+MBPP set equality, ...) are applied in the trusted parent. Aggregates unbiased pass@k and avg@n per split.
+The Test LLM's benchmark (pass@k on the reference, mut@k on mutants, Mul) is
+:mod:`codea1_core.evaluation.suites`; test-time collaboration (``solve``) is
+:mod:`codea1_core.evaluation.collaboration`.
 
-What it does not: generate text, run code (the caller passes executor outcomes in), touch files, or
-import prefect/mlflow/sandbox. Infrastructure failures (``infra_error``) are never scored: affected
-samples and mutants are dropped from the denominators and counted (docs/method.md D4).
+What it does not: generate text, run code (the caller passes executor outcomes, or a function that runs
+jobs, in), touch files, or import prefect/mlflow/sandbox. Infrastructure failures (``infra_error``) are
+never scored: affected samples and mutants are dropped from the denominators and counted (docs/method.md D4).
 
 Two rule sets (``eval.evalplus_protocol``, reported as ``code/<bench>/evalplus_protocol``):
   * **EvalPlus protocol** (default on HumanEval+ / MBPP+): the sample runs as written (no imports added),
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import ast
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +52,8 @@ from codea1_core.types import CallOutcome, Problem
 from codea1_core.values import values_equal
 
 INFRA = "infra_error"
+NOT_RUN = "NotRun: an earlier input of this sample failed (EvalPlus stops a sample at its first failure)"
+"""The error of the inputs a staged run (:func:`run_code_jobs`) did not run: the verdict was already decided."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -210,19 +214,23 @@ def _evalplus_exact(problem: Problem, call: str, out: Any, expected: Any, atol: 
 
 
 def evalplus_flags(problem: Problem, outcomes: Sequence[CallOutcome]) -> list[bool]:
-    """Per input, the EvalPlus verdict (``codea1_core.data.evalplus_rules``), base run then plus run.
+    """Per input, the EvalPlus verdict (``codea1_core.data.evalplus_rules``), base run then plus run; of
+    the first ``len(outcomes)`` inputs when fewer outcomes than inputs are given (a staged run's prefix).
 
     An input fails when the call did not return, took longer than ``max(1 s, 4 x the reference's time)``
     (``metadata["ref_time_s"]``; 1 s where none was recorded), came after its run (base, plus) used up
     ``run_cap_s`` of the run's limits, or its output does not match.
     """
     cases = list(problem.tests) + list(problem.plus_tests)
+    if len(outcomes) > len(cases):
+        raise ValueError(f"{problem.id}: {len(outcomes)} outcomes for {len(cases)} calls")
     times = list((problem.metadata or {}).get("ref_time_s") or [])
     limits = [time_limit_s(times[i]) if i < len(times) else MIN_TIME_LIMIT_S for i in range(len(cases))]
     n_base = len(problem.tests)
     flags: list[bool] = []
     atol, spent, cap = problem.atol, 0.0, run_cap_s(limits[:n_base])
-    for i, (case, o) in enumerate(zip(cases, outcomes, strict=True)):
+    # (a prefix's flags: each depends only on the inputs before it, the run caps on every input's limit)
+    for i, (case, o) in enumerate(zip(cases[: len(outcomes)], outcomes, strict=True)):
         if i == n_base:  # the plus inputs are a separate evalplus run: atol and the run's clock start afresh
             atol, spent, cap = problem.atol, 0.0, run_cap_s(limits[n_base:])
         spent += o.duration_s
@@ -298,6 +306,67 @@ def verdicts_for(
         for p, res in zip(jobs.job_problem, results, strict=True)
     ]
     return [[judged[j] for j in row] for row in jobs.sample_job]
+
+
+Job = tuple[str, list[str]]
+RunJobs = Callable[[list[Job], list[int]], Sequence[Sequence[CallOutcome]]]
+"""``run(jobs, ids)``: the outcomes of ``jobs`` (``ids``: their indices in :attr:`CodeJobs.jobs`, to name them)."""
+
+
+def evalplus_stages(problem: Problem) -> list[int]:
+    """The prefixes of a sample's inputs a staged run tries in turn: its first input, its base inputs, all."""
+    n_base, n = len(problem.tests), len(problem.tests) + len(problem.plus_tests)
+    return sorted({k for k in (1, n_base, n) if 0 < k <= n})
+
+
+def _reference_s(problem: Problem, k: int) -> float:
+    """The reference's time on the first ``k`` inputs (0 where prepare recorded none)."""
+    return float(sum(((problem.metadata or {}).get("ref_time_s") or [])[:k]))
+
+
+def run_code_jobs(
+    problems: Sequence[Problem],
+    jobs: CodeJobs,
+    run: RunJobs,
+    evalplus_protocol: bool = False,
+    only: Sequence[int] | None = None,
+) -> list[list[CallOutcome]]:
+    """The outcomes of ``jobs.jobs`` (or of the jobs ``only`` lists, in its order), one per call, via ``run``.
+
+    An EvalPlus job runs in stages (:func:`evalplus_stages`), each from a freshly defined program on a longer
+    prefix of its calls, and stops at the first stage with a failing input (:func:`evalplus_flags`) or an
+    ``infra_error``: as evalplus stops a sample at its first failure. Its verdict is the full run's: a
+    stage runs the full run's first calls in the same order (for a program whose results do not vary from
+    run to run, the same outcomes), and after a failed input no later input changes ``base`` or ``plus``;
+    those are :data:`NOT_RUN` errors (after an infra failure, its outcome, for the D4 count). The verdicts
+    are still decided here from outcomes; the stages only decide how many calls run. A job under the training
+    rules runs once with every call (the lab's sparse verdict needs them all): without EvalPlus jobs ``run``
+    is called once, with the jobs as built. A stage's jobs go out longest first (reference time).
+    """
+    select = list(range(len(jobs.jobs))) if only is None else list(only)
+    problem_of = [problems[jobs.job_problem[j]] for j in select]
+    stage = {i: 0 for i, p in enumerate(problem_of) if p.tests and uses_evalplus(p, evalplus_protocol)}
+    batch = [i for i in range(len(select)) if i not in stage]  # the first round only: every call at once
+    out: list[list[CallOutcome] | None] = [None] * len(select)
+    while batch or stage:
+        prefix = {i: evalplus_stages(problem_of[i])[k] for i, k in stage.items()}
+        batch = sorted(stage, key=lambda i: -_reference_s(problem_of[i], prefix[i])) + batch
+        calls = [jobs.jobs[select[i]][1] for i in batch]
+        sent = [
+            (jobs.jobs[select[i]][0], c[: prefix.get(i, len(c))]) for i, c in zip(batch, calls, strict=True)
+        ]
+        results = run(sent, [select[i] for i in batch])
+        for i, c, res in zip(batch, calls, results, strict=True):
+            res = list(res)
+            infra = any(o.status == INFRA for o in res)
+            if i in stage and len(res) < len(c) and not infra and all(evalplus_flags(problem_of[i], res)):
+                stage[i] += 1
+                continue
+            stage.pop(i, None)
+            filler = res[-1] if infra else CallOutcome("error", None, NOT_RUN)
+            out[i] = res + [filler] * (len(c) - len(res))
+        batch = []
+    return out  # type: ignore[return-value]
 
 
 def _split_metrics(prefix: str, passed: list[list[bool]], k_list: Sequence[int]) -> dict[str, float]:

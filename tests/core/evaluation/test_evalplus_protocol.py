@@ -23,7 +23,15 @@ from codea1_core.data.dataset_types import PENDING
 from codea1_core.data.datasets import load_evalplus
 from codea1_core.data.evalplus_rules import OUTPUT_NOT_NONE, outputs_match, time_limit_s
 from codea1_core.data.prepared import chunk_exprs, load_prepared, reference_exprs, rerun_alone, resolve
-from codea1_core.evaluation.verdicts import build_code_jobs, code_metrics, judge_sample, verdicts_for
+from codea1_core.evaluation.verdicts import (
+    NOT_RUN,
+    build_code_jobs,
+    code_metrics,
+    evalplus_flags,
+    judge_sample,
+    run_code_jobs,
+    verdicts_for,
+)
 from codea1_core.method.outcomes import plan_golden
 from codea1_core.method.rewards import golden_scores
 from codea1_core.types import CallOutcome, Problem, TestCase
@@ -276,3 +284,123 @@ def test_a_run_past_evalplus_run_cap_fails_its_remaining_inputs():
     assert judge_sample(problem, fast, 1e-6, 1e-6, True).base
     assert not judge_sample(problem, slow, 1e-6, 1e-6, True).base
     assert judge_sample(problem, slow, 1e-6, 1e-6, False).base  # training rules: per-call limit only
+
+
+# --------------------------------------------------------------------------------------------------
+# Staged runs: a sample stops at its first failing input, with the full run's verdict
+# --------------------------------------------------------------------------------------------------
+
+
+class _InProcess:
+    """A stand-in for the executor (trusted test programs only): each job a fresh namespace, each call
+    evaluated in it in order; records the calls each job was sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[tuple[str, int]]] = []
+
+    def __call__(self, jobs: list, ids: list[int]) -> list[list[CallOutcome]]:
+        self.sent.append([(program, len(calls)) for program, calls in jobs])
+        out = []
+        for program, calls in jobs:
+            namespace: dict = {}
+            exec(program, namespace)
+            row = []
+            for call in calls:
+                try:
+                    row.append(CallOutcome("ok", eval(call, namespace), duration_s=0.001))
+                except Exception as exc:
+                    row.append(CallOutcome("error", None, f"{type(exc).__name__}: {exc}", 0.001))
+            out.append(row)
+        return out
+
+
+def _staged_problem(source: str = "humanevalplus") -> Problem:
+    """4 base inputs, 6 plus inputs of ``f(x) = 2x``."""
+    return Problem(
+        id="HumanEval/0",
+        source=source,
+        split="test",
+        prompt="",
+        description="",
+        entry_point="f",
+        reference_solution="def f(x):\n    return 2 * x\n",
+        tests=tuple(TestCase(f"f({i})", 2 * i) for i in range(4)),
+        plus_tests=tuple(TestCase(f"f({i})", 2 * i) for i in range(4, 10)),
+        metadata={"ref_time_s": [0.001] * 10},
+    )
+
+
+STAGED_SAMPLES = {  # name: (code, calls it runs in all stages, its verdict)
+    "right": ("def f(x):\n    return 2 * x\n", 1 + 4 + 10, (True, True)),
+    "wrong_first": ("def f(x):\n    return 2 * x + 1\n", 1, (False, False)),
+    "wrong_in_base": ("def f(x):\n    return 0 if x == 2 else 2 * x\n", 1 + 4, (False, False)),
+    "raises_in_plus": ("def f(x):\n    assert x < 7\n    return 2 * x\n", 1 + 4 + 10, (True, False)),
+    # state carried from call to call, as in one run: wrong from the fourth call of a run on
+    "stateful": (
+        "seen = []\ndef f(x):\n    seen.append(x)\n    return 2 * x + (len(seen) > 3)\n",
+        1 + 4,
+        (False, False),
+    ),
+}
+
+
+def test_staged_run_stops_at_the_first_failing_input_with_the_full_runs_verdict():
+    """EvalPlus stops a sample at its first failing input; ours ran every input of every sample (a
+    looping sample paid a time-out per input, 120 s; a wrong one every plus input). Staged, a sample
+    runs its first input, then its base inputs, then all, each from a fresh program: the verdicts are
+    the full run's, the inputs after a failure are NOT_RUN errors."""
+    problem = _staged_problem()
+    codes = [code for code, _, _ in STAGED_SAMPLES.values()]
+    jobs = build_code_jobs([problem], [codes], True)
+    full = _InProcess()(jobs.jobs, list(range(len(jobs.jobs))))
+    run = _InProcess()
+    staged = run_code_jobs([problem], jobs, run, True)
+    verdicts = verdicts_for([problem], jobs, staged, 1e-6, 1e-6, True)[0]
+    assert [(v.base, v.plus) for v in verdicts] == [want for _, _, want in STAGED_SAMPLES.values()]
+    assert verdicts == verdicts_for([problem], jobs, full, 1e-6, 1e-6, True)[0]
+    ran = {code: 0 for code in codes}
+    for batch in run.sent:
+        for program, n_calls in batch:
+            ran[program] += n_calls
+    assert [ran[code] for code in codes] == [n for _, n, _ in STAGED_SAMPLES.values()]
+    wrong = staged[codes.index(STAGED_SAMPLES["wrong_first"][0])]
+    assert wrong[0].ok and [o.error for o in wrong[1:]] == [NOT_RUN] * 9
+    assert len(run.sent) == 3  # one round per stage, every sample of the round in one batch
+
+
+def test_training_rules_and_infra_run_every_call():
+    """The lab's sparse verdict needs every call: under the training rules ``run`` gets the jobs once, as
+    built. An infrastructure failure in a stage ends the sample as ``infra`` (never scored), its
+    outcome repeated for the inputs not run, so the D4 count sees every call."""
+    problem = _staged_problem()
+    jobs = build_code_jobs([problem], [[STAGED_SAMPLES["wrong_first"][0]]], False)
+    run = _InProcess()
+    run_code_jobs([problem], jobs, run, False)
+    assert run.sent == [[(jobs.jobs[0][0], 10)]]
+    lost = CallOutcome("infra_error", None, "InfraError: worker died")
+    jobs = build_code_jobs([problem], [[STAGED_SAMPLES["right"][0]]], True)
+    out = run_code_jobs([problem], jobs, lambda batch, ids: [[lost] * len(c) for _, c in batch], True)
+    assert out == [[lost] * 10]
+    assert judge_sample(problem, out[0], 1e-6, 1e-6, True).infra
+
+
+def test_flags_of_a_prefix_are_the_full_runs_first_flags():
+    """A stage judges a prefix of the inputs: each flag, run caps included, must be the full run's."""
+    problem = Problem(
+        id="HumanEval/15",
+        source="humanevalplus",
+        split="test",
+        prompt="",
+        description="",
+        entry_point="f",
+        reference_solution="def f(x):\n    return x\n",
+        tests=tuple(TestCase(f"f({i})", i) for i in range(70)),
+        plus_tests=(TestCase("f(70)", 70),),
+        metadata={"ref_time_s": [0.1] * 71},
+    )
+    outcomes = [CallOutcome("ok", i, duration_s=0.95) for i in range(71)]
+    full = evalplus_flags(problem, outcomes)
+    assert full[0] and not full[69] and full[70]  # past the base run's cap; the plus run's clock is fresh
+    assert all(evalplus_flags(problem, outcomes[:k]) == full[:k] for k in range(72))
+    with pytest.raises(ValueError):
+        evalplus_flags(problem, outcomes + outcomes[:1])

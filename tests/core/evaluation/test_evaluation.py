@@ -309,7 +309,14 @@ def test_evaluate_code_oracle_100_pass_policy_0_and_one_batch(tmp_path):
     ex = FakeExecutor()
     m = evaluate_code(oracle, ps, small_cfg(tmp_path), ex, "toy")
     assert m["code/toy/base/pass@1"] == 100.0 and m["code/toy/plus/pass@1"] == 100.0
-    assert len(ex.jobs) == 2  # 3 identical samples per problem -> one program each
+    # 3 identical samples per problem -> one program each, run in stages (EvalPlus protocol): problem a on
+    # its base input, then on base and plus; problem b (base only) once
+    assert len({program for program, _ in ex.jobs}) == 2
+    assert sorted((program.count("mul"), len(calls)) for program, calls in ex.jobs) == [
+        (0, 1),
+        (0, 2),
+        (1, 1),
+    ]
     m0 = evaluate_code(TextPolicy(lambda t: fenced("pass")), ps, small_cfg(tmp_path), FakeExecutor(), "toy")
     assert m0["code/toy/base/pass@1"] == 0.0 and m0["code/toy/plus/pass@2"] == 0.0
 
@@ -382,7 +389,8 @@ def test_evaluation_runs_through_the_training_guard_retry_then_abort(tmp_path):
     codes = [["def add(a, b):\n    return a + b"]]
     ex = FlakyExecutor(bad_rounds=1)
     m = score_codes([problem()], codes, cfg, ex, "toy")
-    assert ex.rounds == 2 and m["code/toy/pass@1"] == 100.0 and m["code/toy/infra_errors"] == 0
+    # the first stage (its base input): a bad round and its retry; then its second stage (all inputs)
+    assert ex.rounds == 3 and m["code/toy/pass@1"] == 100.0 and m["code/toy/infra_errors"] == 0
     with pytest.raises(InfraFailure, match=r"code/toy: 2/2 calls .* e\.g\. \['t/1'\] \(> sandbox\.max_infra"):
         score_codes([problem()], codes, cfg, FlakyExecutor(bad_rounds=2), "toy")
 
