@@ -1,7 +1,8 @@
 """The train stage under guard, and how a training run ends.
 
 What it does: :func:`run_guarded` runs the train flow under the workspace lock (one training run per
-workspace, ``workspace.lock.WorkspaceLock``) after :func:`flows.train_run.preflight`, and turns the failures
+workspace, ``workspace.lock.WorkspaceLock``) after :func:`flows.train_run.preflight` and
+:func:`check_starting_models` (the warm start, the KL reference, verified by checksum), and turns the failures
 a user can act on (lock held, no intact checkpoint, MLflow store unusable or locked, disk full or read-only)
 into one :class:`~flows.common.UserError` line naming the path, a SIGTERM-stopped run into one line and exit
 143.
@@ -45,6 +46,7 @@ def run_guarded(cfg: Config, start: Callable[[], dict[str, Any]]) -> dict[str, A
     try:
         with WorkspaceLock(cfg.orchestration.checkpoint_dir):
             preflight(cfg)
+            check_starting_models(cfg)
             summary = start()
     except CancelledRun as exc:  # SIGTERM: the flow run ended CANCELLED (final_state)
         print(f"train: {exc}: run it again to resume", file=sys.stderr)
@@ -65,6 +67,21 @@ def run_guarded(cfg: Config, start: Callable[[], dict[str, Any]]) -> dict[str, A
             raise
         raise UserError(f"{disk.filename or cfg.orchestration.checkpoint_dir}: {disk.strerror}") from None
     return summary
+
+
+def check_starting_models(cfg: Config) -> None:
+    """The models training starts from and keeps as its KL reference (``model.<role>_path``), verified against
+    the ``MANIFEST.json`` the warm start wrote into them (every start, so every resume): a corrupt file is one
+    line naming it and how to rebuild; a model without a manifest (a user's model, a Hub id) is not checked."""
+    from workspace.checkpoints import verify_model
+
+    for role in ("code", "test") if cfg.mode == "codea1" else ("code",):
+        reason = verify_model(getattr(cfg.model, f"{role}_path"))
+        if reason is not None:
+            raise UserError(
+                f"model.{role}_path: {reason}: rebuild the warm start (`dvc repro warmstart`, or "
+                "`codea1 warmstart`) before training"
+            )
 
 
 def final_state(summary: dict[str, Any]) -> Any:

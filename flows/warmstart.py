@@ -10,7 +10,9 @@ the Code LLM. Everything is written to a temporary folder and moved into
 ``outputs/warmstart/`` (``base``, the role folders named by ``model.code_path`` / ``model.test_path``,
 ``metrics.json``) in one rename. ``metrics.json`` holds only what the build decides (sizes, losses, counts), so
 the same warm start built twice gives the same bytes and the same DVC hash; its wall-clock seconds go to
-``outputs/timings/warmstart.json`` (:func:`timings_path`), outside every DVC output. Building the base and
+``outputs/timings/warmstart.json`` (:func:`timings_path`), outside every DVC output. Each model folder gets a
+``MANIFEST.json`` (size and sha256 of its files, ``workspace.checkpoints``) that training verifies when it
+starts or resumes. Building the base and
 each role's fine-tuning are task runs (``build_base``, ``sft[<role>]``: ``tasks/warmstart.py``).
 What it does not: touch user models. When ``model.code_path`` (and ``test_path``) are not inside
 ``outputs/warmstart/`` (e.g. ``Qwen/Qwen2.5-Coder-1.5B-Instruct``), it only writes a ``metrics.json``
@@ -34,6 +36,7 @@ from codea1_core.config import Config
 from codea1_core.types import Problem
 from flows.common import flow_config, flow_run_name, record_numerics, stage_config, stage_main, stage_task
 from tasks.warmstart import build_base, sft
+from workspace.checkpoints import write_manifest
 
 log = logging.getLogger("codea1.warmstart")
 
@@ -134,6 +137,8 @@ def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
             metrics[f"{role}/n_examples"] = len(examples)
             metrics |= {f"{role}/{key}": v for key, v in stats.items() if isinstance(v, int | float | str)}
             metrics[f"time/sft_{role}_s"] = time.perf_counter() - t_role
+        for folder in (base, *(tmp / rel for rel in dirs.values())):  # verified when training starts
+            write_manifest(Path(folder))
         metrics["time/total_s"] = time.perf_counter() - t0
         _write_metrics(tmp / "metrics.json", {k: v for k, v in metrics.items() if not is_timing(k)})
         replace_dir(tmp, root)

@@ -96,6 +96,10 @@ def test_short_warm_start_models_load_and_generate(tmp_path, monkeypatch):
         )
         out = model.generate(**ids, max_new_tokens=8, do_sample=False)
         assert out.shape[1] > ids["input_ids"].shape[1]
+    from workspace.checkpoints import verify_model
+
+    for folder in ("base", "code", "test"):  # each model folder carries the manifest training verifies
+        assert (root / folder / "MANIFEST.json").is_file() and verify_model(root / folder) is None
     base = AutoModelForCausalLM.from_pretrained(root / "base")
     code = AutoModelForCausalLM.from_pretrained(root / "code")
     assert any((a != b).any() for a, b in zip(base.parameters(), code.parameters(), strict=True))
