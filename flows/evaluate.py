@@ -41,9 +41,11 @@ from codea1_core.config import Config
 from codea1_core.evaluation.report import render_report
 from flows.common import (
     UserError,
+    check_params_unchanged,
     flow_config,
     flow_run_name,
     load_stage_config,
+    params_read,
     record_numerics,
     run_user_errors,
 )
@@ -428,9 +430,12 @@ def main(argv: list[str] | None = None) -> int:
             probe_if_used(cfg)
         except TrackingUnavailable as exc:
             raise UserError(str(exc)) from None
+        started = params_read(args.params, list(args.overrides))
         metrics = evaluate_flow(
             args.params, list(args.overrides), args.code_model or "", args.test_model or ""
         )
+        if started is not None:  # an edit during the evaluation: DVC must not record it as evaluated
+            check_params_unchanged(args.params, list(args.overrides), started, "evaluate")
         for key, value in metrics.items():
             print(f"{key}: {value}")
         print(f"wrote {Path(cfg.eval.out_dir) / 'metrics.json'} and {Path(cfg.eval.out_dir) / 'report.html'}")
