@@ -3,9 +3,9 @@
 What it does: :func:`run_guarded` runs the train flow under the workspace lock (one training run per
 workspace, ``workspace.lock.WorkspaceLock``) after :func:`flows.train_run.preflight` and
 :func:`check_starting_models` (the warm start, the KL reference, verified by checksum), and turns the failures
-a user can act on (lock held, no intact checkpoint, MLflow store unusable or locked, disk full or read-only)
-into one :class:`~flows.common.UserError` line naming the path, a SIGTERM-stopped run into one line and exit
-143.
+a user can act on (lock held, no intact checkpoint, MLflow store unusable, locked, read-only, deleted or corrupt,
+disk full or read-only: ``flows.console.failure_line``) into one :class:`~flows.common.UserError` line naming
+the path or store, a SIGTERM-stopped run into one line and exit 143.
 Inside the flow, :func:`ending` ends the MLflow run as what happened (FINISHED, KILLED after SIGTERM, FAILED),
 :func:`failing` ends it FAILED when setup fails, and :func:`final_state` makes a stopped run's flow run
 CANCELLED.
@@ -25,7 +25,7 @@ from typing import Any
 
 from codea1_core.config import Config
 from flows.common import UserError
-from flows.console import DISK_ERRNOS, error_chain, quiet_user_error_tracebacks, store_locked
+from flows.console import failure_line, quiet_user_error_tracebacks
 from flows.steps import Stopped
 from flows.train_run import preflight
 
@@ -53,19 +53,11 @@ def run_guarded(cfg: Config, start: Callable[[], dict[str, Any]]) -> dict[str, A
         raise SystemExit(143) from None
     except (WorkspaceLockedError, CheckpointError, TrackingUnavailable) as exc:
         raise UserError(str(exc)) from None
-    # a disk error anywhere in the chain (a writer may wrap it): one line naming the path
-    except Exception as exc:
-        disk = next((e for e in error_chain(exc) if isinstance(e, OSError) and e.errno in DISK_ERRNOS), None)
-        if disk is None and store_locked(exc):
-            from tracking.store import tracking_uri
-
-            raise UserError(
-                f"the MLflow store ({tracking_uri(cfg)}) stayed locked by another process through "
-                "every retry (sqlite: database is locked); stop the process writing to it and rerun to resume"
-            ) from None
-        if disk is None:
+    except Exception as exc:  # a disk or MLflow store failure anywhere in the chain: one line
+        line = failure_line(exc, cfg)
+        if line is None:
             raise
-        raise UserError(f"{disk.filename or cfg.orchestration.checkpoint_dir}: {disk.strerror}") from None
+        raise UserError(f"{line}; then rerun to resume from the last checkpoint") from None
     return summary
 
 
@@ -111,7 +103,9 @@ def ending(run: Any) -> Iterator[None]:
     except BaseException:
         with contextlib.suppress(Exception):  # best effort: never hides the failure itself
             write_history(run.out_dir, run.history)
-        run.tracker.end("FAILED")
+        # a failed store fails here too: the first failure is the one the stage tells
+        with contextlib.suppress(Exception):
+            run.tracker.end("FAILED")
         raise
     run.tracker.end("FINISHED")
 

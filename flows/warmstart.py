@@ -31,10 +31,18 @@ from typing import Any
 
 from prefect import flow
 
-from codea1_core.atomic import replace_dir, temp_dir_for, write_json_atomic
+from codea1_core.atomic import DISK_ERRNOS, disk_error, replace_dir, temp_dir_for, write_json_atomic
 from codea1_core.config import Config
 from codea1_core.types import Problem
-from flows.common import flow_config, flow_run_name, record_numerics, stage_config, stage_main, stage_task
+from flows.common import (
+    UserError,
+    flow_config,
+    flow_run_name,
+    record_numerics,
+    stage_config,
+    stage_main,
+    stage_task,
+)
 from tasks.warmstart import build_base, sft
 from workspace.checkpoints import write_manifest
 
@@ -143,6 +151,12 @@ def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
         _write_metrics(tmp / "metrics.json", {k: v for k, v in metrics.items() if not is_timing(k)})
         replace_dir(tmp, root)
         _write_metrics(timings_path(root), {k: v for k, v in metrics.items() if is_timing(k)})
+    except Exception as exc:
+        disk = disk_error(exc, root.parent)  # before the cleanup: a probe write into the same, full disk
+        shutil.rmtree(tmp, ignore_errors=True)
+        if disk is not None:  # torch and safetensors raise their own errors on a full disk
+            raise disk from exc
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -171,11 +185,21 @@ def summary_line(metrics: dict[str, Any]) -> str:
 def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
     """DVC/CLI entry point (``flows.common.stage_main``): run the flow, print a summary."""
     from codea1_core.data.lab import check_lab_config
+    from flows.console import quiet_user_error_tracebacks
 
     cfg = stage_config(params, overrides)
     if role_dirs(cfg):
         check_lab_config(cfg.lab)  # a bad lab.* value: one line before any Prefect run starts
-    metrics = warmstart_flow(params=params, overrides=list(overrides or []))
+    quiet_user_error_tracebacks()  # a full disk: the line below, not Prefect's traceback
+    try:
+        metrics = warmstart_flow(params=params, overrides=list(overrides or []))
+    except OSError as exc:
+        if exc.errno not in DISK_ERRNOS:
+            raise
+        raise UserError(
+            f"{exc.filename or WARMSTART_DIR}: {exc.strerror}: the warm start was not written (the previous "
+            "one is kept); free space there, then rerun it"
+        ) from None
     print(summary_line(metrics))
     return metrics
 
