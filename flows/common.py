@@ -2,7 +2,8 @@
 
 Every DVC stage and every ``codea1`` subcommand goes through :func:`stage_main`, so a malformed
 ``params.yaml`` or override always ends in one clear line naming the file and dotted key (exit 2),
-never a traceback.
+never a traceback; and a params file edited while the stage ran fails it at its end, naming the changed keys
+(:func:`check_params_unchanged`), so DVC never records values the outputs were not made with.
 
 One flow signature: every Prefect flow takes ``params`` (a params file) and ``overrides`` (``key=value``
 strings) and loads its config itself with :func:`flow_config`, so the flow a DVC stage runs, the one the CLI
@@ -157,6 +158,67 @@ def run_user_errors(fn: Callable[[], Any]) -> int:
     return 0
 
 
+def params_read(params: str | Path, overrides: list[str] | None = None) -> str | None:
+    """The text of ``params`` that :func:`stage_config` last parsed with ``overrides`` (None before any)."""
+    kept = _LOADED.get((str(Path(params).resolve()), tuple(overrides or ())))
+    return None if kept is None else kept[0]
+
+
+def stage_params(stage: str, dvc_file: str | Path = "dvc.yaml") -> list[str] | None:
+    """The ``params.yaml`` keys ``dvc_file`` declares for ``stage`` (a section name stands for every key in
+    it), the values DVC records in ``dvc.lock``; None when the file or the stage is not there."""
+    import yaml
+
+    try:
+        declared = yaml.safe_load(Path(dvc_file).read_text(encoding="utf-8"))["stages"][stage].get("params")
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
+        return None
+    return [k for k in declared or [] if isinstance(k, str)]
+
+
+def check_params_unchanged(params: str | Path, overrides: list[str] | None, started: str, stage: str) -> None:
+    """Raise a one-line :class:`UserError` when ``params`` no longer gives the values the stage ran with.
+
+    A stage reads its params when it starts; DVC reads them again when the stage's command exits and records
+    those in ``dvc.lock``. An edit in between would record values the outputs were not made with, and the next
+    ``dvc repro`` would call them up to date. Called at the end of every stage, before it reports success:
+    compares the config of ``started`` (the text the stage read) with the file now, ``overrides`` applied to
+    both, on the keys ``dvc.yaml`` declares for the stage when DVC runs it (``$DVC_STAGE``), on every key
+    otherwise; byte-identical files are not parsed again.
+    """
+    try:
+        now = read_params(params)
+    except ConfigError as exc:
+        now, why = None, str(exc)
+    if now == started:
+        return
+    before = load_config(params, list(overrides or ()), text=started).flat()
+    changed: list[str] = []
+    if now is not None:
+        try:
+            after = load_config(params, list(overrides or ()), text=now).flat()
+        except ConfigError as exc:
+            why = f"it no longer loads: {exc}"
+        else:
+            dvc_stage = os.environ.get("DVC_STAGE")
+            keys = stage_params(dvc_stage) if dvc_stage else None
+            changed = [
+                f"{k}: {before.get(k)!r} -> {after.get(k)!r}"
+                for k in sorted(set(before) | set(after))
+                if before.get(k) != after.get(k)
+                and (keys is None or any(k == d or k.startswith(f"{d}.") for d in keys))
+            ]
+            if not changed:
+                return
+            more = f", and {len(changed) - 3} more" if len(changed) > 3 else ""
+            why = ", ".join(changed[:3]).replace("'", "") + more
+    raise UserError(
+        f"{params} changed while the {stage} stage ran ({why}): its outputs were made with the values it read "
+        f"at the start and are not recorded as made with the new ones; run the stage again (`dvc repro {stage}`, "
+        f"or `codea1 {stage}`)"
+    )
+
+
 def stage_main(
     run: Callable[[str, list[str]], Any],
     description: str,
@@ -188,9 +250,22 @@ def stage_main(
                     "restores the cached ones, `git checkout outputs/` the versioned ones)"
                 ) from None
             raise
+        started = params_read(params, overrides)
         run(params, overrides)
+        if started is not None:  # before the exit code that lets DVC record the params it reads now
+            check_params_unchanged(params, overrides, started, _stage_name(run))
 
     return run_user_errors(go)
+
+
+def _stage_name(run: Callable[..., Any]) -> str:
+    """``prepare``, ``train``...: the stage a ``flows.<stage>.run`` entry runs (``python -m flows.<stage>`` names
+    its module ``__main__``: its spec keeps the real name)."""
+    module = getattr(run, "__module__", "") or ""
+    if module == "__main__":
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = getattr(spec, "name", "") or ""
+    return module.rpartition(".")[2] or "stage"
 
 
 # --------------------------------------------------------------------------------------------------

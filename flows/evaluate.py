@@ -43,9 +43,11 @@ from codea1_core.config import Config
 from codea1_core.evaluation.report import render_report
 from flows.common import (
     UserError,
+    check_params_unchanged,
     flow_config,
     flow_run_name,
     load_stage_config,
+    params_read,
     record_numerics,
     run_user_errors,
 )
@@ -442,15 +444,55 @@ def evaluate(
     baseline_policies: tuple[Any, Any] | None = None,
 ) -> dict[str, float]:
     """The evaluation of :func:`evaluate_flow` on a loaded config (policies/executor may be injected, as tests
-    do); returns the flat metrics written to ``metrics.json``."""
+    do); returns the flat metrics written to ``metrics.json``. A folder that cannot take the outputs fails before
+    any model runs (:func:`check_out_dir`); a disk or MLflow store failure on the way is one line
+    (``flows.console.failure_line``)."""
+    from flows.console import failure_line
+
+    check_out_dir(Path(cfg.eval.out_dir))
     try:
         return _evaluate(cfg, code_model, test_model, code_policy, test_policy, executor, baseline_policies)
     except FileNotFoundError as exc:
         raise UserError(str(exc)) from None
+    except Exception as exc:
+        line = failure_line(exc, cfg)
+        if line is None:
+            raise
+        raise UserError(f"{line}; then rerun the evaluation") from None
+
+
+OUT_DIR_PROBE_BYTES = 4 << 20
+"""What :func:`check_out_dir` writes: more than ``metrics.json``, ``headline.json`` and ``report.html`` of an
+evaluation take."""
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Fail in one line, before minutes of evaluation, when ``eval.out_dir`` cannot take the outputs: a real write
+    of :data:`OUT_DIR_PROBE_BYTES` (a full, read-only or over-quota disk fails it), removed again."""
+    import os
+
+    probe = out_dir / f".codea1-space-probe.{os.getpid()}"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as fh:
+            for _ in range(OUT_DIR_PROBE_BYTES >> 20):
+                fh.write(bytes(1 << 20))
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        raise UserError(
+            f"eval.out_dir={out_dir}: {exc.strerror or exc} (a {OUT_DIR_PROBE_BYTES >> 20} MiB test write before "
+            "the evaluation failed): free space there or point eval.out_dir elsewhere, then rerun"
+        ) from None
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, float]:
     """``codea1 evaluate`` (``flows.common.stage_main``): :func:`evaluate_flow` with the stage's arguments."""
+    from flows.console import quiet_user_error_tracebacks
+
+    quiet_user_error_tracebacks()
     return evaluate_flow(params, list(overrides or []))
 
 
@@ -488,6 +530,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def go() -> None:
+        from flows.console import quiet_user_error_tracebacks
+
+        quiet_user_error_tracebacks()  # a store or disk failure: its one line, not Prefect's traceback
         if args.compare:
             out = args.out or "outputs/eval/compare.html"
             print(f"wrote {compare(args.compare, out)}")
@@ -498,9 +543,12 @@ def main(argv: list[str] | None = None) -> int:
             probe_if_used(cfg)
         except TrackingUnavailable as exc:
             raise UserError(str(exc)) from None
+        started = params_read(args.params, list(args.overrides))
         metrics = evaluate_flow(
             args.params, list(args.overrides), args.code_model or "", args.test_model or ""
         )
+        if started is not None:  # an edit during the evaluation: DVC must not record it as evaluated
+            check_params_unchanged(args.params, list(args.overrides), started, "evaluate")
         for key, value in metrics.items():
             print(f"{key}: {value}")
         print(f"wrote {Path(cfg.eval.out_dir) / 'metrics.json'} and {Path(cfg.eval.out_dir) / 'report.html'}")

@@ -68,9 +68,18 @@ def register_flow(
 ) -> dict[str, Any]:
     """Prefect entry point (DVC stage, CLI, the pipeline deployment): :func:`register`; with ``run_dir`` the
     run folder's evaluation and training are judged and the decision is written to ``<run_dir>/register.json``."""
+    from flows.console import failure_line
+
     folder = resolve_run_dir(run_dir)
     out_path = folder / DECISION_PATH.name if folder is not None else DECISION_PATH
-    return register(flow_config(params, overrides, str(folder or "")), out_path=out_path)
+    cfg = flow_config(params, overrides, str(folder or ""))
+    try:
+        return register(cfg, out_path=out_path)
+    except Exception as exc:  # a disk or MLflow store failure: one line naming it
+        line = failure_line(exc, cfg)
+        if line is None:
+            raise
+        raise UserError(f"{line}; then rerun the register stage") from None
 
 
 def _versions(cfg: Config, done: dict[str, Any] | None) -> dict[str, str]:
@@ -137,8 +146,10 @@ def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict
     """DVC/CLI entry point: one line per role with its metric, the numbers compared and the decision (the MLflow
     store probed first: an unusable one is one line, not minutes of retries)."""
     from flows.common import stage_config
+    from flows.console import quiet_user_error_tracebacks
     from tracking.store import TrackingUnavailable, probe_if_used
 
+    quiet_user_error_tracebacks()  # a store or disk failure: its one line, not Prefect's traceback
     try:
         probe_if_used(stage_config(params, overrides))
     except TrackingUnavailable as exc:

@@ -1,10 +1,11 @@
 """The train stage under guard, and how a training run ends.
 
 What it does: :func:`run_guarded` runs the train flow under the workspace lock (one training run per
-workspace, ``workspace.lock.WorkspaceLock``) after :func:`flows.train_run.preflight`, and turns the failures
-a user can act on (lock held, no intact checkpoint, MLflow store unusable or locked, disk full or read-only)
-into one :class:`~flows.common.UserError` line naming the path, a SIGTERM-stopped run into one line and exit
-143.
+workspace, ``workspace.lock.WorkspaceLock``) after :func:`flows.train_run.preflight` and
+:func:`check_starting_models` (the warm start, the KL reference, verified by checksum), and turns the failures
+a user can act on (lock held, no intact checkpoint, MLflow store unusable, locked, read-only, deleted or corrupt,
+disk full or read-only: ``flows.console.failure_line``) into one :class:`~flows.common.UserError` line naming
+the path or store, a SIGTERM-stopped run into one line and exit 143.
 Inside the flow, :func:`ending` ends the MLflow run as what happened (FINISHED, KILLED after SIGTERM, FAILED),
 :func:`failing` ends it FAILED when setup fails, and :func:`final_state` makes a stopped run's flow run
 CANCELLED.
@@ -24,7 +25,7 @@ from typing import Any
 
 from codea1_core.config import Config
 from flows.common import UserError
-from flows.console import DISK_ERRNOS, error_chain, quiet_user_error_tracebacks, store_locked
+from flows.console import failure_line, quiet_user_error_tracebacks
 from flows.steps import Stopped
 from flows.train_run import preflight
 
@@ -45,26 +46,34 @@ def run_guarded(cfg: Config, start: Callable[[], dict[str, Any]]) -> dict[str, A
     try:
         with WorkspaceLock(cfg.orchestration.checkpoint_dir):
             preflight(cfg)
+            check_starting_models(cfg)
             summary = start()
     except CancelledRun as exc:  # SIGTERM: the flow run ended CANCELLED (final_state)
         print(f"train: {exc}: run it again to resume", file=sys.stderr)
         raise SystemExit(143) from None
     except (WorkspaceLockedError, CheckpointError, TrackingUnavailable) as exc:
         raise UserError(str(exc)) from None
-    # a disk error anywhere in the chain (a writer may wrap it): one line naming the path
-    except Exception as exc:
-        disk = next((e for e in error_chain(exc) if isinstance(e, OSError) and e.errno in DISK_ERRNOS), None)
-        if disk is None and store_locked(exc):
-            from tracking.store import tracking_uri
-
-            raise UserError(
-                f"the MLflow store ({tracking_uri(cfg)}) stayed locked by another process through "
-                "every retry (sqlite: database is locked); stop the process writing to it and rerun to resume"
-            ) from None
-        if disk is None:
+    except Exception as exc:  # a disk or MLflow store failure anywhere in the chain: one line
+        line = failure_line(exc, cfg)
+        if line is None:
             raise
-        raise UserError(f"{disk.filename or cfg.orchestration.checkpoint_dir}: {disk.strerror}") from None
+        raise UserError(f"{line}; then rerun to resume from the last checkpoint") from None
     return summary
+
+
+def check_starting_models(cfg: Config) -> None:
+    """The models training starts from and keeps as its KL reference (``model.<role>_path``), verified against
+    the ``MANIFEST.json`` the warm start wrote into them (every start, so every resume): a corrupt file is one
+    line naming it and how to rebuild; a model without a manifest (a user's model, a Hub id) is not checked."""
+    from workspace.checkpoints import verify_model
+
+    for role in ("code", "test") if cfg.mode == "codea1" else ("code",):
+        reason = verify_model(getattr(cfg.model, f"{role}_path"))
+        if reason is not None:
+            raise UserError(
+                f"model.{role}_path: {reason}: rebuild the warm start (`dvc repro warmstart`, or "
+                "`codea1 warmstart`) before training"
+            )
 
 
 def final_state(summary: dict[str, Any]) -> Any:
@@ -94,7 +103,9 @@ def ending(run: Any) -> Iterator[None]:
     except BaseException:
         with contextlib.suppress(Exception):  # best effort: never hides the failure itself
             write_history(run.out_dir, run.history)
-        run.tracker.end("FAILED")
+        # a failed store fails here too: the first failure is the one the stage tells
+        with contextlib.suppress(Exception):
+            run.tracker.end("FAILED")
         raise
     run.tracker.end("FINISHED")
 

@@ -8,8 +8,12 @@ the Test LLM (imperfect white-box test suites on the training problems), so RL h
 ``selfplay`` mode trains one model on code and black-box test conversations; ``golden`` mode trains only
 the Code LLM. Everything is written to a temporary folder and moved into
 ``outputs/warmstart/`` (``base``, the role folders named by ``model.code_path`` / ``model.test_path``,
-``metrics.json``) in one rename. Building the base and each role's fine-tuning are task runs
-(``build_base``, ``sft[<role>]``: ``tasks/warmstart.py``).
+``metrics.json``) in one rename. ``metrics.json`` holds only what the build decides (sizes, losses, counts), so
+the same warm start built twice gives the same bytes and the same DVC hash; its wall-clock seconds go to
+``outputs/timings/warmstart.json`` (:func:`timings_path`), outside every DVC output. Each model folder gets a
+``MANIFEST.json`` (size and sha256 of its files, ``workspace.checkpoints``) that training verifies when it
+starts or resumes. Building the base and
+each role's fine-tuning are task runs (``build_base``, ``sft[<role>]``: ``tasks/warmstart.py``).
 What it does not: touch user models. When ``model.code_path`` (and ``test_path``) are not inside
 ``outputs/warmstart/`` (e.g. ``Qwen/Qwen2.5-Coder-1.5B-Instruct``), it only writes a ``metrics.json``
 saying it was skipped.
@@ -27,11 +31,20 @@ from typing import Any
 
 from prefect import flow
 
-from codea1_core.atomic import replace_dir, temp_dir_for, write_json_atomic
+from codea1_core.atomic import DISK_ERRNOS, disk_error, replace_dir, temp_dir_for, write_json_atomic
 from codea1_core.config import Config
 from codea1_core.types import Problem
-from flows.common import flow_config, flow_run_name, record_numerics, stage_config, stage_main, stage_task
+from flows.common import (
+    UserError,
+    flow_config,
+    flow_run_name,
+    record_numerics,
+    stage_config,
+    stage_main,
+    stage_task,
+)
 from tasks.warmstart import build_base, sft
+from workspace.checkpoints import write_manifest
 
 log = logging.getLogger("codea1.warmstart")
 
@@ -72,6 +85,17 @@ def _write_metrics(path: Path, metrics: dict[str, Any]) -> None:
     write_json_atomic(path, metrics, indent=2, default=None, newline=True)
 
 
+def timings_path(root: Path = WARMSTART_DIR) -> Path:
+    """Where the warm start's wall-clock seconds go: beside the stage's output, not inside it (a DVC output
+    holding a timing would change its hash on every run of the same build)."""
+    return root.parent / "timings" / "warmstart.json"
+
+
+def is_timing(key: str) -> bool:
+    """Whether a warm-start metric is a wall-clock measurement (kept out of ``metrics.json``)."""
+    return key.startswith("time/") or key.endswith("runtime_s")
+
+
 def _param_count(model_dir: Path) -> int:
     from transformers import AutoModelForCausalLM
 
@@ -80,7 +104,8 @@ def _param_count(model_dir: Path) -> int:
 
 
 def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
-    """Build the tiny base model and fine-tune each role; returns the metrics written to ``metrics.json``."""
+    """Build the tiny base model and fine-tune each role; returns the metrics written to ``metrics.json`` and
+    the timings written to :func:`timings_path`."""
     from codea1_core.data.lab import warmstart_code_problems
     from codea1_core.data.warmstart_data import warmstart_examples
 
@@ -120,9 +145,18 @@ def warm_start(cfg: Config, root: Path = WARMSTART_DIR) -> dict[str, Any]:
             metrics[f"{role}/n_examples"] = len(examples)
             metrics |= {f"{role}/{key}": v for key, v in stats.items() if isinstance(v, int | float | str)}
             metrics[f"time/sft_{role}_s"] = time.perf_counter() - t_role
+        for folder in (base, *(tmp / rel for rel in dirs.values())):  # verified when training starts
+            write_manifest(Path(folder))
         metrics["time/total_s"] = time.perf_counter() - t0
-        _write_metrics(tmp / "metrics.json", metrics)
+        _write_metrics(tmp / "metrics.json", {k: v for k, v in metrics.items() if not is_timing(k)})
         replace_dir(tmp, root)
+        _write_metrics(timings_path(root), {k: v for k, v in metrics.items() if is_timing(k)})
+    except Exception as exc:
+        disk = disk_error(exc, root.parent)  # before the cleanup: a probe write into the same, full disk
+        shutil.rmtree(tmp, ignore_errors=True)
+        if disk is not None:  # torch and safetensors raise their own errors on a full disk
+            raise disk from exc
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -151,11 +185,21 @@ def summary_line(metrics: dict[str, Any]) -> str:
 def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
     """DVC/CLI entry point (``flows.common.stage_main``): run the flow, print a summary."""
     from codea1_core.data.lab import check_lab_config
+    from flows.console import quiet_user_error_tracebacks
 
     cfg = stage_config(params, overrides)
     if role_dirs(cfg):
         check_lab_config(cfg.lab)  # a bad lab.* value: one line before any Prefect run starts
-    metrics = warmstart_flow(params=params, overrides=list(overrides or []))
+    quiet_user_error_tracebacks()  # a full disk: the line below, not Prefect's traceback
+    try:
+        metrics = warmstart_flow(params=params, overrides=list(overrides or []))
+    except OSError as exc:
+        if exc.errno not in DISK_ERRNOS:
+            raise
+        raise UserError(
+            f"{exc.filename or WARMSTART_DIR}: {exc.strerror}: the warm start was not written (the previous "
+            "one is kept); free space there, then rerun it"
+        ) from None
     print(summary_line(metrics))
     return metrics
 

@@ -1,7 +1,8 @@
 """What the stages after training record on MLflow: the evaluation, the register decision, links to runs.
 
-What it does: :func:`log_evaluation` puts the evaluation numbers on the training run (``eval/<key>``) and in
-an ``evaluate`` run nested under it (with the report); :func:`log_to_run` logs a decision (metrics + a JSON
+What it does: :func:`log_evaluation` puts the evaluation numbers on the training run (``eval/<key>``, once
+per value: a re-evaluation with the same numbers appends nothing) and in an ``evaluate`` run nested under it
+(with the report); :func:`log_to_run` logs a decision (metrics + a JSON
 artifact) to a run without repeating a point a rerun already logged; :func:`training_run_id` is the run whose
 export is evaluated (``final/DONE.json``) and :func:`run_link` its address in the MLflow UI.
 What it does not: decide what is logged (``flows/evaluate.py``, ``flows/register.py``) or track training
@@ -72,7 +73,8 @@ def run_link(cfg: Config, run_id: str) -> str | None:
 
 def log_evaluation(cfg: Config, metrics: dict[str, float], report: Path, train_run_id: str | None) -> str:
     """Evaluation numbers where training runs can be compared on them: on the training run itself (as
-    ``eval/<key>``) and in an ``evaluate`` run nested under it (``mlflow.parentRunId``, with the report).
+    ``eval/<key>`` at step 0, only the values that differ from its latest ones: evaluating the same export again
+    appends nothing) and in an ``evaluate`` run nested under it (``mlflow.parentRunId``, with the report).
     Without a training run (a model dir evaluated on its own) only the standalone ``evaluate`` run is made.
     Returns the evaluate run's id."""
     from mlflow.entities import Metric
@@ -92,8 +94,13 @@ def log_evaluation(cfg: Config, metrics: dict[str, float], report: Path, train_r
         client.log_batch(run_id, metrics=rows[i : i + 1000])
     client.log_artifact(run_id, str(report), "eval")
     client.set_terminated(run_id)
-    if train_run_id is not None:
-        on_train = [Metric(f"eval/{k}", v, now_ms, 0) for k, v in sorted(clean.items())]
+    if train_run_id is not None:  # a re-evaluation with the same numbers appends no second point
+        latest = parent.data.metrics
+        on_train = [
+            Metric(f"eval/{k}", v, now_ms, 0)
+            for k, v in sorted(clean.items())
+            if latest.get(f"eval/{k}") != v
+        ]
         for i in range(0, len(on_train), 1000):
             client.log_batch(train_run_id, metrics=on_train[i : i + 1000])
         client.set_tag(train_run_id, "codea1.evaluate_run_id", run_id)

@@ -4,7 +4,8 @@ What it does: :func:`tracking_uri` (``$MLFLOW_TRACKING_URI`` wins over ``trackin
 of a relative sqlite file is created), :func:`client`, :func:`experiment_id` (created with its artifact
 location and the tag MLflow 3's UI reads), :func:`is_number` (what the store takes as a metric), and
 :func:`probe_store` / :func:`probe_if_used`: a real write into the store and its artifact folder, within
-seconds, raising :class:`TrackingUnavailable` with one line naming the URI or folder.
+seconds, raising :class:`TrackingUnavailable` with one line naming the URI or folder; :func:`store_failure`: the
+one line for a store that fails later, under a running stage (locked, read-only, deleted, corrupt, full).
 What it does not: log anything (``tracking.runs``, ``tracking.results``) or touch the registry
 (``tracking.registry``).
 
@@ -135,3 +136,76 @@ def probe_if_used(cfg: Config) -> None:
     to MLflow calls this first (MLflow's own client retries an unusable store for minutes)."""
     if cfg.tracking.backend == "mlflow":
         probe_store(cfg)
+
+
+_SQLITE_CAUSES = (
+    (
+        "database is locked",
+        "stayed locked by another process through every retry",
+        "stop the process writing to it",
+    ),
+    ("readonly database", "is read-only", "make the file and its folder writable"),
+    ("database or disk is full", "cannot grow: its disk is full", "free space on that disk"),
+    (
+        "disk image is malformed",
+        "is corrupt",
+        "restore it from a backup or point tracking.tracking_uri at a new store",
+    ),
+    (
+        "file is not a database",
+        "is corrupt",
+        "restore it from a backup or point tracking.tracking_uri at a new store",
+    ),
+    (
+        "no such table",
+        "was deleted or replaced while the stage ran (its tables are gone)",
+        "restore it from a backup",
+    ),
+    ("unable to open database file", "cannot be opened", "check that its folder exists and is writable"),
+)
+"""sqlite's message -> what happened to the store, what to do about it."""
+
+
+def store_failure(exc: BaseException, cfg: Config) -> str | None:
+    """One line for an MLflow store that failed under a running stage (``exc`` or what caused it): the store's
+    URI, what happened to it and what to do (``the MLflow store (sqlite:///...) is read-only (sqlite: attempt to
+    write a readonly database); make the file and its folder writable``); None when ``exc`` is no store failure.
+
+    sqlite reports a store file deleted under an open connection as "attempt to write a readonly database": a
+    file that is gone is named as deleted. A disk error of the artifact folder is an ``OSError`` naming its path,
+    left to the caller's disk-error line.
+    """
+    import sqlite3
+
+    uri = tracking_uri_text(cfg)
+    seen: BaseException | None = exc
+    mlflow_text = None
+    while seen is not None:
+        if isinstance(seen, sqlite3.Error):
+            text = str(seen).splitlines()[0] if str(seen) else type(seen).__name__
+            what, fix = _sqlite_cause(text, uri)
+            return f"the MLflow store ({uri}) {what} (sqlite: {text}); {fix}"
+        if mlflow_text is None and type(seen).__name__ == "MlflowException":
+            mlflow_text = (str(seen).splitlines() or [type(seen).__name__])[0][:200]
+        seen = seen.__cause__ or seen.__context__
+    if mlflow_text is not None:
+        return f"the MLflow store ({uri}) failed ({mlflow_text}); check it is reachable and writable"
+    return None
+
+
+def _sqlite_cause(text: str, uri: str) -> tuple[str, str]:
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        return (
+            "was deleted while the stage ran",
+            "restore the file from a backup, or rerun to start a new store",
+        )
+    for needle, what, fix in _SQLITE_CAUSES:
+        if needle in text:
+            return what, fix
+    return "failed", "check the file and its disk"
+
+
+def tracking_uri_text(cfg: Config) -> str:
+    """The store's URI as :func:`tracking_uri` gives it, without creating its folder (a failure message must not
+    write)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or cfg.tracking.tracking_uri

@@ -12,6 +12,8 @@ The last file written into a checkpoint is ``MANIFEST.json`` (size and sha256 of
 :func:`select_checkpoint` verifies it and falls back to the newest intact checkpoint with one warning line
 naming what was wrong (truncated weights, zeroed bytes, empty ``rng.pt``...); when none is intact it raises
 :class:`CheckpointError` naming the file. :func:`load_state` reads one back and restores the RNGs.
+:func:`verify_model` checks a model folder against its own manifest the same way (the warm start writes one
+into each model folder it builds: the KL reference is verified whenever training starts or resumes).
 What it does not: decide when to checkpoint (the train flow does), decide where a run starts
 (:mod:`workspace.resume`) or log to MLflow.
 
@@ -132,6 +134,16 @@ def verify_checkpoint(folder: Path) -> str | None:
             return f"{folder / rel}: sha256 differs from the manifest (corrupted bytes)"
     _VERIFIED[str(folder)] = manifest.stat().st_mtime_ns
     return None
+
+
+def verify_model(folder: str | Path) -> str | None:
+    """Why a model folder written with a manifest (the warm start's ``base`` and role folders, the KL reference
+    and the starting weights of training) is not intact, naming the file; None when every file matches or the
+    folder has no ``MANIFEST.json`` (a user's model, which nothing here wrote)."""
+    folder = Path(folder)
+    if not (folder / MANIFEST).is_file():
+        return None
+    return verify_checkpoint(folder)
 
 
 def _candidates(root: Path) -> tuple[list[Path], list[str]]:

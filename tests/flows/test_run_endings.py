@@ -58,3 +58,61 @@ def test_a_served_run_stopped_by_sigterm_ends_in_one_line_not_an_engine_tracebac
     assert lines == [
         "WARNING: the flow run ended CANCELLED: stopped by SIGTERM after iteration 1 (checkpointed)"
     ], lines
+
+
+def _warm_started(tmp_path: Path, tiny_model_dir: Path) -> dict[str, Path]:
+    """Copies of the tiny model as the warm start builds its folders: each with its ``MANIFEST.json``."""
+    import shutil
+
+    from workspace.checkpoints import write_manifest
+
+    roles = {}
+    for role in ("code", "test"):
+        roles[role] = tmp_path / "warmstart" / role
+        shutil.copytree(tiny_model_dir, roles[role])
+        write_manifest(roles[role])
+    return roles
+
+
+@pytest.mark.e2e
+def test_flipped_bytes_in_the_warm_start_stop_training_in_one_line(
+    tmp_path: Path, tiny_model_dir: Path, repo_root: Path
+) -> None:
+    """The warm start is training's starting point and KL reference: bytes flipped in its weights trained on
+    from corrupt weights with a different KL, silently. Now the stage stops before any work, in one line naming
+    the file and the rebuild."""
+    import subprocess
+    import sys
+
+    from support import write_params
+
+    from flows.run_endings import check_starting_models
+
+    roles = _warm_started(tmp_path, tiny_model_dir)
+    cfg = tiny_config(
+        tmp_path,
+        tiny_model_dir,
+        **{
+            "model.code_path": str(roles["code"]),
+            "model.test_path": str(roles["test"]),
+            "tracking.backend": "null",
+        },
+    )
+    check_starting_models(cfg)  # intact: no complaint
+    weights = roles["test"] / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.train", "--params", write_params(cfg, tmp_path / "params.yaml")],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower() or "Traceback" in line]
+    assert len(errors) == 1, proc.stderr  # (the other stderr line: the lab problems generated in memory)
+    assert errors[0].startswith(f"error: model.test_path: {weights}: sha256 differs"), errors
+    assert "dvc repro warmstart" in errors[0]
+    assert not (tmp_path / "train" / "checkpoints").exists()

@@ -75,7 +75,11 @@ def test_short_warm_start_models_load_and_generate(tmp_path, monkeypatch):
     metrics = warmstart.warm_start(cfg)
     root = tmp_path / "outputs/warmstart"
     assert sorted(p.name for p in root.iterdir()) == ["base", "code", "metrics.json", "test"]
-    assert json.loads((root / "metrics.json").read_text()) == json.loads(json.dumps(metrics))
+    written = {
+        **json.loads((root / "metrics.json").read_text()),
+        **json.loads(warmstart.timings_path().read_text()),
+    }
+    assert written == json.loads(json.dumps(metrics))
     assert (
         metrics["skipped"] is False
         and metrics["n_problems"] == 8
@@ -92,9 +96,68 @@ def test_short_warm_start_models_load_and_generate(tmp_path, monkeypatch):
         )
         out = model.generate(**ids, max_new_tokens=8, do_sample=False)
         assert out.shape[1] > ids["input_ids"].shape[1]
+    from workspace.checkpoints import verify_model
+
+    for folder in ("base", "code", "test"):  # each model folder carries the manifest training verifies
+        assert (root / folder / "MANIFEST.json").is_file() and verify_model(root / folder) is None
     base = AutoModelForCausalLM.from_pretrained(root / "base")
     code = AutoModelForCausalLM.from_pretrained(root / "code")
     assert any((a != b).any() for a, b in zip(base.parameters(), code.parameters(), strict=True))
+
+
+def test_the_same_warm_start_built_twice_gives_the_same_bytes(tmp_path, monkeypatch):
+    """The stage's DVC output holds no wall-clock field (``time/*``, ``runtime_s`` made its hash change on every
+    run of a bit-identical build): two builds give byte-identical files; the timings live outside it."""
+    monkeypatch.chdir(tmp_path)
+    cfg = _cfg(mode="golden", lab=dict(TINY_LAB, families=["is_above"]))
+    root = tmp_path / "outputs/warmstart"
+
+    def tree() -> dict[str, bytes]:
+        return {
+            p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+        }
+
+    metrics = warmstart.warm_start(cfg)
+    first = tree()
+    warmstart.warm_start(cfg)
+    assert tree() == first and "metrics.json" in first
+    assert not any(warmstart.is_timing(k) for k in json.loads(first["metrics.json"]))
+    timings = json.loads(warmstart.timings_path().read_text())
+    assert timings["time/total_s"] > 0 and set(timings) == {k for k in metrics if warmstart.is_timing(k)}
+
+
+@pytest.mark.e2e
+def test_a_full_disk_under_the_warm_start_is_one_line_and_writes_nothing(
+    tmp_path, monkeypatch, prefect_harness, capsys
+):
+    """``outputs/`` on a real 256 KiB tmpfs: torch and safetensors raise their own errors on a full disk (a
+    traceback); the stage says the path and "No space left on device" in one line and leaves no half-written
+    folder."""
+    import subprocess
+
+    from support import write_params
+
+    from flows.common import stage_main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(tmp_path / "outputs")]
+    if subprocess.run(mount, capture_output=True).returncode:
+        pytest.skip(
+            "cannot mount a tmpfs here (not root, or no mount permission): no real full disk to write to"
+        )
+    try:
+        params = write_params(
+            _cfg(mode="golden", lab=dict(TINY_LAB, families=["is_above"])), tmp_path / "p.yaml"
+        )
+        assert stage_main(warmstart.run, "warmstart", ["--params", params]) == 2
+        err = capsys.readouterr().err
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("error: outputs/") and "No space left on device" in last, err[-3000:]
+        assert "Traceback" not in err, err[-3000:]
+        assert not [p.name for p in (tmp_path / "outputs").iterdir() if "warmstart" in p.name]  # nor its .tmp
+    finally:
+        subprocess.run(["umount", "-l", str(tmp_path / "outputs")], capture_output=True)
 
 
 @pytest.mark.e2e

@@ -25,6 +25,26 @@ def test_evaluation_is_recorded_on_and_nested_under_the_training_run(cfg: Config
     assert [a.path for a in train.client.list_artifacts(eval_id, "eval")] == ["eval/report.html"]
 
 
+def test_a_re_evaluation_appends_no_second_point_to_the_training_run(cfg: Config, tmp_path: Path) -> None:
+    """Evaluating the same export twice left eval/* at step 0 twice in the training run's history; a changed
+    number is still recorded (its latest value is the new one)."""
+    train = MlflowTracker(cfg, run_name="train-codea1-seed1-alpha0.5")
+    report = tmp_path / "report.html"
+    report.write_text("<html></html>")
+    for _ in range(2):
+        results.log_evaluation(cfg, {"code/lab/pass@1": 40.0, "test/lab/pass@5": 20.0}, report, train.run_id)
+    results.log_evaluation(cfg, {"code/lab/pass@1": 40.0, "test/lab/pass@5": 25.0}, report, train.run_id)
+    history = {
+        key: [(m.step, m.value) for m in train.client.get_metric_history(train.run_id, key)]
+        for key in ("eval/code/lab/pass_at_1", "eval/test/lab/pass_at_5")
+    }
+    assert history == {
+        "eval/code/lab/pass_at_1": [(0, 40.0)],
+        "eval/test/lab/pass_at_5": [(0, 20.0), (0, 25.0)],
+    }
+    assert train.client.get_run(train.run_id).data.metrics["eval/test/lab/pass_at_5"] == 25.0
+
+
 def test_run_links_open_the_runs_view_not_the_genai_overview(cfg: Config) -> None:
     """MLflow 3.17's UI opens an experiment in its global GenAI view (an empty traces overview) whatever the
     experiment's kind tag says (seen in a headless browser); the links we print carry the query that opens runs."""

@@ -99,3 +99,31 @@ def test_evaluate_and_register_probe_the_store_first(stage, silent_server, tmp_p
     assert elapsed < 60, (
         elapsed
     )  # the probe is bounded (5 s); the rest is the interpreter's imports under load
+
+
+def _sqlite_error(db: Path) -> BaseException:
+    """The error sqlite raises on ``db``, wrapped as MLflow wraps it (an exception raised from it)."""
+    try:
+        try:
+            sqlite3.connect(db).execute("SELECT * FROM runs")
+        except sqlite3.Error as exc:
+            raise RuntimeError("MLflow wrapped it") from exc
+    except RuntimeError as wrapped:
+        return wrapped
+    raise AssertionError("no sqlite error")
+
+
+def test_a_store_failing_mid_run_is_named_with_its_cause_and_the_fix(mlflow_cfg, tmp_path: Path) -> None:
+    from tracking.store import store_failure
+
+    db = Path(mlflow_cfg.tracking.tracking_uri.removeprefix("sqlite:///"))
+    db.write_bytes(b"not a database, " * 512)
+    line = store_failure(_sqlite_error(db), mlflow_cfg)
+    assert line == (
+        f"the MLflow store ({mlflow_cfg.tracking.tracking_uri}) is corrupt (sqlite: file is not a database); "
+        "restore it from a backup or point tracking.tracking_uri at a new store"
+    )
+    error = _sqlite_error(tmp_path / "elsewhere.db")  # "no such table: runs"
+    db.unlink()
+    assert "was deleted while the stage ran" in store_failure(error, mlflow_cfg)
+    assert store_failure(RuntimeError("not the store"), mlflow_cfg) is None
