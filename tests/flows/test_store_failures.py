@@ -278,7 +278,10 @@ def test_a_store_locked_during_register_is_one_line(
     holders = _lock_before(monkeypatch, register, "register", db)
     monkeypatch.chdir(tmp_path)
     try:
-        rc = stage_main(register.run, "register", ["--params", write_params(cfg, tmp_path / "params.yaml")])
+        params = write_params(cfg, tmp_path / "params.yaml")
+        rc = stage_main(
+            register.run, "register", ["--params", params], checks=("metrics",)
+        )  # as register's main
     finally:
         for holder in holders:
             holder.rollback()

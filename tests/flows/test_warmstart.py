@@ -148,7 +148,10 @@ def test_a_full_disk_under_the_warm_start_is_one_line_and_writes_nothing(
         )
     try:
         params = write_params(
-            _cfg(mode="golden", lab=dict(TINY_LAB, families=["is_above"])), tmp_path / "p.yaml"
+            _cfg(mode="golden", lab=dict(TINY_LAB, families=["is_above"])).replace(
+                **{"rollout.max_new_tokens_code": 96, "rollout.max_new_tokens_test": 128}  # the lab's context
+            ),
+            tmp_path / "p.yaml",
         )
         assert stage_main(warmstart.run, "warmstart", ["--params", params]) == 2
         err = capsys.readouterr().err

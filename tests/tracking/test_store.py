@@ -75,6 +75,7 @@ def test_evaluate_and_register_probe_the_store_first(stage, silent_server, tmp_p
     params = tmp_path / "params.yaml"
     params.write_text(
         f"orchestration:\n  checkpoint_dir: {tmp_path / 'train'}\neval:\n  out_dir: {tmp_path / 'eval'}\n"
+        "rollout:\n  max_new_tokens_code: 96\n  max_new_tokens_test: 128\n"  # the lab's 1,024-token context
     )
     (tmp_path / "eval").mkdir()
     (tmp_path / "eval" / "metrics.json").write_text('{"code/humanevalplus/pass@1": 0.5}')
