@@ -59,11 +59,11 @@ def _first_line(text: str) -> str:
     return text.split("\\n", 1)[0].split("\n", 1)[0] if "(sqlite3." in text else text
 
 
-def failure_line(exc: BaseException, cfg: Any) -> str | None:
+def failure_line(exc: BaseException, cfg: Any, then: str) -> str | None:
     """One line for a disk or MLflow store failure behind ``exc`` (a writer, MLflow or Prefect may wrap it), None
     for anything else: a disk that cannot take a write names the path (``<path>: No space left on device``; the
     artifact store's folder says so), a failed store names its URI, what happened and what to do
-    (``tracking.store.store_failure``)."""
+    (``tracking.store.store_failure``), then ``then`` (how to carry on: the stage's rerun)."""
     from tracking.store import store_failure
 
     disk = next((e for e in error_chain(exc) if isinstance(e, OSError) and e.errno in DISK_ERRNOS), None)
@@ -72,7 +72,8 @@ def failure_line(exc: BaseException, cfg: Any) -> str | None:
         artifacts = cfg.tracking.artifact_location
         where = "the MLflow artifact store: " if "://" not in artifacts and _under(path, artifacts) else ""
         return f"{where}{path}: {disk.strerror}"
-    return store_failure(exc, cfg)
+    store = store_failure(exc, cfg)
+    return None if store is None else f"{store}; then {then}"
 
 
 def _failing_folder(cfg: Any) -> str | None:

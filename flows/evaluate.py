@@ -455,10 +455,10 @@ def evaluate(
     except FileNotFoundError as exc:
         raise UserError(str(exc)) from None
     except Exception as exc:
-        line = failure_line(exc, cfg)
+        line = failure_line(exc, cfg, then="rerun the evaluation")
         if line is None:
             raise
-        raise UserError(f"{line}; then rerun the evaluation") from None
+        raise UserError(line) from None
 
 
 OUT_DIR_PROBE_BYTES = 4 << 20

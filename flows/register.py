@@ -76,10 +76,10 @@ def register_flow(
     try:
         return register(cfg, out_path=out_path)
     except Exception as exc:  # a disk or MLflow store failure: one line naming it
-        line = failure_line(exc, cfg)
+        line = failure_line(exc, cfg, then="rerun the register stage")
         if line is None:
             raise
-        raise UserError(f"{line}; then rerun the register stage") from None
+        raise UserError(line) from None
 
 
 def _versions(cfg: Config, done: dict[str, Any] | None) -> dict[str, str]:

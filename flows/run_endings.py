@@ -54,10 +54,10 @@ def run_guarded(cfg: Config, start: Callable[[], dict[str, Any]]) -> dict[str, A
     except (WorkspaceLockedError, CheckpointError, TrackingUnavailable) as exc:
         raise UserError(str(exc)) from None
     except Exception as exc:  # a disk or MLflow store failure anywhere in the chain: one line
-        line = failure_line(exc, cfg)
+        line = failure_line(exc, cfg, then="rerun to resume from the last checkpoint")
         if line is None:
             raise
-        raise UserError(f"{line}; then rerun to resume from the last checkpoint") from None
+        raise UserError(line) from None
     return summary
 
 
