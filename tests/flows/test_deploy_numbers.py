@@ -62,7 +62,7 @@ def test_dvc_stage_and_deployment_give_the_same_warm_start(
     from prefect.settings import PREFECT_API_URL
 
     from codea1_core.data.lab import lab_problems
-    from codea1_core.data.prepared import save_prepared
+    from codea1_core.data.prepared import prepared_record, save_prepared
     from flows.evaluate import evaluate_flow
 
     work = tmp_path / "work"
@@ -81,7 +81,11 @@ def test_dvc_stage_and_deployment_give_the_same_warm_start(
             "tracking.backend": "null",
         },
     )
-    save_prepared(lab_problems(cfg.lab, "test")[:3], work / "prepared" / "eval_lab_heldout.parquet")
+    save_prepared(
+        lab_problems(cfg.lab, "test")[:3],
+        work / "prepared" / "eval_lab_heldout.parquet",
+        prepared_record(cfg, "eval_lab_heldout"),  # what evaluate checks before reading it
+    )
     for role in ("code", "test"):  # the "trained" models: other folders than the warm start's
         shutil.copytree(model, work / "outputs" / "train" / "final" / role)
     params = work / "params.yaml"

@@ -255,6 +255,8 @@ def test_a_step_budget_below_the_workspace_checkpoint_is_one_line_before_any_ran
             "data.prepared_dir": str(tmp_path / "prepared"),
             "data.train_sources": ["lab"],
             "data.train_batch_size": 4,
+            "rollout.max_new_tokens_code": 96,  # within the lab model's 1,024-token context
+            "rollout.max_new_tokens_test": 128,
         }
     )
     fp = batches.config_fingerprint(cfg.flat())

@@ -46,7 +46,9 @@ def test_score_codes_subsets_reuse_the_same_verdicts():
     m = score_codes([good, bad], codes, cfg, ex, "x", {"seen": [0], "unseen": [1]})
     assert m["code/x/base/pass@1"] == 50.0
     assert m["code/x_seen/base/pass@1"] == 100.0 and m["code/x_unseen/base/pass@1"] == 0.0
-    assert len(ex.jobs) == 2  # subsets execute nothing more
+    alone = FakeExecutor()
+    score_codes([good, bad], codes, cfg, alone, "x")
+    assert ex.jobs == alone.jobs  # subsets execute nothing more
 
 
 def _cfg(tmp_path: Path, **eval_kw) -> Config:
