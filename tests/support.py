@@ -373,6 +373,23 @@ def random_qwen2(name: str, lora: bool = False):
 
 
 @contextlib.contextmanager
+def mounted_tmpfs(mnt: Path, size: str, why: str, unmounts: int = 1) -> Iterator[Path]:
+    """A real tmpfs of ``size`` mounted on the new folder ``mnt`` (a full disk, a store to break, a read-only
+    filesystem: root ignores file modes, so a mount is the honest way); skips the test, saying ``why`` it needs
+    one, where no tmpfs can be mounted (not root). ``unmounts``: lazy unmounts at the end (one more for each
+    mount a test stacks on it)."""
+    mnt.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)]
+    if subprocess.run(mount, capture_output=True).returncode:
+        pytest.skip(f"cannot mount a tmpfs here (not root, or no mount permission): {why}")
+    try:
+        yield mnt
+    finally:
+        for _ in range(unmounts):
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@contextlib.contextmanager
 def log_lines(*loggers: str, fmt: str = "%(levelname)s: %(message)s") -> Iterator[list[str]]:
     """Collect, formatted with ``fmt``, what the named loggers emit while the block runs (the list is filled
     in place, and the handler removed after the block)."""

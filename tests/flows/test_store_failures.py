@@ -21,23 +21,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import tiny_config
+from support import mounted_tmpfs, tiny_config
 
 
 @pytest.fixture()
 def store_disk(tmp_path: Path) -> Iterator[Path]:
     """A 64 MiB tmpfs of its own for the MLflow store (unmounted afterwards, with any bind mount over it)."""
-    mnt = tmp_path / "store"
-    mnt.mkdir()
-    if subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], capture_output=True
-    ).returncode:
-        pytest.skip("cannot mount a tmpfs here (not root, or no mount permission): no real disk to break")
-    try:
+    with mounted_tmpfs(
+        tmp_path / "store", "64m", "no real disk to break", unmounts=2
+    ) as mnt:  # (+ the bind mount)
         yield mnt
-    finally:
-        for _ in range(2):  # the read-only bind mount, then the tmpfs
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def _read_only(mnt: Path) -> None:
@@ -136,18 +129,8 @@ def test_a_store_broken_during_train_is_one_line_after_a_safe_checkpoint(
 @pytest.fixture()
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 256 KiB tmpfs: less than an evaluation's outputs take."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True
-    ).returncode:
-        pytest.skip(
-            "cannot mount a tmpfs here (not root, or no mount permission): no real full disk to write to"
-        )
-    try:
+    with mounted_tmpfs(tmp_path / "disk", "256k", "no real full disk to write to") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 @pytest.mark.e2e

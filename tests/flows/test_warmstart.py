@@ -133,20 +133,12 @@ def test_a_full_disk_under_the_warm_start_is_one_line_and_writes_nothing(
     """``outputs/`` on a real 256 KiB tmpfs: torch and safetensors raise their own errors on a full disk (a
     traceback); the stage says the path and "No space left on device" in one line and leaves no half-written
     folder."""
-    import subprocess
-
-    from support import write_params
+    from support import mounted_tmpfs, write_params
 
     from flows.common import stage_main
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "outputs").mkdir()
-    mount = ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(tmp_path / "outputs")]
-    if subprocess.run(mount, capture_output=True).returncode:
-        pytest.skip(
-            "cannot mount a tmpfs here (not root, or no mount permission): no real full disk to write to"
-        )
-    try:
+    with mounted_tmpfs(tmp_path / "outputs", "256k", "no real full disk to write to") as outputs:
         params = write_params(
             _cfg(mode="golden", lab=dict(TINY_LAB, families=["is_above"])).replace(
                 **{"rollout.max_new_tokens_code": 96, "rollout.max_new_tokens_test": 128}  # the lab's context
@@ -158,9 +150,7 @@ def test_a_full_disk_under_the_warm_start_is_one_line_and_writes_nothing(
         last = err.strip().splitlines()[-1]
         assert last.startswith("error: outputs/") and "No space left on device" in last, err[-3000:]
         assert "Traceback" not in err, err[-3000:]
-        assert not [p.name for p in (tmp_path / "outputs").iterdir() if "warmstart" in p.name]  # nor its .tmp
-    finally:
-        subprocess.run(["umount", "-l", str(tmp_path / "outputs")], capture_output=True)
+        assert not [p.name for p in outputs.iterdir() if "warmstart" in p.name]  # nor its .tmp
 
 
 @pytest.mark.e2e

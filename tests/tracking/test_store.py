@@ -18,27 +18,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import mounted_tmpfs
 
 
 @pytest.fixture()
 def read_only_dir(tmp_path: Path) -> Iterator[Path]:
     """A real read-only filesystem (a tmpfs remounted ``ro``) holding an sqlite MLflow store; root ignores file
     modes, so a mount is the honest way to get one."""
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    if subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True
-    ).returncode:
-        pytest.skip("cannot mount a tmpfs here (not root, or no mount permission): no real read-only store")
-    try:
+    with mounted_tmpfs(tmp_path / "ro", "1m", "no real read-only store") as mnt:
         con = sqlite3.connect(mnt / "mlflow.db")
         con.execute("CREATE TABLE experiments (x)")
         con.commit()
         con.close()
         subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_read_only_store_fails_the_probe_in_one_line(read_only_dir: Path, mlflow_cfg) -> None:

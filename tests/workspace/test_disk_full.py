@@ -8,27 +8,17 @@ real, small tmpfs (root mounts it; the tests skip with that reason where mountin
 from __future__ import annotations
 
 import errno
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import mounted_tmpfs
 
 
 @pytest.fixture()
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True
-    ).returncode:
-        pytest.skip(
-            "cannot mount a tmpfs here (not root, or no mount permission): no real full disk to write to"
-        )
-    try:
+    with mounted_tmpfs(tmp_path / "disk", "256k", "no real full disk to write to") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 class _TorchWeights:
