@@ -5,9 +5,17 @@ this module as the model's pyfunc loader (:func:`_load_pyfunc`). A request's cha
 role's own prompt format (the training prompts, docs/method.md §4: the role's system line, and the code role's
 instruction and ``Question:`` section around the user's text, or the Test LLM's black-box sections), rendered
 with the tokenizer's chat template (else the plain ``Role:`` form of :func:`codea1_core.method.prompts.render_plain`)
-and answered with ``max_new_tokens`` / ``temperature`` (the model's params schema; a value out of range is
-refused with one line, :func:`checked_params`). Each answer is ``{"text": the completion, "code": its first
-fenced code block (else the whole text)}``.
+and answered with ``max_new_tokens`` / ``temperature`` (the model's params schema; a value out of range or a
+name that is not one of them is refused with one line, :func:`checked_params`). Each answer is ``{"text": the
+completion, "code": its first fenced code block (else the whole text)}``.
+
+Unknown names: MLflow's pyfunc keeps only the params schema's names and logs the others as a warning
+(``Unrecognized params [...] are ignored for inference``, ``mlflow.models.utils``) before ``predict`` runs, for
+``mlflow models serve`` and ``mlflow.pyfunc.load_model`` alike, and has no setting that refuses them instead.
+:func:`_load_pyfunc` therefore adds a logging filter to that logger (:class:`DroppedParams`) that notes the
+dropped names for the prediction under way, and ``predict`` refuses them. The warning is still logged. This
+check relies on that warning: with MLflow's log level above WARNING (``MLFLOW_LOGGING_LEVEL=ERROR``) no record
+is made and an unknown name is dropped as MLflow drops it.
 
 What it does not: import mlflow, prefect or the rest of this project. The file is copied into every logged
 model (``code/``), so a model served outside this checkout needs only torch and transformers; the prompt
@@ -17,10 +25,18 @@ registration: :func:`tracking.packaging.add_chat_flavour`), not from here.
 
 from __future__ import annotations
 
+import ast
+import logging
 import re
+import sys
+from contextvars import ContextVar
 from typing import Any, cast
 
 DEFAULT_PARAMS = {"max_new_tokens": 256, "temperature": 0.0}
+MLFLOW_PARAMS_LOGGER = "mlflow.models.utils"
+"""The logger of MLflow's params-schema check, whose warning names the parameters it drops."""
+_DROPPED_WARNING = re.compile(r"Unrecognized params (\[.*\]) are ignored for inference", re.DOTALL)
+_dropped: ContextVar[tuple[object, tuple[str, ...]]] = ContextVar("codea1_dropped_params", default=(None, ()))
 _FENCE = re.compile(r"(`{3,})[ \t]*([\w+-]*)[^\n]*\n(.*?)\n?\1", re.DOTALL)
 _ENTRY = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
 
@@ -60,11 +76,12 @@ def render(tokenizer: Any, messages: list[dict[str, str]], use_chat_template: bo
     return "\n\n".join(parts) + "\n\nAssistant:\n"
 
 
-def checked_params(params: dict[str, Any] | None) -> dict[str, Any]:
-    """``params`` over :data:`DEFAULT_PARAMS`, checked: a name not among them, ``max_new_tokens`` not an integer
-    >= 1 or ``temperature`` not a number >= 0 is refused with one line (:func:`bad_request`)."""
+def checked_params(params: dict[str, Any] | None, dropped: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``params`` over :data:`DEFAULT_PARAMS`, checked: a name not among them (in ``params`` or in ``dropped``,
+    the names MLflow took out of the request: :func:`dropped_params`), ``max_new_tokens`` not an integer >= 1 or
+    ``temperature`` not a number >= 0 is refused with one line (:func:`bad_request`)."""
     given = {k: v for k, v in (params or {}).items() if v is not None}
-    unknown = sorted(set(given) - set(DEFAULT_PARAMS))
+    unknown = sorted((set(given) | set(dropped)) - set(DEFAULT_PARAMS))
     if unknown:
         raise bad_request(f"unknown parameter {unknown[0]!r}: the parameters are {', '.join(DEFAULT_PARAMS)}")
     p = {**DEFAULT_PARAMS, **given}
@@ -83,12 +100,46 @@ def bad_request(message: str) -> Exception:
     Why through ``sys.modules``: whoever serves the model has imported ``mlflow.exceptions`` already, and this
     file imports nothing of MLflow (it is copied into every logged model and loads with torch and transformers
     alone); any other exception type becomes MLflow's generic 400 with the server's stack trace."""
-    import sys
-
     host = sys.modules.get("mlflow.exceptions")
     if host is None:
         return ValueError(message)
     return cast(Exception, host.MlflowException.invalid_parameter_value(message))
+
+
+def _prediction_context() -> object:
+    """MLflow's context of the prediction under way (one per ``PyFuncModel.predict`` call), else ``None``."""
+    host = sys.modules.get("mlflow.pyfunc.context")
+    return host.get_prediction_context() if host is not None else None
+
+
+class DroppedParams(logging.Filter):
+    """Notes the parameter names MLflow's params-schema check drops, for :func:`dropped_params`.
+
+    Added to :data:`MLFLOW_PARAMS_LOGGER` by :func:`_load_pyfunc`; it passes every record on (the warning is
+    still logged). The note is kept in a context variable with MLflow's prediction context, so it reaches only
+    the ``predict`` of the same call: a call that MLflow refuses after its warning (a bad value beside the
+    unknown name) leaves nothing for the next one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Note the names a record of MLflow's dropped-params warning lists; keep every record."""
+        found = _DROPPED_WARNING.search(record.getMessage())
+        if found:
+            try:
+                names = tuple(sorted(str(name) for name in ast.literal_eval(found.group(1))))
+            except (ValueError, SyntaxError):  # a name that breaks the list's repr: name the whole list
+                names = (found.group(1),)
+            _dropped.set((_prediction_context(), names))
+        return True
+
+
+_LISTENER = DroppedParams()
+
+
+def dropped_params() -> tuple[str, ...]:
+    """The names MLflow dropped from this prediction's params (noted by :class:`DroppedParams`), once."""
+    context, names = _dropped.get()
+    _dropped.set((None, ()))
+    return names if context is not None and context is _prediction_context() else ()
 
 
 class ChatModel:
@@ -113,7 +164,7 @@ class ChatModel:
         """Answer each chat request (``max_new_tokens``/``temperature`` from ``params``): its text and code."""
         import torch
 
-        p = checked_params(params)
+        p = checked_params(params, dropped_params())
         answers = []
         for messages in self._rows(model_input):
             msgs = [{"role": str(m["role"]), "content": str(m.get("content") or "")} for m in messages]
@@ -136,5 +187,7 @@ class ChatModel:
 
 
 def _load_pyfunc(data_path: str, model_config: dict[str, Any] | None = None) -> ChatModel:
-    """MLflow's pyfunc entry point (``loader_module``): ``data_path`` is the model's HF folder."""
+    """MLflow's pyfunc entry point (``loader_module``): ``data_path`` is the model's HF folder. Unknown
+    parameter names are noted from here on (:class:`DroppedParams`; adding the same filter twice is a no-op)."""
+    logging.getLogger(MLFLOW_PARAMS_LOGGER).addFilter(_LISTENER)
     return ChatModel(data_path, dict(model_config or {}))

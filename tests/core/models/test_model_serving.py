@@ -27,7 +27,7 @@ from codea1_core.config import Config
 from codea1_core.method.prompts import CODE_INSTRUCTION, CODE_SYSTEM, TEST_SYSTEM
 from codea1_core.models.chat_serving import checked_params, first_code_block, role_messages
 from tracking import registry
-from tracking.packaging import chat_config
+from tracking.packaging import add_chat_flavour, chat_config
 from tracking.runs import MlflowTracker
 
 REPO = Path(__file__).resolve().parents[3]
@@ -76,6 +76,40 @@ def test_params_are_checked_in_one_line() -> None:
         with pytest.raises(Exception) as info:
             checked_params(bad)
         assert str(info.value) == line
+
+
+def _chat_model(tiny_model_dir: Path, out: Path) -> Path:
+    """A model folder as registration writes it, less the ``transformers`` flavour: the HF folder in
+    ``model/`` and the chat pyfunc flavour (:func:`tracking.packaging.add_chat_flavour`)."""
+    import shutil
+
+    from mlflow.models import Model
+
+    shutil.copytree(tiny_model_dir, out / "model")
+    Model().save(str(out / "MLmodel"))
+    add_chat_flavour(out, "code")
+    return out
+
+
+def test_a_parameter_mlflow_drops_is_refused_in_one_line(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Regression: MLflow's pyfunc keeps only the params schema's names and logs the others as a warning, so
+    ``{"max_new_tokenz": 5}`` was answered with the defaults; the loaded model refuses it, naming it and the
+    parameters there are, and still answers a request without it."""
+    import mlflow.pyfunc
+    from mlflow.exceptions import MlflowException
+
+    model = mlflow.pyfunc.load_model(str(_chat_model(tiny_model_dir, tmp_path / "chat")))
+    chat = {"messages": [{"role": "user", "content": STUB}]}
+    for params in ({"max_new_tokenz": 5}, {"max_new_tokens": 2, "top_k": 5}):
+        with pytest.raises(MlflowException) as info:
+            model.predict(chat, params=params)
+        unknown = next(iter(set(params) - {"max_new_tokens"}))
+        line = f"unknown parameter {unknown!r}: the parameters are max_new_tokens, temperature"
+        assert info.value.message == line and info.value.get_http_status_code() == 400
+    with pytest.raises(MlflowException, match="Invalid parameters"):  # MLflow's own check, after its warning
+        model.predict(chat, params={"max_new_tokenz": 5, "max_new_tokens": "many"})
+    (answer,) = model.predict(chat, params={"max_new_tokens": 2})  # no name left over from a refused call
+    assert set(answer) == {"text", "code"}
 
 
 def _free_port() -> int:
@@ -163,11 +197,16 @@ def test_the_champion_is_served_as_a_chat_model(
 ) -> None:
     from transformers import AutoTokenizer
 
-    bad = ({"max_new_tokens": -1}, {"temperature": -1.0}, {"max_new_tokens": "many"})
+    bad = ({"max_new_tokens": -1}, {"temperature": -1.0}, {"max_new_tokens": "many"}, {"max_new_tokenz": 5})
     predictions, refused = _serve(mlflow_cfg, tmp_path / "elsewhere", tiny_model_dir, params=bad)
-    for (status, body), line in zip(
-        refused, ["max_new_tokens=-1: expected", "temperature=-1.0: expected", "max_new_tokens"], strict=True
-    ):  # a 400 naming the parameter, without the server's stack trace
+    lines = [
+        "max_new_tokens=-1: expected",
+        "temperature=-1.0: expected",
+        "max_new_tokens",
+        "unknown parameter 'max_new_tokenz': the parameters are max_new_tokens, temperature",
+    ]
+    for (status, body), line in zip(refused, lines, strict=True):
+        # a 400 naming the parameter, without the server's stack trace
         assert status == 400 and line in body["message"] and "stack_trace" not in body, (status, body)
     assert isinstance(predictions, list) and len(predictions) == 1, predictions
     answer = predictions[0]
