@@ -31,6 +31,11 @@ the hub through ``datasets``). How to run: ``python -m flows.prepare [key=value 
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # refused params: one line, before the imports below load Prefect and torch
+    from flows.common import check_params_first
+
+    check_params_first("prepare")
+
 import base64
 import dataclasses
 import hashlib

@@ -14,6 +14,11 @@ Run: ``python -m flows.register [--params params.yaml] [key=value ...]`` or ``co
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # refused params: one line, before the imports below load Prefect and torch
+    from flows.common import check_params_first
+
+    check_params_first("register")
+
 import json
 import math
 from pathlib import Path
