@@ -28,7 +28,15 @@ from prefect import flow
 
 from codea1_core.atomic import write_json_atomic
 from codea1_core.config import Config
-from flows.common import UserError, flow_config, flow_run_name, resolve_run_dir, stage_main, stage_task
+from flows.common import (
+    UserError,
+    flow_config,
+    flow_run_name,
+    resolve_run_dir,
+    stage_checks,
+    stage_main,
+    stage_task,
+)
 from tasks.register import judge
 from tracking.registry import MODEL_NAMES, latest_version
 from tracking.results import log_to_run
@@ -170,6 +178,6 @@ if __name__ == "__main__":
         stage_main(
             run,
             "Register trained models; promote to champion if the evaluation beats it",
-            checks=("metrics",),
+            checks=stage_checks("register"),
         )
     )
