@@ -105,22 +105,14 @@ def _delegate(name: str, args: list[str]) -> None:
             )
             os.chdir(root)
     if name in STAGES:
-        from flows.common import ALL_CHECKS, stage_main
+        from flows.common import stage_checks, stage_main
 
         def run(params: str, overrides: list[str]) -> object:  # imports torch, Prefect, ...: after the checks
             return importlib.import_module(f"flows.{name}").run(params, overrides)
 
-        raise typer.Exit(
-            stage_main(
-                run, stage_description(name), args, f"codea1 {name}", STAGE_CHECKS.get(name, ALL_CHECKS)
-            )
-        )
+        raise typer.Exit(stage_main(run, stage_description(name), args, f"codea1 {name}", stage_checks(name)))
     module = importlib.import_module("tools.ui" if name == "ui" else f"flows.{name}")
     raise typer.Exit(module.main(args))
-
-
-STAGE_CHECKS = {"prepare": (), "register": ("metrics",)}
-"""The load-time checks (``flows.common.check_loaded``) of the stages that run no model; the others: all."""
 
 
 def stage_description(name: str) -> str:

@@ -2,8 +2,10 @@
 
 Every DVC stage and every ``codea1`` subcommand goes through :func:`stage_main`, so a malformed
 ``params.yaml`` or override always ends in one clear line naming the file and dotted key (exit 2),
-never a traceback; and a params file edited while the stage ran fails it at its end, naming the changed keys
-(:func:`check_params_unchanged`), so DVC never records values the outputs were not made with.
+never a traceback (``python -m flows.<stage>`` checks them first, :func:`check_params_first`, so the line
+comes before the stage's imports load Prefect and torch); and a params file edited while the stage ran fails
+it at its end, naming the changed keys (:func:`check_params_unchanged`), so DVC never records values the
+outputs were not made with.
 
 One flow signature: every Prefect flow takes ``params`` (a params file) and ``overrides`` (``key=value``
 strings) and loads its config itself with :func:`flow_config`, so the flow a DVC stage runs, the one the CLI
@@ -24,7 +26,7 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from codea1_core.atomic import write_json_atomic
 from codea1_core.config import Config, ConfigError, load_config, read_params
@@ -50,14 +52,39 @@ class UserError(Exception):
     """A mistake the user can fix (bad input, missing file): printed as one line, exit 2."""
 
 
+def _stage_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. reward.alpha=0.25")
+    return parser
+
+
 def parse_stage_args(
     argv: list[str] | None, description: str, prog: str | None = None
 ) -> tuple[str, list[str]]:
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. reward.alpha=0.25")
-    args = parser.parse_args(argv)
+    args = _stage_arguments(argparse.ArgumentParser(prog=prog, description=description)).parse_args(argv)
     return args.params, list(args.overrides)
+
+
+class _NotPlain(Exception):
+    """The arguments are not only ``[--params FILE] [key=value ...]``."""
+
+
+class _PlainArgs(argparse.ArgumentParser):
+    """A stage's ``--params`` and overrides, raising :class:`_NotPlain` where argparse would print and exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _NotPlain(message)
+
+
+def plain_stage_args(argv: list[str]) -> tuple[str, list[str]] | None:
+    """``argv`` as :func:`parse_stage_args` reads it when it holds only ``[--params FILE] [key=value ...]``;
+    None for anything else (``--help``, a stage's other options, an argparse mistake), which the stage's own
+    parser handles."""
+    try:
+        args, rest = _stage_arguments(_PlainArgs(add_help=False)).parse_known_args(argv)
+    except _NotPlain:
+        return None
+    return None if rest else (args.params, list(args.overrides))
 
 
 _LOADED: dict[tuple[str, tuple[str, ...]], tuple[str, Config]] = {}
@@ -68,6 +95,13 @@ _LOADED_MAX = 16
 ALL_CHECKS = ("metrics", "models")
 """What :func:`check_loaded` can check: ``metrics`` (the promotion metrics are names the evaluate stage writes:
 evaluate, register) and ``models`` (device and generation budgets: the stages that run a model)."""
+STAGE_CHECKS: dict[str, tuple[str, ...]] = {"prepare": (), "register": ("metrics",)}
+"""The load-time checks of the stages that run no model (``stage_checks``); the others: all."""
+
+
+def stage_checks(stage: str) -> tuple[str, ...]:
+    """What :func:`check_loaded` checks for ``stage`` (``prepare``, ``train``...) when it starts."""
+    return STAGE_CHECKS.get(stage, ALL_CHECKS)
 
 
 def stage_config(params: str | Path, overrides: list[str] | None = None) -> Config:
@@ -243,19 +277,51 @@ def stage_main(
         try:
             load_stage_config(params, overrides, checks)
         except ConfigError as exc:
-            stage = os.environ.get("DVC_STAGE")  # set by DVC for a stage's command
-            if stage:  # DVC deleted the stage's outputs before it ran the command: say how to get them back
-                raise ConfigError(
-                    f"{exc} (DVC removed stage {stage!r}'s outputs before running it: `dvc checkout {stage}` "
-                    "restores the cached ones, `git checkout outputs/` the versioned ones)"
-                ) from None
-            raise
+            raise with_dvc_recovery(exc) from None
         started = params_read(params, overrides)
         run(params, overrides)
         if started is not None:  # before the exit code that lets DVC record the params it reads now
             check_params_unchanged(params, overrides, started, _stage_name(run))
 
     return run_user_errors(go)
+
+
+def with_dvc_recovery(exc: ConfigError) -> ConfigError:
+    """``exc``, naming how to get the stage's outputs back when DVC runs the stage (``$DVC_STAGE``): DVC removes
+    them before it runs the stage's command."""
+    stage = os.environ.get("DVC_STAGE")
+    if not stage:
+        return exc
+    return ConfigError(
+        f"{exc} (DVC removed stage {stage!r}'s outputs before running it: `dvc checkout {stage}` "
+        "restores the cached ones, `git checkout outputs/` the versioned ones)"
+    )
+
+
+def check_params_first(stage: str, argv: list[str] | None = None) -> None:
+    """The first statement of ``python -m flows.<stage>`` (DVC's command): a params file or override the stage
+    refuses ends the process with its one line (exit 2) before the stage module's imports load Prefect and
+    torch, which take seconds.
+
+    Checks what the stage's entry checks first (:func:`stage_config`, :func:`check_loaded` with
+    :func:`stage_checks`) and changes nothing: no numerics or threads pinned. It returns when they pass, and
+    without checking when ``argv`` (default: ``sys.argv[1:]``) is more than ``[--params FILE] [key=value ...]``
+    (:func:`plain_stage_args`); the stage's entry then parses and checks as always, the parse taken from
+    :func:`stage_config`'s cache.
+    """
+    args = plain_stage_args(sys.argv[1:] if argv is None else argv)
+    if args is None:
+        return
+
+    def check() -> None:
+        try:
+            check_loaded(stage_config(*args), args[0], stage_checks(stage))
+        except ConfigError as exc:
+            raise with_dvc_recovery(exc) from None
+
+    code = run_user_errors(check)
+    if code:
+        raise SystemExit(code)
 
 
 def _stage_name(run: Callable[..., Any]) -> str:

@@ -30,6 +30,11 @@ How to run::
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # refused params: one line, before the imports below load Prefect and torch
+    from flows.common import check_params_first
+
+    check_params_first("evaluate")
+
 import argparse
 import json
 import logging

@@ -31,6 +31,11 @@ the hub through ``datasets``). How to run: ``python -m flows.prepare [key=value 
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # refused params: one line, before the imports below load Prefect and torch
+    from flows.common import check_params_first
+
+    check_params_first("prepare")
+
 import base64
 import dataclasses
 import hashlib
@@ -59,7 +64,7 @@ from codea1_core.data.prepared import (
 )
 from codea1_core.types import CallOutcome, Problem
 from codea1_core.values import decode, encode
-from flows.common import UserError, flow_config, flow_run_name, stage_main, stage_task
+from flows.common import UserError, flow_config, flow_run_name, stage_checks, stage_main, stage_task
 from tasks.execute import run_jobs
 
 log = logging.getLogger(__name__)
@@ -397,7 +402,9 @@ def run(params: str = "params.yaml", overrides: list[str] | None = None) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m flows.prepare [--params FILE] [key=value ...]``."""
-    return stage_main(run, "prepare: verified problem sets for train/val/eval", argv, checks=())
+    return stage_main(
+        run, "prepare: verified problem sets for train/val/eval", argv, checks=stage_checks("prepare")
+    )
 
 
 if __name__ == "__main__":

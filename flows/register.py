@@ -14,6 +14,11 @@ Run: ``python -m flows.register [--params params.yaml] [key=value ...]`` or ``co
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # refused params: one line, before the imports below load Prefect and torch
+    from flows.common import check_params_first
+
+    check_params_first("register")
+
 import json
 import math
 from pathlib import Path
@@ -23,7 +28,15 @@ from prefect import flow
 
 from codea1_core.atomic import write_json_atomic
 from codea1_core.config import Config
-from flows.common import UserError, flow_config, flow_run_name, resolve_run_dir, stage_main, stage_task
+from flows.common import (
+    UserError,
+    flow_config,
+    flow_run_name,
+    resolve_run_dir,
+    stage_checks,
+    stage_main,
+    stage_task,
+)
 from tasks.register import judge
 from tracking.registry import MODEL_NAMES, latest_version
 from tracking.results import log_to_run
@@ -165,6 +178,6 @@ if __name__ == "__main__":
         stage_main(
             run,
             "Register trained models; promote to champion if the evaluation beats it",
-            checks=("metrics",),
+            checks=stage_checks("register"),
         )
     )

@@ -21,6 +21,11 @@ Run: ``python -m flows.train [--params params.yaml] [key=value ...]`` or ``codea
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # refused params: one line, before the imports below load Prefect and torch
+    from flows.common import check_params_first
+
+    check_params_first("train")
+
 import contextlib
 import logging
 import os

@@ -23,6 +23,11 @@ Run: ``python -m flows.warmstart [--params params.yaml] [key=value ...]`` or ``c
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # refused params: one line, before the imports below load Prefect and torch
+    from flows.common import check_params_first
+
+    check_params_first("warmstart")
+
 import logging
 import shutil
 import time
