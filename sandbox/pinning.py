@@ -70,6 +70,19 @@ def written_pages() -> list[tuple[int, int]]:
     return runs
 
 
+def common_runs(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The pages in both ``a`` and ``b`` (``(address, bytes)`` runs, page-aligned), as runs."""
+    pages = {start + k for start, length in a for k in range(0, length, PAGE)}
+    pages &= {start + k for start, length in b for k in range(0, length, PAGE)}
+    runs: list[tuple[int, int]] = []
+    for page in sorted(pages):
+        if runs and runs[-1][0] + runs[-1][1] == page:
+            runs[-1] = (runs[-1][0], runs[-1][1] + PAGE)
+        else:
+            runs.append((page, PAGE))
+    return runs
+
+
 def pin(runs: list[tuple[int, int]]) -> int:
     """Pin the pages of ``runs`` (``(address, bytes)``, page-aligned) until the returned descriptor is
     closed: a one-entry io_uring with the runs registered as its fixed buffers (at most

@@ -210,26 +210,45 @@ _PROBE_JOB = ("def f(x):\n    return x + 1\n", ["f(1)"])
 _PIPE_PAGE, _F_SETPIPE_SZ, _FIONREAD = 4096, 1031, 0x541B
 
 
-def _pin_child_pages(ctx: dict, sock_fd: int) -> None:
+def _pin_child_pages(ctx: dict, sock_fd: int, probes: int = 2) -> None:
     """Pin (``sandbox/pinning.py``) the pages a child and the zygote write for a trivial program, so each
     later fork copies them and neither process faults on them; sets ``ctx["pinned"]`` (the ring's
     descriptor, -1 when nothing is pinned) and ``ctx["pinned_pages"]``.
 
-    How: a probe child, forked and set up like every child (its own group, ``child_main``: confinement,
-    harness), runs a trivial trusted program. Its result channel holds one page, filled so that its
-    frames fit up to the call's own, whose write blocks: the probe then waits, at the end of its
-    program, with every page it wrote its own. The pages this zygote maps alone at that moment are
-    those the probe or the zygote wrote since the fork; the probe is killed and reaped, its temp dir
-    cleaned, and those pages pinned. Any failure leaves nothing pinned (children fault as before).
-    Skipped where ``ctx["pin_pages"]`` is False (the Docker backend's zygote forks one child).
+    Which pages: those every one of ``probes`` probe children (:func:`_probe_pages`) and the zygote
+    wrote; a page written by one probe alone (the zygote's own bookkeeping of that probe) would cost
+    every later fork a copy that no child uses. Any failure leaves nothing pinned (children fault as
+    before). Skipped where ``ctx["pin_pages"]`` is False (the Docker backend's zygote forks one child).
     """
     ctx["pinned"], ctx["pinned_pages"] = -1, 0
     if not ctx.get("pin_pages", True):
         return
+    runs = _probe_pages(ctx, sock_fd)
+    for _ in range(probes - 1):
+        runs = _pinning.common_runs(runs, _probe_pages(ctx, sock_fd))
+    if runs:
+        try:
+            ctx["pinned"] = _pinning.pin(runs)
+            ctx["pinned_pages"] = sum(length for _, length in runs) // _pinning.PAGE
+        except OSError:
+            pass
+
+
+def _probe_pages(ctx: dict, sock_fd: int) -> list[tuple[int, int]]:
+    """The pages (``(address, bytes)`` runs) that a probe child and this zygote write for a trivial
+    program; empty when the probe could not be run.
+
+    How: the probe, forked and set up like every child (its own group, ``child_main``: confinement,
+    harness), runs a trivial trusted program. Its result channel holds one page, filled so that its
+    frames fit up to the call's own, whose write blocks: the probe then waits, at the end of its
+    program, with every page it wrote its own. The pages this zygote maps alone at that moment are
+    those the probe or the zygote wrote since the fork; then the probe is killed and reaped and its
+    temp dir cleaned.
+    """
     try:
         tmp, job_r, job_w, chan_r, chan_w, out_r, out_w, null = _prepare_child(ctx)
     except OSError:
-        return
+        return []
     pid, runs = -1, []
     try:
         lim, token = ctx["lim"], os.urandom(_TOKEN_BYTES)
@@ -251,12 +270,7 @@ def _pin_child_pages(ctx: dict, sock_fd: int) -> None:
         for fd in (job_r, job_w, chan_r, chan_w, out_r, out_w, null):
             os.close(fd)
     _clean_tmp(tmp, ctx)  # (raises as in the loop: the worker then sees the zygote gone)
-    if runs:
-        try:
-            ctx["pinned"] = _pinning.pin(runs)
-            ctx["pinned_pages"] = sum(length for _, length in runs) // _pinning.PAGE
-        except OSError:
-            pass
+    return runs
 
 
 def _probe_blocked(pid: int, chan_r: int, timeout_s: float = 5.0) -> bool:

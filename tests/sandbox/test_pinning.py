@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from sandbox.pinning import PAGE, pin, written_pages
+from sandbox.pinning import PAGE, common_runs, pin, written_pages
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -83,8 +83,8 @@ def test_a_pinned_page_is_copied_at_fork_instead_of_on_first_write():
         unpinned_faults, _ = _child_write_faults(buf, 48, 32)
     finally:
         os.close(ring)
-    assert unpinned_faults >= 32, unpinned_faults  # one copy-on-write fault a page
-    assert pinned_faults <= 8, pinned_faults  # copied by fork: no fault on the pinned pages
+    # one copy-on-write fault a page unpinned, none pinned (copied by fork); the loop's own few on both
+    assert unpinned_faults - pinned_faults >= 30, (unpinned_faults, pinned_faults)
     assert seen == 9 and buf[0] == 1 and buf[48 * PAGE] == 1  # each side keeps its own copy
     buf.close()
 
@@ -92,3 +92,10 @@ def test_a_pinned_page_is_copied_at_fork_instead_of_on_first_write():
 def test_pin_raises_for_pages_that_are_not_mapped():
     with pytest.raises(OSError):
         pin([(PAGE, PAGE)])  # the first page above zero is never mapped
+
+
+def test_common_runs_keeps_the_pages_in_both_as_runs():
+    a = [(0, 4 * PAGE), (10 * PAGE, PAGE)]  # pages 0-3 and 10
+    b = [(2 * PAGE, 3 * PAGE), (9 * PAGE, 3 * PAGE)]  # pages 2-4 and 9-11
+    assert common_runs(a, b) == [(2 * PAGE, 2 * PAGE), (10 * PAGE, PAGE)]
+    assert common_runs(a, []) == []
