@@ -13,9 +13,12 @@ write, and pins that, once.
 
 What it does not do: change what a child can see or do: each child gets its own copy of a pinned page,
 as it would on its first write to it, and the ring's descriptor is closed in every child before its
-program runs (``child_main`` keeps no descriptor above 2 but its result channel). Where io_uring is
-unavailable (disabled by ``kernel.io_uring_disabled``, denied by a container's syscall filter, over the
-memlock limit) :func:`pin` raises ``OSError`` and children fault as they would without it. Linux only.
+program runs (``child_main`` keeps no descriptor above 2 but its result channel). The copies are made
+at ``fork``, before the child joins the worker's cgroup, so they are charged to the zygote's: about 1 MB
+per child that the worker's ``memory.max`` does not count, a fixed amount no program can grow. Where
+io_uring is unavailable (disabled by ``kernel.io_uring_disabled``, denied by a container's syscall
+filter, over the memlock limit) :func:`pin` raises ``OSError`` and children fault as they would without
+it. Linux only.
 """
 
 from __future__ import annotations

@@ -99,3 +99,39 @@ def test_common_runs_keeps_the_pages_in_both_as_runs():
     b = [(2 * PAGE, 3 * PAGE), (9 * PAGE, 3 * PAGE)]  # pages 2-4 and 9-11
     assert common_runs(a, b) == [(2 * PAGE, 2 * PAGE), (10 * PAGE, PAGE)]
     assert common_runs(a, []) == []
+
+
+def test_a_zygote_that_cannot_pin_still_serves_children(monkeypatch):
+    """Pinning is an optimisation: where io_uring is unavailable the zygote pins nothing and its children
+    run as before. A zygote without namespaces, forked from this process with ``pin`` failing."""
+    from sandbox import ExecLimits, child, pinning, zygote
+
+    def unavailable(runs):
+        raise OSError(38, "io_uring_setup: Function not implemented")
+
+    monkeypatch.setattr(pinning, "pin", unavailable)
+    ctx = {
+        "lim": ExecLimits(call_timeout_s=2.0, program_timeout_s=5.0),
+        "uid": None,
+        "private_tmp": [],
+        "cgroup_fds": [],
+        "cgroup_dirs": [],
+        "ipc": False,
+        "pidns": False,
+        "n": 0,
+        "peak_fds": [],
+    }
+    child._deny_layers({"deny": "off"}, {"private_tmp": []}, ctx)
+    zyg = zygote.Zygote(ctx, close_fds=())
+    try:
+        pidfd, _tmp, job_w, chan_r, out_r = zyg.take()  # (offered after the probes)
+        assert not any(  # nothing pinned
+            "io_uring" in os.readlink(f"/proc/{zyg.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{zyg.pid}/fd")
+        )
+        os.close(job_w)  # no job: the child reads EOF and exits by itself
+        for fd in (pidfd, chan_r, out_r):
+            os.close(fd)
+        status = zyg.reap()
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 71, status
+    finally:
+        zyg.close()
