@@ -284,6 +284,7 @@ def oneshot_main(root: str) -> None:
         "n": 0,
         "oom_seen": 0,
         "peak_fds": [],
+        "pin_pages": False,  # one program per container: nothing to spare later forks
     }
     _deny_layers(settings, {"private_tmp": []}, ctx)
     try:

@@ -46,6 +46,7 @@ _SHIPPED = (
     "sandbox/confinement.py",
     "sandbox/credentials.py",
     "sandbox/landlock.py",
+    "sandbox/pinning.py",
     "sandbox/syscall_filter.py",
 )
 

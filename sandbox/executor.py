@@ -50,7 +50,9 @@ Linux it provides, per program:
     once (default ``EPERM``: the program gets a ``PermissionError``, the worker lives; keyrings, ptrace,
     the mount family, namespace creation, bpf, perf, userfaultfd, io_uring, inotify/fanotify, file
     locks, ``socket``/``connect`` and more are denied; the zygote's few set-up calls only with its own
-    arguments, useless without the privileges the child dropped) and joins a Landlock domain (kernel
+    arguments, useless without the privileges the child dropped; the zygote's one io_uring, which only
+    pins pages for ``fork`` to copy, ``sandbox/pinning.py``, is made before its filter loads and closed in
+    every child before the program runs) and joins a Landlock domain (kernel
     permitting: read-only interpreter and
     system directories, read-write private tmp, nothing else, not /sys; TCP, abstract Unix sockets and
     signals scoped); the worker joins a fresh anonymous session keyring at start (the trusted parent's

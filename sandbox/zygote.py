@@ -3,9 +3,11 @@
 What it does: :class:`Zygote` is forked by the worker before its first job; it forks each child ahead
 of time (:func:`_prepare_child`, :func:`_zygote_loop`), puts it in its own process group and the worker's
 cgroup, and after the program kills and reaps it with every descendant (:func:`_reap`) and replaces the
-private tmpfs it used (:func:`_clean_tmp`). Each child (:func:`_make_child_main`) waits for its job on its
-own pipe, confines itself (rlimits, uid drop: ``sandbox/confinement.py``) and calls the harness
-(``sandbox/harness.py``).
+private tmpfs it used (:func:`_clean_tmp`). Before its first child it pins the pages a child and the
+zygote write for a trivial program (:func:`_pin_child_pages`, ``sandbox/pinning.py``), so that each fork
+copies them instead of both processes faulting on them. Each child (:func:`_make_child_main`) waits for
+its job on its own pipe, confines itself (rlimits, uid drop: ``sandbox/confinement.py``) and calls the
+harness (``sandbox/harness.py``).
 
 What it does not do: read results (the worker does, ``sandbox/supervision.py``). Not meant to be run by
 hand; the threat model is in ``sandbox/executor.py``.
@@ -31,7 +33,8 @@ from sandbox import credentials as _credentials
 from sandbox import linux as _linux
 from sandbox import mounts as _mounts
 from sandbox import namespaces as _namespaces
-from sandbox.harness import _make_harness
+from sandbox import pinning as _pinning
+from sandbox.harness import _FRAME, _HDR, _TOKEN_BYTES, _make_harness
 
 
 def _reseed_random() -> None:
@@ -91,6 +94,10 @@ class Zygote:
                     _prepare_zygote(ctx)
                     gc.collect()
                     gc.freeze()  # fewer copy-on-write page faults in forked children
+                    _pin_child_pages(ctx, theirs.fileno())
+                    # last: no-new-privs is set, and the filter denies the pinning's calls
+                    if ctx["seccomp_zygote"] is not None and ctx["seccomp_zygote"]() != 0:
+                        raise OSError("the zygote could not load its syscall filter")
                     _zygote_loop(theirs, ctx)
             except BaseException:
                 code = 70
@@ -197,8 +204,90 @@ def _prepare_zygote(ctx: dict) -> None:
         _clean_tmp("", ctx)
     if (ctx["pidns"] or ctx["private_tmp"]) and ctx["landlock_fd"] >= 0:
         ctx["landlock_refresh"]()  # its rules name the /proc and tmpfs replaced here
-    if ctx["seccomp_zygote"] is not None and ctx["seccomp_zygote"]() != 0:  # last: no-new-privs is set
-        raise OSError("the zygote could not load its syscall filter")
+
+
+_PROBE_JOB = ("def f(x):\n    return x + 1\n", ["f(1)"])
+_PIPE_PAGE, _F_SETPIPE_SZ, _FIONREAD = 4096, 1031, 0x541B
+
+
+def _pin_child_pages(ctx: dict, sock_fd: int, probes: int = 2) -> None:
+    """Pin (``sandbox/pinning.py``) the pages a child and the zygote write for a trivial program, so each
+    later fork copies them and neither process faults on them; sets ``ctx["pinned"]`` (the ring's
+    descriptor, -1 when nothing is pinned) and ``ctx["pinned_pages"]``.
+
+    Which pages: those every one of ``probes`` probe children (:func:`_probe_pages`) and the zygote
+    wrote; a page written by one probe alone (the zygote's own bookkeeping of that probe) would cost
+    every later fork a copy that no child uses. Any failure leaves nothing pinned (children fault as
+    before). Skipped where ``ctx["pin_pages"]`` is False (the Docker backend's zygote forks one child).
+    """
+    ctx["pinned"], ctx["pinned_pages"] = -1, 0
+    if not ctx.get("pin_pages", True):
+        return
+    runs = _probe_pages(ctx, sock_fd)
+    for _ in range(probes - 1):
+        runs = _pinning.common_runs(runs, _probe_pages(ctx, sock_fd))
+    if runs:
+        try:
+            ctx["pinned"] = _pinning.pin(runs)
+            ctx["pinned_pages"] = sum(length for _, length in runs) // _pinning.PAGE
+        except OSError:
+            pass
+
+
+def _probe_pages(ctx: dict, sock_fd: int) -> list[tuple[int, int]]:
+    """The pages (``(address, bytes)`` runs) that a probe child and this zygote write for a trivial
+    program; empty when the probe could not be run.
+
+    How: the probe, forked and set up like every child (its own group, ``child_main``: confinement,
+    harness), runs a trivial trusted program. Its result channel holds one page, filled so that its
+    frames fit up to the call's own, whose write blocks: the probe then waits, at the end of its
+    program, with every page it wrote its own. The pages this zygote maps alone at that moment are
+    those the probe or the zygote wrote since the fork; then the probe is killed and reaped and its
+    temp dir cleaned.
+    """
+    try:
+        tmp, job_r, job_w, chan_r, chan_w, out_r, out_w, null = _prepare_child(ctx)
+    except OSError:
+        return []
+    pid, runs = -1, []
+    try:
+        lim, token = ctx["lim"], os.urandom(_TOKEN_BYTES)
+        body = marshal.dumps((*_PROBE_JOB, 0, token, lim.max_result_bytes, 5.0))
+        os.write(job_w, _Q.pack(len(body)) + body)
+        fcntl.fcntl(chan_w, _F_SETPIPE_SZ, _PIPE_PAGE)
+        os.write(chan_w, bytes(_PIPE_PAGE - 2 * (_HDR.size + _TOKEN_BYTES + _FRAME.size)))  # room: S, R
+        pid = os.fork()
+        if pid == 0:
+            ctx["child_main"](sock_fd, job_r, chan_w, out_w, null, tmp)
+        os.setpgid(pid, pid)
+        if _probe_blocked(pid, chan_r):
+            runs = _pinning.written_pages()
+    except OSError:
+        pass
+    finally:
+        if pid > 0:
+            _reap(pid, (ctx["uid"], ctx["call_uid"]), ctx["pidns"])
+        for fd in (job_r, job_w, chan_r, chan_w, out_r, out_w, null):
+            os.close(fd)
+    _clean_tmp(tmp, ctx)  # (raises as in the loop: the worker then sees the zygote gone)
+    return runs
+
+
+def _probe_blocked(pid: int, chan_r: int, timeout_s: float = 5.0) -> bool:
+    """Wait until the probe child has filled its one-page channel and sleeps (in the write of its
+    call's frame: nothing else after its set-up sleeps); False if it exits or the time runs out."""
+    count = bytearray(4)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+        if state in (b"Z", b"X"):
+            return False
+        fcntl.ioctl(chan_r, _FIONREAD, count)
+        if state == b"S" and int.from_bytes(count, sys.byteorder) == _PIPE_PAGE:
+            return True
+        time.sleep(0.0005)
+    return False
 
 
 def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
