@@ -26,7 +26,7 @@ from codea1_core.config import Config
 from flows.common import UserError, flow_config, flow_run_name, resolve_run_dir, stage_main, stage_task
 from tasks.register import judge
 from tracking.registry import MODEL_NAMES, latest_version
-from tracking.results import log_to_run
+from tracking.results import log_to_run, training_run_id
 
 DECISION_PATH = Path("outputs/register.json")
 
@@ -137,7 +137,7 @@ def register(cfg: Config, eval_path: Path | None = None, out_path: Path = DECISI
         numbers[f"register/{role}/promoted"] = float(m["alias"] == "champion")
         if m["champion_value"] is not None:
             numbers[f"register/{role}/champion"] = m["champion_value"]
-    log_to_run(cfg, (done or {}).get("run_id"), numbers, decision, "register")
+    log_to_run(cfg, training_run_id(cfg), numbers, decision, "register")
     write_json_atomic(out_path, decision, fsync=True)
     return decision
 
