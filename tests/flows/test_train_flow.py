@@ -379,6 +379,7 @@ def test_history_is_recorded_once_per_iteration_and_derived_once(
         "history.csv",
         "metrics.json",
         "mistake_book.json",
+        "timings.csv",  # each iteration's wall-clock values, beside the DVC outputs (written every iteration)
     ]
 
 
