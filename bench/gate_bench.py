@@ -8,7 +8,7 @@ the task and of its parse share (``extract_tests`` over every response), and the
 ``--compare-ref REF`` measures this checkout and revision ``REF`` (``git archive``) on the same responses, in
 interleaved rounds (A/B/B/A), and checks that both give identical suites and metrics. ``--step`` takes the
 suite count of one training step of ``params.yaml`` (B·M·N) and shows each side's time against the mean step
-time of ``outputs/train/history.csv`` when there is one.
+time of ``outputs/train/timings.csv`` when there is one.
 
 What it does not: run any code or use a model.
 How to run: ``python -m bench.gate_bench [--suites N] [--asserts K] [--step] [--compare-ref REF]``.
@@ -142,12 +142,12 @@ def measure(tree: Path, inputs: Path, repeats: int) -> dict:
 
 
 def step_shape() -> tuple[int, float | None]:
-    """B·M·N of ``params.yaml`` and the mean ``time/iteration_s`` of ``outputs/train/history.csv`` (None)."""
+    """B·M·N of ``params.yaml`` and the mean ``time/iteration_s`` of ``outputs/train/timings.csv`` (None)."""
     sys.path.insert(0, str(REPO))
     from codea1_core.config import load_config
 
     cfg = load_config(REPO / "params.yaml")
-    history = REPO / "outputs" / "train" / "history.csv"
+    history = REPO / "outputs" / "train" / "timings.csv"
     step_s = None
     if history.is_file():
         rows = [r for r in csv.DictReader(history.open(encoding="utf-8")) if r.get("time/iteration_s")]
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu = statistics.median(x["task_cpu_s"] for x in results)
         parse_cpu = statistics.median(x["parse_cpu_s"] for x in results)
         share = (
-            f"; CPU {cpu / step_s:.1%} of a step ({step_s:.2f} s, outputs/train/history.csv)"
+            f"; CPU {cpu / step_s:.1%} of a step ({step_s:.2f} s, outputs/train/timings.csv)"
             if step_s
             else ""
         )

@@ -17,8 +17,9 @@ What it does (docs/method.md §13), read top to bottom:
      ``delta/<key>`` = trained - warm start for every rate (``eval.baseline: false`` turns it off);
   5. write ``<eval.out_dir>/metrics.json`` (DVC metrics, flat keys such as ``code/humanevalplus/plus/pass@1``)
      and ``report.html`` (plots embedded; training curves from ``<checkpoint_dir>/history.csv`` when
-     present); log the same numbers to MLflow through ``tracking.results`` (``@`` becomes ``_at_`` there,
-     as MLflow metric names cannot hold ``@``).
+     present; its "Run" table keeps the git commit, the run ids go to ``runs.json`` beside it: DVC outputs hold
+     only what the evaluation decides); log the same numbers and the report with the ids to MLflow through
+     ``tracking.results`` (``@`` becomes ``_at_`` there, as MLflow metric names cannot hold ``@``).
 
 What it does not: train or register models (``flows/register.py`` reads ``metrics.json``).
 
@@ -424,19 +425,53 @@ def _evaluate(
     notes = [f"code model: {code_label}", f"test model: {test_label}"]
     if base_paths:
         notes.append(f"baseline ({BASELINE_PREFIX}/...): {', '.join(base_paths.values())}")
+    context = report_context(cfg)
     page = render_report(
         metrics,
         history=load_history(cfg),
         notes=notes,
         promote=cfg.eval.promote_metric,
-        context=report_context(cfg),
+        context=context,
         params=cfg.flat(),
     )
-    write_text_atomic(report, page)
+    write_text_atomic(report, workspace_page(page, context, out_dir))
     if cfg.tracking.backend != "null":
+        import tempfile
+
         final = Path(cfg.orchestration.checkpoint_dir) / "final"
-        _track(cfg, metrics, report, not injected and Path(code_label).parent == final)
+        with tempfile.TemporaryDirectory() as tmp:  # MLflow's copy names its runs
+            (Path(tmp) / report.name).write_text(page, encoding="utf-8")
+            _track(cfg, metrics, Path(tmp) / report.name, not injected and Path(code_label).parent == final)
     return metrics
+
+
+RUN_IDS_FILE = "runs.json"
+"""Beside ``report.html``, not a DVC output: the ids of this evaluation's Prefect flow run and MLflow runs."""
+REPORT_KEPT = ("git commit",)
+"""The "Run" rows the workspace's ``report.html`` (a DVC output) keeps: the same for every run of the same inputs."""
+
+
+def workspace_page(page: str, context: dict[str, str], out_dir: Path) -> str:
+    """``page`` with its "Run" table cut to :data:`REPORT_KEPT` (ids and links differ on every run, so the DVC
+    output holding them would change ``dvc.lock`` whatever the evaluation decides); the rest goes to
+    :data:`RUN_IDS_FILE` and stays in the report logged to MLflow."""
+    from codea1_core.atomic import write_json_atomic
+    from codea1_core.evaluation.report import context_table
+
+    kept = {k: v for k, v in context.items() if k in REPORT_KEPT}
+    ids = {k: v for k, v in context.items() if k not in REPORT_KEPT}
+    if not ids:
+        return page
+    write_json_atomic(out_dir / RUN_IDS_FILE, ids)
+    kept["run ids"] = (
+        f"{out_dir / RUN_IDS_FILE} (Prefect, MLflow) and this report's copy in the MLflow evaluate run"
+    )
+    full = context_table(context)
+    if full not in page:
+        raise RuntimeError(
+            "render_report no longer writes context_table(context) as it is: keep the two in step"
+        )
+    return page.replace(full, context_table(kept), 1)
 
 
 def evaluate(

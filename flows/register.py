@@ -39,7 +39,7 @@ from flows.common import (
 )
 from tasks.register import judge
 from tracking.registry import MODEL_NAMES, latest_version
-from tracking.results import log_to_run
+from tracking.results import log_to_run, training_run_id
 
 DECISION_PATH = Path("outputs/register.json")
 
@@ -150,7 +150,7 @@ def register(cfg: Config, eval_path: Path | None = None, out_path: Path = DECISI
         numbers[f"register/{role}/promoted"] = float(m["alias"] == "champion")
         if m["champion_value"] is not None:
             numbers[f"register/{role}/champion"] = m["champion_value"]
-    log_to_run(cfg, (done or {}).get("run_id"), numbers, decision, "register")
+    log_to_run(cfg, training_run_id(cfg), numbers, decision, "register")
     write_json_atomic(out_path, decision, fsync=True)
     return decision
 

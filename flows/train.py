@@ -14,6 +14,9 @@ ranks ``flows/distributed.py``.
 Outputs (``orchestration.checkpoint_dir``, default ``outputs/train``): ``checkpoints/`` (it_N + LATEST),
 ``mistake_book.json``, ``outcomes/it_N.parquet``, ``history.csv`` and ``metrics.json`` (derived from the
 checkpointed history by :func:`finish`, idempotent: DVC deletes them before a re-run), ``final/{code,test}``.
+These DVC outputs hold only what the run decides, so a second run of the same inputs writes the same bytes and
+``dvc.lock`` stays as it is; beside them, not DVC outputs: ``timings.csv`` (the wall-clock values, per iteration;
+also in MLflow) and ``mlflow_runs.json`` (the MLflow run of each config trained in the folder).
 
 Run: ``python -m flows.train [--params params.yaml] [key=value ...]`` or ``codea1 train``; the same
 ``train_flow(params, overrides, run_dir)`` is the ``train/codea1-train`` deployment.
@@ -52,6 +55,7 @@ from tasks.rollout import drop_overlong_problems, extract_codes, gate_tests, rol
 from tasks.score import score, validate, write_outcomes
 from tasks.tracking import log_iteration
 from tasks.update import update_code, update_test
+from tracking.results import record_run_id, recorded_run_id
 from tracking.runs import make_tracker
 from workspace import resume
 from workspace.lock import WorkspaceLock
@@ -120,11 +124,14 @@ def setup(cfg: Config, tracker_factory: Any, executor: Any) -> TrainRun:
     check_reference_health(executor, train_set, cfg, "train")  # limits that fail the references: one line
     fingerprint = batches.config_fingerprint(cfg.flat())
     state = resume.resume_or_start(out_dir, cfg.orchestration.resume, fingerprint, total, cfg.flat())
-    tracker = tracker_factory(cfg, run_id=state["run_id"], run_name=f"train-{run_label(cfg)}")
+    run_id = recorded_run_id(out_dir, fingerprint) if state["continues"] else None
+    tracker = tracker_factory(cfg, run_id=run_id, run_name=f"train-{run_label(cfg)}")
     # from here a failure ends the MLflow run FAILED (not RUNNING for good)
     with run_endings.failing(tracker):
         if dist_train.is_main():
-            resume.save_run_info(out_dir, fingerprint, tracker.run_id, cfg.flat())
+            resume.save_run_info(out_dir, fingerprint, cfg.flat())
+            record_run_id(out_dir, fingerprint, tracker.run_id)
+        state["history"] = resume.with_timings(out_dir, state["history"])
         for row in state["history"]:  # backfill iterations checkpointed before a kill but not yet logged
             log_iteration.fn(tracker, int(row["iteration"]), row)
         seed_everything(cfg.seed)  # adapter initialisation is part of the run's identity
@@ -217,10 +224,12 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
     if not main:  # rank 0 alone writes, checkpoints and logs (flows/distributed.py)
         return row
     parquet = write_outcomes(run.out_dir / "outcomes" / f"it_{it:06d}.parquet", outcomes)
-    state = {"fingerprint": run.fingerprint, "run_id": run.tracker.run_id, "history": run.history}
+    # wall-clock values stay out of the checkpoint (a DVC output): timings.csv and MLflow keep them
+    state = {"fingerprint": run.fingerprint, "history": [resume.without_timings(r) for r in run.history]}
     book_out = run.out_dir / "mistake_book.json"  # merge_mistake_book wrote it: the step's one serialisation
     book = str(book_out) if run.book is not None else None  # the checkpoint copies its bytes
     call(checkpoint, str(run.out_dir), it, run.policies, book, state, cfg.orchestration.keep_checkpoints)
+    resume.write_timings(run.out_dir, run.history)
     samples = batches.sample_rows(problems, code_out, test_out, scores, cfg.tracking.log_samples)
     files = {"outcomes": str(parquet), "mistake_book": str(book_out)}
     call(log_iteration, run.tracker, it, row, samples, files)
@@ -252,7 +261,7 @@ def finish(run: TrainRun) -> dict[str, Any]:
     write_json_atomic(run.out_dir / "mistake_book.json", book.to_dict(), fsync=True)
     fault_point("finish:history")
     exported = all((final / role).is_dir() for role in run.policies)
-    if exported and resume.done_matches(done, run.total, run.tracker.run_id):
+    if exported and resume.done_matches(done, run.total, run.fingerprint):
         return summary
     png = training_chart(run.history)
     if png is not None:  # reward curves + Mistake Book dynamics, also in the MLflow run
@@ -264,8 +273,9 @@ def finish(run: TrainRun) -> dict[str, Any]:
         fault_point(f"finish:export_{role}")
         versions[role] = run.tracker.register(role, final / role, run.total)
         fault_point(f"finish:register_{role}")
+    # the run id stays out of this DVC output: tracking.results.RUNS_FILE maps the fingerprint to it
     write_json_atomic(
-        done, {"iteration": run.total, "versions": versions, "run_id": run.tracker.run_id}, fsync=True
+        done, {"iteration": run.total, "versions": versions, "fingerprint": run.fingerprint}, fsync=True
     )
     fault_point("finish:done")
     return summary

@@ -50,6 +50,7 @@ from flows.common import (
 )
 from tasks.warmstart import build_base, sft
 from workspace.checkpoints import write_manifest
+from workspace.resume import is_timing
 
 log = logging.getLogger("codea1.warmstart")
 
@@ -94,11 +95,6 @@ def timings_path(root: Path = WARMSTART_DIR) -> Path:
     """Where the warm start's wall-clock seconds go: beside the stage's output, not inside it (a DVC output
     holding a timing would change its hash on every run of the same build)."""
     return root.parent / "timings" / "warmstart.json"
-
-
-def is_timing(key: str) -> bool:
-    """Whether a warm-start metric is a wall-clock measurement (kept out of ``metrics.json``)."""
-    return key.startswith("time/") or key.endswith("runtime_s")
 
 
 def _param_count(model_dir: Path) -> int:

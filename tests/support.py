@@ -450,6 +450,22 @@ WEDGE_OUTS = [
 ]
 
 
+def write_done(
+    checkpoint_dir: Path, versions: dict[str, str], run_id: str | None, iteration: int = 1
+) -> None:
+    """What a finished train stage leaves for evaluate and register: ``final/DONE.json`` naming its config and the
+    MLflow run recorded for that config beside the outputs (``tracking.results.record_run_id``)."""
+    import json
+
+    from tracking.results import record_run_id
+
+    final = Path(checkpoint_dir) / "final"
+    final.mkdir(parents=True, exist_ok=True)
+    done = {"iteration": iteration, "versions": versions, "fingerprint": "fp-test"}
+    (final / "DONE.json").write_text(json.dumps(done))
+    record_run_id(checkpoint_dir, "fp-test", run_id)
+
+
 def make_repo(repo: Path, model: Path, repo_root: Path) -> dict[str, str]:
     """A DVC repo with the train stage of ``dvc.yaml`` (same outs, metrics, plots) on a tiny config."""
     repo.mkdir()

@@ -3,7 +3,8 @@
 What it does: :func:`log_evaluation` puts the evaluation numbers on the training run (``eval/<key>``, once
 per value: a re-evaluation with the same numbers appends nothing) and in an ``evaluate`` run nested under it
 (with the report); :func:`log_to_run` logs a decision (metrics + a JSON
-artifact) to a run without repeating a point a rerun already logged; :func:`training_run_id` is the run whose
+artifact) to a run without repeating a point a rerun already logged; :func:`record_run_id` keeps which run
+trained which config in a training folder (outside its DVC outputs), :func:`training_run_id` is the run whose
 export is evaluated (``final/DONE.json``) and :func:`run_link` its address in the MLflow UI.
 What it does not: decide what is logged (``flows/evaluate.py``, ``flows/register.py``) or track training
 (``tracking.runs``).
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from codea1_core.atomic import write_json_atomic
 from codea1_core.config import Config
 from tracking import store
 
@@ -37,13 +39,48 @@ def log_to_run(
     client.log_dict(run_id, data, f"{name}.json")
 
 
-def training_run_id(cfg: Config) -> str | None:
-    """The MLflow run of the training run whose export is evaluated (``<checkpoint_dir>/final/DONE.json``)."""
-    done = Path(cfg.orchestration.checkpoint_dir) / "final" / "DONE.json"
+RUNS_FILE = "mlflow_runs.json"
+"""Which MLflow run trained which config in a training folder (``{config fingerprint: run id}``), beside the DVC
+outputs, not inside one: a run id differs on every fresh run, so an output holding it would change ``dvc.lock``
+whatever the run decides. Keyed by fingerprint, so a folder whose outputs another experiment restored (``dvc exp
+apply``) finds that experiment's run, or none."""
+
+
+def recorded_run_id(folder: str | Path, fingerprint: str) -> str | None:
+    """The MLflow run recorded for ``fingerprint`` in ``folder`` (None when none is, or the file is unreadable)."""
     try:
-        return json.loads(done.read_text()).get("run_id")
+        runs = json.loads((Path(folder) / RUNS_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    run_id = runs.get(fingerprint) if isinstance(runs, dict) else None
+    return run_id if isinstance(run_id, str) else None
+
+
+def record_run_id(folder: str | Path, fingerprint: str, run_id: str | None) -> None:
+    """Record ``run_id`` as the MLflow run of ``fingerprint`` in ``folder`` (atomic; None: nothing to record)."""
+    if run_id is None:
+        return
+    path = Path(folder) / RUNS_FILE
+    try:
+        runs = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        runs = {}
+    runs = runs if isinstance(runs, dict) else {}
+    if runs.get(fingerprint) != run_id:
+        write_json_atomic(path, {**runs, fingerprint: run_id}, fsync=True)
+
+
+def training_run_id(cfg: Config) -> str | None:
+    """The MLflow run of the training run whose export is evaluated: the config ``<checkpoint_dir>/final/DONE.json``
+    names, looked up in the folder's :data:`RUNS_FILE`."""
+    folder = Path(cfg.orchestration.checkpoint_dir)
+    try:
+        fingerprint = json.loads((folder / "final" / "DONE.json").read_text(encoding="utf-8")).get(
+            "fingerprint"
+        )
+    except (OSError, ValueError, AttributeError):
+        return None
+    return recorded_run_id(folder, fingerprint) if isinstance(fingerprint, str) else None
 
 
 MLFLOW_UI = "http://127.0.0.1:5000"

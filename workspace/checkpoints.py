@@ -2,16 +2,19 @@
 iteration).
 
 What it does: :func:`save_checkpoint` writes ``<checkpoint_dir>/checkpoints/it_NNNNNN/`` holding both policies
-(``Policy.save``: weights/adapters, optimizer, scheduler, RNG), the Mistake Book JSON (a byte-for-byte copy of
-the file the step's merge wrote: the book is serialised once per step), ``state.json``
-(iteration = data cursor, config fingerprint, MLflow run id, metrics history, Python RNG) and ``rng.pt``
-(torch RNG). The directory is built under a temporary name and renamed with ``os.replace``; then the ``LATEST``
-pointer file is replaced atomically. A kill at any moment leaves either the previous or the new iteration
+(``Policy.save``: weights/adapters, optimizer, scheduler, torch RNG), the Mistake Book JSON (a byte-for-byte copy
+of the file the step's merge wrote: the book is serialised once per step), ``state.json`` (iteration = data
+cursor, config fingerprint, metrics history without wall-clock values) and ``rng.pt`` (torch RNG). Python's
+global RNG is not recorded: the method draws nothing from it (its samplers are seeded ``random.Random``
+instances and torch's generator), while libraries draw from it at moments that vary from run to run (retry
+jitter), so its state would make two runs of the same inputs write different checkpoints (and ``dvc.lock``).
+The directory is built under a temporary name and renamed with ``os.replace``; then the ``LATEST`` pointer file
+is replaced atomically. A kill at any moment leaves either the previous or the new iteration
 complete, never a half-written one. Older iterations beyond ``keep_checkpoints`` are deleted afterwards.
 The last file written into a checkpoint is ``MANIFEST.json`` (size and sha256 of every other file, atomic);
 :func:`select_checkpoint` verifies it and falls back to the newest intact checkpoint with one warning line
 naming what was wrong (truncated weights, zeroed bytes, empty ``rng.pt``...); when none is intact it raises
-:class:`CheckpointError` naming the file. :func:`load_state` reads one back and restores the RNGs.
+:class:`CheckpointError` naming the file. :func:`load_state` reads one back and restores torch's RNG.
 :func:`verify_model` checks a model folder against its own manifest the same way (the warm start writes one
 into each model folder it builds: the KL reference is verified whenever training starts or resumes).
 What it does not: decide when to checkpoint (the train flow does), decide where a run starts
@@ -24,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -76,17 +78,12 @@ def save_checkpoint(
         if book is not None:
             write_bytes_atomic(tmp / "mistake_book.json", Path(book).read_bytes(), fsync=True)
         torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
-        full_state = dict(state, schema=STATE_SCHEMA, iteration=iteration, python_rng=_py_rng_state())
+        full_state = dict(state, schema=STATE_SCHEMA, iteration=iteration)
         write_json_atomic(tmp / "state.json", full_state, fsync=True)
         write_manifest(tmp)  # last: a checkpoint without a matching manifest is never trusted
     write_text_atomic(root / "LATEST", final.name)
     _prune(root, keep, final.name)
     return final
-
-
-def _py_rng_state() -> list[Any]:
-    version, internal, gauss = random.getstate()
-    return [version, list(internal), gauss]
 
 
 def _prune(root: Path, keep: int, current: str) -> None:
@@ -193,7 +190,7 @@ def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
 
 
 def load_state(path: str | Path, restore_rng: bool = True) -> dict[str, Any]:
-    """Read ``state.json`` (+ ``mistake_book.json`` as ``state['book']``) and restore the RNGs."""
+    """Read ``state.json`` (+ ``mistake_book.json`` as ``state['book']``) and restore torch's RNG."""
     import torch
 
     path = Path(path)
@@ -205,8 +202,6 @@ def load_state(path: str | Path, restore_rng: bool = True) -> dict[str, Any]:
     book_path = path / "mistake_book.json"
     state["book"] = json.loads(book_path.read_text(encoding="utf-8")) if book_path.is_file() else None
     if restore_rng:
-        version, internal, gauss = state["python_rng"]
-        random.setstate((version, tuple(internal), gauss))
         rng = torch.load(path / "rng.pt", weights_only=True)
         torch.set_rng_state(rng["torch"])
     return state

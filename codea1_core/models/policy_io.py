@@ -1,7 +1,8 @@
 """Checkpoint I/O of :class:`codea1_core.models.policy.Policy`: resumable save/load and merged export.
 
 What it does: writes a policy's adapter (LoRA) or weights (full) with its tokenizer under ``model/`` and
-the optimizer, scheduler, RNG and step state in ``state.pt``; every directory is built as ``.<dir>.tmp``
+the optimizer, scheduler, torch RNG and step state in ``state.pt`` (the same bytes for the same state: the
+adapter's module list sorted); every directory is built as ``.<dir>.tmp``
 and swapped in whole (:func:`codea1_core.atomic.atomic_dir`), so a crash never leaves a half-written checkpoint.
 What it does not: decide when or where to checkpoint (the pipeline's checkpoint task does).
 
@@ -11,7 +12,7 @@ Run: ``pytest tests/core/models/test_policy.py -k save``.
 from __future__ import annotations
 
 import copy
-import random
+import json
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,27 @@ import torch
 from codea1_core.atomic import atomic_dir
 
 
+def sort_adapter_modules(model_dir: Path) -> None:
+    """Sort ``adapter_config.json``'s ``target_modules``: peft writes them from a set, in an order that changes
+    with each process's string hashing, so the same adapter would be saved as different bytes on every run."""
+    path = model_dir / "adapter_config.json"
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def save_policy(pol: Any, path: Path) -> Path:
     """Write ``pol`` to ``path`` atomically (see the module docstring)."""
     gathered = _gathered(pol)
     with atomic_dir(path) as tmp:
         pol.whole.save_pretrained(tmp / "model", state_dict=gathered["model"] or None)
+        sort_adapter_modules(tmp / "model")
         pol.tokenizer.save_pretrained(tmp / "model")
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        # not Python's global RNG: the method draws nothing from it, libraries do at moments that vary per run
+        rng: dict[str, Any] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
         state = {
@@ -89,7 +104,6 @@ def restore_policy(pol: Any, path: Path) -> None:
     pol.scheduler.load_state_dict(state["scheduler"])
     pol.step_count = int(state["step_count"])
     torch.set_rng_state(state["rng"]["torch"])
-    random.setstate(state["rng"]["python"])
     if "cuda" in state["rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["rng"]["cuda"])
 

@@ -143,6 +143,7 @@ def supervised_finetune(
     from trl import SFTConfig, SFTTrainer
 
     from codea1_core.atomic import atomic_dir
+    from codea1_core.models.policy_io import sort_adapter_modules
 
     if not examples:
         raise ValueError("examples: empty, nothing to fine-tune on")
@@ -190,6 +191,7 @@ def supervised_finetune(
                 datasets.enable_progress_bars()
         with atomic_dir(out_dir) as tmp:
             cast(Any, trainer.model).save_pretrained(tmp)  # the trained model (peft-wrapped for LoRA)
+            sort_adapter_modules(tmp)
             tokenizer.padding_side = "left"
             tokenizer.save_pretrained(tmp)
     metrics = {

@@ -140,7 +140,7 @@ def test_regression_failed_checkpoint_leaves_no_partial_folder(tmp_path: Path) -
                 raise OSError(28, "No space left on device")
             return path
 
-    resume.save_run_info(tmp_path, "fp", None)
+    resume.save_run_info(tmp_path, "fp")
     checkpoints.save_checkpoint(tmp_path, 1, {"code": Policy(False)}, None, {"fingerprint": "fp"})
     with pytest.raises(OSError, match="No space"):
         checkpoints.save_checkpoint(tmp_path, 2, {"code": Policy(True)}, None, {"fingerprint": "fp"})

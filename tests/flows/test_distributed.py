@@ -260,9 +260,9 @@ def test_a_step_budget_below_the_workspace_checkpoint_is_one_line_before_any_ran
         }
     )
     fp = batches.config_fingerprint(cfg.flat())
-    resume.save_run_info(out, fp, None, cfg.flat())
+    resume.save_run_info(out, fp, cfg.flat())
     for it in range(1, 6):
-        state = {"fingerprint": fp, "run_id": None, "history": [{"iteration": i} for i in range(1, it + 1)]}
+        state = {"fingerprint": fp, "history": [{"iteration": i} for i in range(1, it + 1)]}
         checkpoints.save_checkpoint(out, it, {"code": _Weights()}, None, state, keep=2)
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(cfg.to_dict()))

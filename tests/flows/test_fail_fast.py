@@ -96,6 +96,7 @@ def test_sigterm_stops_a_run_after_the_current_task(prefect_harness, tiny_model,
     from mlflow.tracking import MlflowClient
     from prefect.settings import PREFECT_API_URL
 
+    from tracking.results import recorded_run_id
     from workspace import resume
     from workspace.lock import LOCK_NAME
 
@@ -132,7 +133,7 @@ def test_sigterm_stops_a_run_after_the_current_task(prefect_harness, tiny_model,
     state = resume.resume_or_start(tmp_path / "train", "auto", fingerprint)
     assert 1 <= state["iteration"] < 50  # resumable from the last checkpoint
     client = MlflowClient(tracking_uri=cfg.tracking.tracking_uri)
-    assert client.get_run(state["run_id"]).info.status == "KILLED"
+    assert client.get_run(recorded_run_id(tmp_path / "train", fingerprint)).info.status == "KILLED"
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as prefect:  # a stopped run is CANCELLED in Prefect too, not COMPLETED

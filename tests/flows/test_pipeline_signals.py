@@ -25,6 +25,9 @@ import pytest
 import yaml
 from support import build_tiny, make_repo
 
+from tracking.results import recorded_run_id
+from workspace.resume import stored_fingerprint
+
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -100,7 +103,7 @@ def test_stopping_the_pipeline_during_train_stops_the_stage(
     log = _stop(proc, how, stage_pid, "train")
     assert proc.returncode == (130 if how == "ctrl-c" else 143), log[-3000:]  # SIGTERM: as a stage
     assert not (out / "train.lock").exists()
-    run_id = json.loads((out / "checkpoints" / "run.json").read_text())["run_id"]
+    run_id = recorded_run_id(out, stored_fingerprint(out))
     mlflow = MlflowClient(tracking_uri=f"sqlite:///{repo}/mlflow.db")
     assert mlflow.get_run(run_id).info.status == "KILLED", log[-3000:]
     with get_client(sync_client=True) as prefect:

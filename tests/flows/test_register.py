@@ -6,12 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
+from support import write_done
 
 from codea1_core.config import Config
 from flows.common import UserError
 from flows.register import metric_value, register
 from tasks.register import decide
 from tracking import packaging, registry
+from tracking.results import training_run_id
 from tracking.runs import MlflowTracker
 
 
@@ -49,9 +51,7 @@ def _train_and_eval(
     """What the train + evaluate stages leave behind: registered versions, DONE.json, eval metrics."""
     tr = MlflowTracker(cfg)
     versions = {role: tr.register(role, tmp_path, 1) for role in roles}
-    final = Path(cfg.orchestration.checkpoint_dir) / "final"
-    final.mkdir(parents=True, exist_ok=True)
-    (final / "DONE.json").write_text(json.dumps({"iteration": 1, "versions": versions, "run_id": tr.run_id}))
+    write_done(Path(cfg.orchestration.checkpoint_dir), versions, tr.run_id)
     eval_path = tmp_path / "eval.json"
     metrics = {"code/lab_heldout/pass@1": value, "test/lab_heldout/pass@5": value if test is None else test}
     eval_path.write_text(json.dumps({**metrics, **(warm or {}), "other": 1}))
@@ -72,9 +72,7 @@ def test_promotion_sequence(cfg: Config, tmp_path: Path) -> None:
     assert better["decision"] == "champion" and better["models"]["test"]["alias"] == "champion"
     assert registry.alias_info(cfg, "codea1-test", "champion")["version"] == "3"
     # the decision is logged to the training run
-    run_id = json.loads((Path(cfg.orchestration.checkpoint_dir) / "final" / "DONE.json").read_text())[
-        "run_id"
-    ]
+    run_id = training_run_id(cfg)
     run = MlflowTracker(cfg, run_id=run_id).client.get_run(run_id)
     assert run.data.metrics["register/new"] == pytest.approx(0.55)
     assert run.data.metrics["register/promoted"] == 1.0

@@ -21,6 +21,8 @@ import yaml
 from support import build_tiny, tiny_config, write_params
 
 from codea1_core.config import Config
+from tracking.results import recorded_run_id
+from workspace.resume import stored_fingerprint
 
 VOLATILE = ("time/", "sandbox/calls_per_s", "grpo/code/seconds", "grpo/test/seconds")
 
@@ -107,7 +109,7 @@ def _check_resumed(cfg: Config, reference_out: Path, ref_history: list[dict], ro
         assert json.loads((out / "mistake_book.json").read_text()) == json.loads(
             (reference_out / "mistake_book.json").read_text()
         )
-    run_id = json.loads((out / "checkpoints" / "run.json").read_text())["run_id"]
+    run_id = recorded_run_id(out, stored_fingerprint(out))
     client = MlflowClient(tracking_uri=cfg.tracking.tracking_uri)
     for key in ("code/reward_mean", "progress/iteration", "grpo/code/loss"):
         assert sorted(m.step for m in client.get_metric_history(run_id, key)) == [1, 2, 3], key

@@ -31,9 +31,9 @@ class _Weights:
 def _workspace(tmp_path: Path, cfg: Config, iterations: int) -> Path:
     out = Path(cfg.orchestration.checkpoint_dir)
     fp = batches.config_fingerprint(cfg.flat())
-    resume.save_run_info(out, fp, None, cfg.flat())
+    resume.save_run_info(out, fp, cfg.flat())
     for it in range(1, iterations + 1):
-        state = {"fingerprint": fp, "run_id": None, "history": [{"iteration": i} for i in range(1, it + 1)]}
+        state = {"fingerprint": fp, "history": [{"iteration": i} for i in range(1, it + 1)]}
         checkpoints.save_checkpoint(out, it, {"code": _Weights()}, None, state, keep=2)
     return out
 

@@ -20,6 +20,7 @@ def test_a_failure_in_setup_ends_the_mlflow_run_failed(
     from mlflow.tracking import MlflowClient
 
     from flows.train import train
+    from tracking.results import recorded_run_id
     from workspace import resume
     from workspace.lock import LOCK_NAME
 
@@ -28,9 +29,7 @@ def test_a_failure_in_setup_ends_the_mlflow_run_failed(
     uri = cfg.tracking.tracking_uri
     with pytest.raises(OSError, match="model.test_path"):  # after the MLflow run was reopened
         train(cfg)
-    run_id = resume.resume_or_start(
-        tmp_path / "train", "auto", resume.stored_fingerprint(tmp_path / "train")
-    )["run_id"]
+    run_id = recorded_run_id(tmp_path / "train", resume.stored_fingerprint(tmp_path / "train"))
     assert run_id is not None
     assert MlflowClient(tracking_uri=uri).get_run(run_id).info.status == "FAILED"
     assert not (tmp_path / "train" / LOCK_NAME).exists()

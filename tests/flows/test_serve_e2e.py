@@ -28,6 +28,7 @@ from flows.deploy import (
 )
 from flows.serve import main as serve_main
 from flows.train import train_flow
+from tracking.results import recorded_run_id
 
 
 def test_deployment_objects(tmp_path: Path, repo_root: Path) -> None:
@@ -110,7 +111,7 @@ def test_mode_override_is_honoured_and_writes_to_the_run_folder(tmp_path: Path) 
         cfg.orchestration.checkpoint_dir
     ).exists()  # the params file's (workspace) folder untouched
     client = MlflowClient(tracking_uri=cfg.tracking.tracking_uri)
-    run = client.get_run(done["run_id"])
+    run = client.get_run(recorded_run_id(run_dir / "train", done["fingerprint"]))
     assert run.data.tags["codea1.mode"] == "golden" and run.data.params["mode"] == "golden"
     assert run.info.run_name == "train-golden-seed3"
 
@@ -156,7 +157,8 @@ def test_pipeline_deployment_trains_evaluates_and_registers_in_its_run_folder(tm
     ).is_file()
     assert not Path(cfg.orchestration.checkpoint_dir).exists() and not Path(cfg.eval.out_dir).exists()
     client = MlflowClient(tracking_uri=cfg.tracking.tracking_uri)
-    train_run = client.get_run(json.loads((run_dir / "train" / "final" / "DONE.json").read_text())["run_id"])
+    done = json.loads((run_dir / "train" / "final" / "DONE.json").read_text())
+    train_run = client.get_run(recorded_run_id(run_dir / "train", done["fingerprint"]))
     assert "eval/code/lab_heldout/base/pass_at_1" in train_run.data.metrics  # evaluation on the training run
     assert "register/code/new" in train_run.data.metrics  # and the decision
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import mounted_tmpfs, tiny_config
+from support import mounted_tmpfs, tiny_config, write_done
 
 
 @pytest.fixture()
@@ -250,10 +250,7 @@ def test_a_store_locked_during_register_is_one_line(
     )
     tracker = MlflowTracker(cfg)
     versions = {role: tracker.register(role, tmp_path, 1) for role in ("code", "test")}
-    (tmp_path / "train" / "final").mkdir(parents=True)
-    (tmp_path / "train" / "final" / "DONE.json").write_text(
-        json.dumps({"iteration": 1, "versions": versions, "run_id": tracker.run_id})
-    )
+    write_done(tmp_path / "train", versions, tracker.run_id)
     (tmp_path / "eval").mkdir()
     (tmp_path / "eval" / "metrics.json").write_text(
         json.dumps({"code/lab_heldout/pass@1": 40.0, "test/lab_heldout/pass@5": 20.0})

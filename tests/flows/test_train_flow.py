@@ -13,6 +13,7 @@ from support import build_tiny, log_lines, tiny_config, write_params
 
 from codea1_core.config import Config
 from codea1_core.method import batches
+from tracking.results import training_run_id
 
 # ------------------------------------------------------------------------------------------------
 # Pure helpers (codea1_core/method/batches.py)
@@ -287,7 +288,7 @@ def test_codea1_flow_end_to_end(
     )
     done = json.loads((out / "final" / "DONE.json").read_text())
     client = _mlflow(cfg)
-    run = client.get_run(done["run_id"])
+    run = client.get_run(training_run_id(cfg))
     for key in (
         "code/reward_mean",
         "test/reward_mean",
@@ -378,6 +379,7 @@ def test_history_is_recorded_once_per_iteration_and_derived_once(
         "history.csv",
         "metrics.json",
         "mistake_book.json",
+        "timings.csv",  # each iteration's wall-clock values, beside the DVC outputs (written every iteration)
     ]
 
 

@@ -10,6 +10,7 @@ from support import TINY_LAB
 
 from codea1_core.config import Config
 from flows import warmstart
+from workspace.resume import is_timing
 
 
 def _cfg(mode: str = "codea1", model: dict | None = None, lab: dict | None = None) -> Config:
@@ -121,9 +122,9 @@ def test_the_same_warm_start_built_twice_gives_the_same_bytes(tmp_path, monkeypa
     first = tree()
     warmstart.warm_start(cfg)
     assert tree() == first and "metrics.json" in first
-    assert not any(warmstart.is_timing(k) for k in json.loads(first["metrics.json"]))
+    assert not any(is_timing(k) for k in json.loads(first["metrics.json"]))
     timings = json.loads(warmstart.timings_path().read_text())
-    assert timings["time/total_s"] > 0 and set(timings) == {k for k in metrics if warmstart.is_timing(k)}
+    assert timings["time/total_s"] > 0 and set(timings) == {k for k in metrics if is_timing(k)}
 
 
 @pytest.mark.e2e

@@ -56,3 +56,27 @@ def test_run_links_open_the_runs_view_not_the_genai_overview(cfg: Config) -> Non
         f"{MLFLOW_UI}/#/experiments/{experiment_id}/runs/{tr.run_id}?workflowType=machine_learning"
     )
     tr.end()
+
+
+def test_the_training_run_is_found_through_the_config_done_json_names(cfg: Config, tmp_path: Path) -> None:
+    """The run id lives beside the DVC outputs, keyed by config: DONE.json (an output) names only the config."""
+    import json
+
+    cfg = cfg.replace(**{"orchestration.checkpoint_dir": str(tmp_path / "train")})
+    folder = Path(cfg.orchestration.checkpoint_dir)
+    assert results.training_run_id(cfg) is None  # nothing trained
+    results.record_run_id(folder, "fp-a", "run-a")
+    results.record_run_id(folder, "fp-b", "run-b")
+    results.record_run_id(folder, "fp-c", None)  # a null tracker: nothing to record
+    assert (
+        results.recorded_run_id(folder, "fp-a") == "run-a" and results.recorded_run_id(folder, "fp-c") is None
+    )
+    (folder / "final").mkdir(parents=True)
+    (folder / "final" / "DONE.json").write_text(
+        json.dumps({"iteration": 2, "versions": {}, "fingerprint": "fp-b"})
+    )
+    assert results.training_run_id(cfg) == "run-b"
+    (folder / "final" / "DONE.json").write_text(json.dumps({"iteration": 2, "fingerprint": "fp-restored"}))
+    assert results.training_run_id(cfg) is None  # outputs of a config this folder's store never trained
+    (folder / results.RUNS_FILE).write_text("{not json")
+    assert results.recorded_run_id(folder, "fp-a") is None

@@ -35,11 +35,10 @@ class WeightsPolicy:
 
 
 def three_iterations(tmp_path: Path, keep: int = 2) -> Path:
-    resume.save_run_info(tmp_path, "fp", "run-1")
+    resume.save_run_info(tmp_path, "fp")
     for it in (1, 2, 3):
         state = {
             "fingerprint": "fp",
-            "run_id": "run-1",
             "history": [{"iteration": i} for i in range(1, it + 1)],
         }
         book = write_json_atomic(tmp_path / "mistake_book.json", {"p": it})  # as the merge task writes it

@@ -348,3 +348,26 @@ def test_gradient_checkpointing_gives_the_same_step(tiny_dir):
     m_plain, m_ckpt = plain.step(batch), ckpt.step(batch)
     assert m_ckpt["loss"] == pytest.approx(m_plain["loss"], abs=1e-6)
     assert m_ckpt["grad_norm"] == pytest.approx(m_plain["grad_norm"], rel=1e-4)
+
+
+def test_a_lora_checkpoint_is_the_same_bytes_whatever_the_string_hashing(tiny_dir, tmp_path):
+    """peft writes ``target_modules`` from a set: its order followed each process's string hashing, so the same
+    adapter saved in two runs differed (and so did the checkpoints' hash in ``dvc.lock``)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch; sys.path[:0] = ['tests', '.']; torch.manual_seed(0)\n"
+        "from codea1_core.config import Config\n"
+        "from codea1_core.models.loading import build_policy\n"
+        "cfg = Config().replace(**{'model.device': 'cpu', 'model.finetune': 'lora'})\n"
+        "build_policy(sys.argv[1], cfg, 'code', 10).save(__import__('pathlib').Path(sys.argv[2]))\n"
+    )
+    configs = []
+    for seed in ("1", "2", "3"):
+        out = tmp_path / seed
+        env = {**__import__("os").environ, "PYTHONHASHSEED": seed}
+        subprocess.run([sys.executable, "-c", code, tiny_dir, str(out)], check=True, env=env, timeout=300)
+        configs.append((out / "model" / "adapter_config.json").read_text())
+    assert configs[0] == configs[1] == configs[2]
+    assert '"target_modules": [\n    "down_proj",' in configs[0]
