@@ -12,7 +12,7 @@ cannot check (no Chromium, a server or the training run that fails).
 
 With ``--prefect-url`` and ``--mlflow-url`` (the servers of ``make ui``) it trains nothing: it checks the MLflow
 run of ``--workspace``'s final export (``outputs/train/final/DONE.json``, written by ``make run``) and the latest
-``train`` flow run of the same name.
+``train`` flow run that finished it.
 
 What it does not: test the UIs' own features, or run without Chromium (``apt-get install chromium``, or
 ``chromium-headless-shell``; ``--chromium PATH`` names another binary). The selectors (``.task-run-list-item``,
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import datetime
 import json
 import os
 import re
@@ -78,13 +79,27 @@ class Check:
 # ------------------------------------------------------------------------------------------------
 # Decisions: pure functions of what the pages showed
 # ------------------------------------------------------------------------------------------------
-def check_flow_run_page(heading: dict[str, str], body: str, run_name: str, steps: int) -> list[Check]:
+def iteration_lines(steps: int) -> list[str]:
+    """The console lines a run logs that the page must show: the first and the last iteration's."""
+    return [f"it {i}/{steps}" for i in sorted({1, steps})]
+
+
+def shows_line(text: str, line: str) -> bool:
+    """Whether ``text`` has ``line`` (``it 1/2``) as whole words (not ``it 1/20``)."""
+    return re.search(rf"(?<!\S){re.escape(line)}(?!\S)", text) is not None
+
+
+def check_flow_run_page(
+    heading: dict[str, str], body: str, run_name: str, steps: int, in_api: bool = True
+) -> list[Check]:
     """The flow run page: its heading (``crumbs``, ``flow``, ``state``) names the run, the flow ``train`` and
-    the state ``Completed``; the Logs tab shows the first and last iteration's line (``it 1/2  code_r ...``)."""
+    the state ``Completed``; the Logs tab shows the first and last iteration's line (``it 1/2  code_r ...``).
+    ``in_api``: whether the API had those lines (a failure then is the page's, not the run's)."""
     want = {"crumbs": run_name, "flow": "train", "state": "Completed"}
     wrong = {k: heading.get(k, "") for k, v in want.items() if v not in heading.get(k, "").split()}
-    lines = [f"it {i}/{steps}" for i in sorted({1, steps})]
-    shown = [line for line in lines if line in body]
+    lines = iteration_lines(steps)
+    shown = [line for line in lines if shows_line(body, line)]
+    where = "" if shown == lines else "; the API has them" if in_api else "; the API has them not either"
     return [
         Check(
             "prefect: flow run page",
@@ -92,7 +107,7 @@ def check_flow_run_page(heading: dict[str, str], body: str, run_name: str, steps
             f"{heading.get('crumbs', '')} | {heading.get('flow', '')} | {heading.get('state', '')}"
             + (f"; expected {want}" if wrong else ""),
         ),
-        Check("prefect: iteration lines in the logs", shown == lines, f"shows {shown} of {lines}"),
+        Check("prefect: iteration lines in the logs", shown == lines, f"shows {shown} of {lines}{where}"),
     ]
 
 
@@ -277,8 +292,8 @@ def _get(url: str, body: dict[str, Any] | None = None) -> str:
 
 
 def mlflow_run(mlflow_url: str, run_id: str) -> dict[str, Any]:
-    """``{"experiment_id", "experiment", "run_name", "steps"}`` of an MLflow run, from the server's REST API
-    (``steps``: the run's last ``iteration`` metric)."""
+    """``{"experiment_id", "experiment", "run_name", "steps", "end_ms"}`` of an MLflow run, from the server's REST
+    API (``steps``: the run's last ``iteration`` metric; ``end_ms``: when it ended, None while it runs)."""
     run = json.loads(_get(f"{mlflow_url}/api/2.0/mlflow/runs/get?run_id={run_id}"))["run"]
     exp_id = run["info"]["experiment_id"]
     exp = json.loads(_get(f"{mlflow_url}/api/2.0/mlflow/experiments/get?experiment_id={exp_id}"))
@@ -288,21 +303,50 @@ def mlflow_run(mlflow_url: str, run_id: str) -> dict[str, Any]:
         "experiment": exp["experiment"]["name"],
         "run_name": run["info"]["run_name"],
         "steps": int(metrics.get("iteration", 0)),
+        "end_ms": run["info"].get("end_time"),
     }
 
 
-def latest_flow_run(prefect_url: str, name: str) -> str:
-    """The id of the latest ``train`` flow run named ``name``."""
-    body = {
-        "flows": {"name": {"any_": ["train"]}},
-        "flow_runs": {"name": {"any_": [name]}},
-        "sort": "START_TIME_DESC",
-        "limit": 1,
-    }
-    runs = json.loads(_get(f"{prefect_url}/api/flow_runs/filter", body))
+def flow_run_filter(end_ms: int | None) -> dict[str, Any]:
+    """The Prefect API filter for the ``train`` flow run that finished an MLflow run ending at ``end_ms``: the
+    latest one started before that end (a resumed run: the flow run that resumed and finished it).
+
+    Not by name: a flow run's name carries its overrides (``flows.common.flow_run_name``), an MLflow run's
+    name under ``dvc exp run`` the experiment's name, so neither need equal the other."""
+    body: dict[str, Any] = {"flows": {"name": {"any_": ["train"]}}, "sort": "START_TIME_DESC", "limit": 1}
+    if end_ms is not None:
+        end = datetime.datetime.fromtimestamp(int(end_ms) / 1000, tz=datetime.UTC)
+        body["flow_runs"] = {"start_time": {"before_": end.isoformat()}}
+    return body
+
+
+def finishing_flow_run(prefect_url: str, end_ms: int | None) -> tuple[str, str]:
+    """``(id, name)`` of the train flow run :func:`flow_run_filter` selects."""
+    runs = json.loads(_get(f"{prefect_url}/api/flow_runs/filter", flow_run_filter(end_ms)))
     if not runs:
-        raise CannotCheck(f"no train flow run named {name!r} on {prefect_url}")
-    return str(runs[0]["id"])
+        raise CannotCheck(f"no train flow run on {prefect_url} started before the MLflow run ended")
+    return str(runs[0]["id"]), str(runs[0]["name"])
+
+
+def wait_for_logs(prefect_url: str, flow_run_id: str, lines: list[str], timeout_s: float) -> bool:
+    """Poll the API's logs of a flow run until each of ``lines`` is there (its text search, one line at a time:
+    a long run logs thousands); whether they all came."""
+    deadline = time.monotonic() + timeout_s
+    missing = list(lines)
+    while missing:
+        line = missing[0]
+        body = {
+            "logs": {"flow_run_id": {"any_": [flow_run_id]}, "text": {"query": json.dumps(line)}},
+            "limit": 20,
+        }
+        logs = json.loads(_get(f"{prefect_url}/api/logs/filter", body))
+        if any(shows_line(str(log.get("message", "")), line) for log in logs):
+            missing.pop(0)
+        elif time.monotonic() > deadline:
+            return False
+        else:
+            time.sleep(2)
+    return True
 
 
 def workspace_run_id(workspace: Path) -> str:
@@ -339,14 +383,16 @@ def prefect_pages(
     page: Page, prefect_url: str, flow_run_id: str, run_name: str, steps: int, out: Path, timeout_s: float
 ) -> list[Check]:
     """The train flow run's page, its Task Runs tab, the tag filter at ``it=1``; a screenshot of each."""
+    # the client sends its logs in batches: wait until the API has them, so the page that loads them once does
+    in_api = wait_for_logs(prefect_url, flow_run_id, iteration_lines(steps), timeout_s)
     page.open(f"{prefect_url}/runs/flow-run/{flow_run_id}")
     # the Task Runs tab appears once the run's state has loaded; the Logs tab is open first
-    last_line = json.dumps(f"it {steps}/{steps}")
+    last_line = json.dumps(iteration_lines(steps)[-1])
     page.wait(
         f"!!document.getElementById('task-runs') && document.body.innerText.includes({last_line})", timeout_s
     )
     body = page.js("document.body.innerText") or ""
-    checks = check_flow_run_page(page.js(HEADING_JS) or {}, body, run_name, steps)
+    checks = check_flow_run_page(page.js(HEADING_JS) or {}, body, run_name, steps, in_api)
     page.screenshot(out / "prefect_flow_run.png")
     page.js("document.getElementById('task-runs') && document.getElementById('task-runs').click()")
     rows = page.wait(ROWS_JS, timeout_s) or []
@@ -517,10 +563,10 @@ def train_tiny(workdir: Path, prefect_url: str, tracking_uri: str, steps: int) -
 def check_run(
     page: Page, prefect_url: str, mlflow_url: str, run_id: str, out: Path, timeout_s: float
 ) -> list[Check]:
-    """Every item, for the MLflow run ``run_id`` and the train flow run of the same name."""
+    """Every item, for the MLflow run ``run_id`` and the train flow run that finished it."""
     run = mlflow_run(mlflow_url, run_id)
-    flow_run_id = latest_flow_run(prefect_url, run["run_name"])
-    checks = prefect_pages(page, prefect_url, flow_run_id, run["run_name"], run["steps"], out, timeout_s)
+    flow_run_id, flow_run_name = finishing_flow_run(prefect_url, run["end_ms"])
+    checks = prefect_pages(page, prefect_url, flow_run_id, flow_run_name, run["steps"], out, timeout_s)
     return checks + mlflow_page(page, mlflow_url, run_id, run, out, timeout_s)
 
 

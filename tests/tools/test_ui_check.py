@@ -47,7 +47,19 @@ def test_flow_run_page_fails_on_another_state_flow_or_run(heading: dict[str, str
 
 def test_flow_run_page_needs_the_first_and_last_iteration_line() -> None:
     _, lines = uc.check_flow_run_page(HEADING, "it 1/3  code_r .00", RUN, 3)
-    assert not lines.ok and "it 3/3" not in lines.detail.split(" of ")[0]
+    assert (
+        not lines.ok and "it 3/3" not in lines.detail.split(" of ")[0] and "the API has them" in lines.detail
+    )
+    _, lines = uc.check_flow_run_page(HEADING, "", RUN, 3, in_api=False)
+    assert not lines.ok and "not either" in lines.detail
+
+
+def test_an_iteration_line_is_whole_words() -> None:
+    assert uc.shows_line("Info it 1/2  code_r .00", "it 1/2")
+    assert uc.shows_line("it 2/2", "it 2/2")
+    assert not uc.shows_line("it 1/20  code_r .00", "it 1/2")
+    assert not uc.shows_line("split 1/2", "it 1/2")
+    assert uc.iteration_lines(1) == ["it 1/1"] and uc.iteration_lines(95) == ["it 1/95", "it 95/95"]
 
 
 def test_task_runs_named_and_tagged_pass() -> None:
@@ -93,6 +105,16 @@ def test_mlflow_page_needs_experiment_run_and_rewards() -> None:
     assert all(c.ok for c in uc.check_mlflow_page(body, "codea1", RUN, metrics))
     named, rewards = uc.check_mlflow_page(body.replace("test/reward_mean", ""), "other", RUN, metrics)
     assert not named.ok and not rewards.ok
+
+
+def test_the_flow_run_is_the_latest_train_run_started_before_the_mlflow_run_ended() -> None:
+    """Not by name: ``train-codea1-seed1-alpha0.5-grpo.lr=1e-6`` (an override) finishes the MLflow run
+    ``train-codea1-seed1-alpha0.5``."""
+    body = uc.flow_run_filter(1796505344501)
+    assert body["flows"] == {"name": {"any_": ["train"]}} and "name" not in body.get("flow_runs", {})
+    assert body["flow_runs"]["start_time"] == {"before_": "2026-12-05T21:15:44.501000+00:00"}
+    assert body["sort"] == "START_TIME_DESC" and body["limit"] == 1
+    assert "flow_runs" not in uc.flow_run_filter(None)  # still running: the latest train flow run
 
 
 def test_task_run_total_reads_the_tab_count() -> None:
