@@ -64,7 +64,7 @@ FIRST_AND_LAST = ("rollout_code", "checkpoint")
 
 
 class CannotCheck(Exception):
-    """No browser, a server that does not start, a run that is not there: exit 2 with this one line."""
+    """No browser, a server that does not start, a run that is not there: exit 2 with this message."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def check_flow_run_page(
     wrong = {k: heading.get(k, "") for k, v in want.items() if v not in heading.get(k, "").split()}
     lines = iteration_lines(steps)
     shown = [line for line in lines if shows_line(body, line)]
-    where = "" if shown == lines else "; the API has them" if in_api else "; the API has them not either"
+    where = "" if shown == lines else "; the API has them" if in_api else "; not in the API's logs either"
     return [
         Check(
             "prefect: flow run page",
