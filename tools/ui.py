@@ -63,6 +63,8 @@ def commands(prefect_port: int, mlflow_port: int, tracking_uri: str, artifacts: 
             tracking_uri,
             "--default-artifact-root",
             artifacts,
+            "--workers",  # uvicorn restarts a worker that misses its 5 s ping: several never answer on a busy box
+            "1",
         ],
     ]
 

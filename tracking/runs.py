@@ -214,7 +214,7 @@ class MlflowTracker:
         loads it, ``mlflow models serve -m models:/codea1-code@champion`` serves it)."""
         import tempfile
 
-        from mlflow.entities import LoggedModelStatus
+        from mlflow.entities import LoggedModelOutput, LoggedModelStatus
 
         name = MODEL_NAMES[role]
         if self.cfg.tracking.register and (done := registered_version(self.client, name, self.run_id, step)):
@@ -226,6 +226,8 @@ class MlflowTracker:
             )
             self.client.log_model_artifacts(logged.model_id, str(Path(tmp) / "mlmodel"))
             self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
+            # the run page's "Logged models" lists the run's model outputs, not models naming it as their source
+            self.client.log_outputs(self.run_id, [LoggedModelOutput(logged.model_id, step)])
         if not self.cfg.tracking.register:
             return None
         return register_version(self.client, name, self.run_id, logged.model_id, step, tracking_uri(self.cfg))
