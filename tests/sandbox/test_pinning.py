@@ -10,6 +10,7 @@ import ctypes
 import mmap
 import os
 import resource
+import select
 import sys
 
 import pytest
@@ -129,6 +130,7 @@ def test_a_zygote_that_cannot_pin_still_serves_children(monkeypatch):
             "io_uring" in os.readlink(f"/proc/{zyg.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{zyg.pid}/fd")
         )
         os.close(job_w)  # no job: the child reads EOF and exits by itself
+        assert select.select([pidfd], [], [], 30)[0], "the child did not exit"  # before reap kills it
         for fd in (pidfd, chan_r, out_r):
             os.close(fd)
         status = zyg.reap()
