@@ -37,6 +37,11 @@ Every accepted test also gets the generated-test gate's reason code (``ParsedSui
 (``tasks.quality.gx_gate_tests``, D5) rejects the tests whose code is not ``ok`` and does not check them
 again. Callers that do not gate (evaluation) ignore the codes.
 
+Speed: the suites written for one problem repeat asserts, so a one-line assert read while no name is bound
+is judged once per (line, entry point, settings) and its verdict memoised (:func:`clear_memo` empties it);
+a block made only of such lines is not parsed whole (the lines' statements are the block's, see
+:func:`_assert_lines`). Every other block is parsed statement by statement, with the same results.
+
 How to run: ``tests/core/method/test_parsing.py`` (includes hypothesis property tests).
 """
 
