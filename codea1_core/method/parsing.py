@@ -389,17 +389,16 @@ def _judge(
     return ParsedTest(call=call, answer=answer) if code == OK else code
 
 
-_NOT_ONE_ASSERT = "not one assert"
+_NOT_ONE_ASSERT = "<not one assert>"  # no reason code has angle brackets
 """:func:`_line_verdict` of a line that parses to something else than exactly one ``assert`` statement."""
-_UNPARSEABLE = "unparseable"
+_UNPARSEABLE = "<unparseable>"
 """:func:`_line_verdict` of a line that does not parse."""
 _MEMO_LINE_CHARS = 400
 """Longest line :func:`_line_verdict` memoises (longer ones are judged each time: the memo stays small)."""
 
 
-@functools.lru_cache(
-    maxsize=1 << 14
-)  # a problem's M x N suites repeat lines; a step parses problem by problem
+# A problem's M x N suites repeat lines, and a step parses problem by problem: a small memo holds them.
+@functools.lru_cache(maxsize=1 << 14)
 def _line_verdict(line: str, s: _Settings, count_drops: bool) -> _Verdict:
     """The verdict of one line that holds a whole assert and nothing else, with no name bound before it;
     :data:`_UNPARSEABLE` or :data:`_NOT_ONE_ASSERT` when it is not one."""
