@@ -47,12 +47,14 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 import flows  # noqa: F401  (the entry-point environment defaults, before Prefect and GX load)
 from types import SimpleNamespace
 from codea1_core.config import Config
+from codea1_core.method import parsing
 from codea1_core.method.parsing import extract_tests
 from codea1_core.method.validity import call_reason
 from codea1_core.types import Problem
 from tasks.rollout import gate_tests
 
-clear_memo = getattr(call_reason, "cache_clear", lambda: None)  # each timed run starts as a new step would
+# each timed run starts as a new step would: the parser's memos empty (a revision without them: none)
+clear_memo = getattr(parsing, "clear_memo", None) or getattr(call_reason, "cache_clear", lambda: None)
 
 data = json.loads(open(inputs, encoding="utf-8").read())
 problems = [Problem(id=pid, source="bench", split="train", prompt="", description="", entry_point=ep,

@@ -60,7 +60,7 @@ sys.path.insert(0, str(REPO))
 import flows  # noqa: E402,F401  (the entry-point environment defaults, before Prefect and GX load)
 from codea1_core.config import Config, LabConfig, load_config  # noqa: E402
 from codea1_core.data.lab import FAMILIES, call_text, evaluate_trusted, lab_problems  # noqa: E402
-from codea1_core.method.parsing import silence_parse_warnings  # noqa: E402
+from codea1_core.method.parsing import clear_memo, silence_parse_warnings  # noqa: E402
 from codea1_core.types import Problem, TestCase  # noqa: E402
 
 RECIPE = REPO / "configs" / "qwen2.5-coder-1.5b.yaml"
@@ -219,7 +219,6 @@ def run_step(
     """One step's CPU phases on ``cfg.sandbox``'s executor; returns the phases, gate rows and candidate jobs."""
     from codea1_core.method.outcomes import plan_problem
     from codea1_core.method.rewards import aggregate_metrics, score_problem
-    from codea1_core.method.validity import call_reason
     from gates.generated_tests import check_tests, gate_columns
     from sandbox import make_executor
     from tasks.execute import run_jobs
@@ -231,7 +230,7 @@ def run_step(
     # the GX context and its suite are built once per run, not per step: warm them outside the timing
     warm = parse_suites(problems[:1], test_out[:1], cfg.tests)
     check_tests(gate_columns(problems[:1], warm), cfg.tests)
-    getattr(call_reason, "cache_clear", lambda: None)()  # the parser's memo starts empty, as in a new run
+    clear_memo()  # the parser's memos start empty, as in a new run
     with make_executor(cfg.sandbox) as ex:
         ex.run_many([("def f():\n    return 1\n", ["f()"])] * 2 * cfg.sandbox.workers)  # warm pool
         with p.phase("parse") as rec:

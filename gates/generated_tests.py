@@ -95,7 +95,7 @@ def gate_columns(
 
 
 def _test_frame(rows: pd.DataFrame | dict[str, list] | list[dict[str, Any]]) -> pd.DataFrame:
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame(rows, dtype=object)  # object columns from the start: no string-array round trip
     if len(frame) and ("check" not in frame.columns or frame["check"].isna().any()):
         raise ValueError("gx_gate_tests: every row needs its 'check' code (the parser's ParsedSuite.checks)")
     frame = frame.reindex(columns=list(_COLUMNS)).reset_index(drop=True)

@@ -185,24 +185,42 @@ class ProblemPlan:
         return ""
 
     def _fill(
-        self, suite: ParsedSuite, ref: dict[str, CallOutcome], rel_tol: float, abs_tol: float
+        self,
+        suite: ParsedSuite,
+        ref: dict[str, CallOutcome],
+        rel_tol: float,
+        abs_tol: float,
+        filled: dict[str, TestCase],
+        right: dict[tuple[str, str], bool],
     ) -> _Filled:
-        """Validate and GT-fill one suite (§6.2 step 2, §6.3, D1, §18.2)."""
+        """Validate and GT-fill one suite (§6.2 step 2, §6.3, D1, §18.2).
+
+        ``filled`` (call -> its test) and ``right`` ((call, answer) -> the answer equals the GT value) are the
+        problem's memos: a call's GT value is the same in every suite, so its test and each answer's
+        comparison are made once per problem."""
         tests: list[TestCase] = []
         reasons = list(suite.reasons)
         seen: set[str] = set()
         for parsed in suite.tests:
-            gt = ref[parsed.call]
+            call = parsed.call
+            gt = ref[call]
             if gt.status != "ok":  # raises / times out / unsupported output on GT → invalid, not kept
                 reasons.append(f"gt_{gt.status}")
                 continue
-            if parsed.call in seen:  # same call ⇒ same GT value ⇒ same filled test: a duplicate
+            if call in seen:  # same call ⇒ same GT value ⇒ same filled test: a duplicate
                 reasons.append("duplicate")
                 continue
-            seen.add(parsed.call)
-            tests.append(TestCase(parsed.call, gt.value))
+            seen.add(call)
+            test = filled.get(call)
+            if test is None:
+                test = filled[call] = TestCase(call, gt.value)
+            tests.append(test)
             # The predicted answer only decides validity; the test stays kept with the GT value.
-            if not _passes(ref[parsed.answer], gt.value, rel_tol, abs_tol):
+            key = (call, parsed.answer)
+            ok = right.get(key)
+            if ok is None:
+                ok = right[key] = _passes(ref[parsed.answer], gt.value, rel_tol, abs_tol)
+            if not ok:
                 reasons.append("wrong_answer")
         return _Filled(tuple(tests), tuple(reasons))
 
@@ -251,6 +269,8 @@ class ProblemPlan:
         if problem_error:
             return self._masked(problem_error)
         valid, infra, suites, replay_passed = [], [], [], []
+        tests: dict[str, TestCase] = {}
+        right: dict[tuple[str, str], bool] = {}
         for m, (exprs, outcomes) in enumerate(zip(calls, cand_outcomes, strict=True)):
             _check_outcomes(f"candidate job {m}", outcomes, exprs, self.problem.id)
             got = dict(zip(exprs, outcomes, strict=True))
@@ -260,14 +280,20 @@ class ProblemPlan:
             replay_passed.append(
                 tuple(_passes(got[t.call], t.expected, rel_tol, abs_tol) for t in self.replay)
             )
+            failed: dict[str, bool] = {}  # call -> code m fails its test (the same in every suite)
             row = []
             for suite in self.suites[m]:
-                filled = self._fill(suite, ref, rel_tol, abs_tol)
-                fails = tuple(not _passes(got[t.call], t.expected, rel_tol, abs_tol) for t in filled.tests)
+                filled = self._fill(suite, ref, rel_tol, abs_tol, tests, right)
+                fails = []
+                for t in filled.tests:
+                    fail = failed.get(t.call)
+                    if fail is None:
+                        fail = failed[t.call] = not _passes(got[t.call], t.expected, rel_tol, abs_tol)
+                    fails.append(fail)
                 row.append(
                     SuiteOutcome(
                         tests=filled.tests,
-                        fails=fails,
+                        fails=tuple(fails),
                         invalid=len(filled.reasons),
                         reasons=filled.reasons,
                         nonprintable=suite.nonprintable,

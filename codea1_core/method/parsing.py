@@ -37,6 +37,11 @@ Every accepted test also gets the generated-test gate's reason code (``ParsedSui
 (``tasks.quality.gx_gate_tests``, D5) rejects the tests whose code is not ``ok`` and does not check them
 again. Callers that do not gate (evaluation) ignore the codes.
 
+Speed: the suites written for one problem repeat asserts, so a one-line assert read while no name is bound
+is judged once per (line, entry point, settings) and its verdict memoised (:func:`clear_memo` empties it);
+a block made only of such lines is not parsed whole (the lines' statements are the block's, see
+:func:`_assert_lines`). Every other block is parsed statement by statement, with the same results.
+
 How to run: ``tests/core/method/test_parsing.py`` (includes hypothesis property tests).
 """
 
@@ -44,11 +49,12 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import re
 import string
 import textwrap
 import warnings
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from codea1_core.method.validity import OK, answer_reason, call_reason, is_plain_literal, suite_checks
 from codea1_core.types import ParsedSuite, ParsedTest
@@ -170,33 +176,43 @@ def _chunks(source: str) -> list[str]:
     return chunks
 
 
-def _parse_items(source: str) -> list[ast.stmt | str]:
-    """Top-level statements of a block in document order, with reason codes for unusable chunks.
+class _OneLine(NamedTuple):
+    """A chunk of one line at column 0 that starts with ``assert``: judged through the memo while no name
+    is bound (:func:`_line_verdict` parses it alone, as :func:`_chunk_items` does)."""
 
-    The whole (dedented) block is parsed when it can be; otherwise each bracket-balanced chunk is
+    text: str
+
+
+def _chunk_items(chunk: str) -> list[ast.stmt | str]:
+    """The statements of one chunk parsed alone, or its reason code (see :func:`_parse_items`)."""
+    try:
+        body = ast.parse(textwrap.dedent(chunk)).body
+    except _PARSE_ERRORS:
+        return ["syntax_error"] if _ASSERT_LINE.match(chunk) else []
+    if chunk[:1].isspace():
+        return ["not_top_level" if isinstance(stmt, ast.Assert) else stmt for stmt in body]
+    return list(body)
+
+
+def _parse_items(source: str) -> list[ast.stmt | str | _OneLine]:
+    """Top-level statements of a dedented block in document order, with reason codes for unusable chunks.
+
+    The whole block is parsed when it can be; otherwise each bracket-balanced chunk is
     parsed alone (§5.2 step 2). An unparseable chunk starting with ``assert`` yields
     ``"syntax_error"``; an indented chunk (the body of a loop or function whose header broke)
-    holding an assert yields ``"not_top_level"`` — both only matter in strict mode.
+    holding an assert yields ``"not_top_level"`` — both only matter in strict mode. A chunk of one line
+    starting with ``assert`` is left to the caller, unparsed (:class:`_OneLine`).
     """
-    source = textwrap.dedent(source)
     try:
         return list(ast.parse(source).body)
     except _PARSE_ERRORS:
         pass
-    items: list[ast.stmt | str] = []
+    items: list[ast.stmt | str | _OneLine] = []
     for chunk in _chunks(source):
-        if not chunk.strip():
-            continue
-        try:
-            body = ast.parse(textwrap.dedent(chunk)).body
-        except _PARSE_ERRORS:
-            if _ASSERT_LINE.match(chunk):
-                items.append("syntax_error")
-            continue
-        if chunk[:1].isspace():
-            items.extend("not_top_level" if isinstance(stmt, ast.Assert) else stmt for stmt in body)
-        else:
-            items.extend(body)
+        if chunk.startswith("assert") and "\n" not in chunk:
+            items.append(_OneLine(chunk))
+        elif chunk.strip():
+            items.extend(_chunk_items(chunk))
     return items
 
 
@@ -330,14 +346,122 @@ def _expanded_size(node: ast.AST, sizes: dict[str, int]) -> int:
 # --------------------------------------------------------------------------------------------------
 
 
+class _Settings(NamedTuple):
+    """What a verdict depends on beside the assert itself: the entry point and the parse settings."""
+
+    entry_point: str
+    mode: ParseMode
+    max_call: int
+    max_answer: int
+    literal: bool
+
+
+_Verdict = ParsedTest | str | None
+"""An assert's verdict: the accepted test, the reason code it counts invalid, or None (dropped silently)."""
+
+
+def _judge(
+    s: _Settings, stmt: ast.Assert, env: dict[str, ast.expr], sizes: dict[str, int], count_drops: bool
+) -> _Verdict:
+    """The verdict of one assert under the names bound so far (``env``, their node counts ``sizes``)."""
+    if s.mode == "strict":
+        if sizes and _expanded_size(stmt.test, sizes) > _MAX_NODES:
+            return "too_long"
+        got = _classify_strict(_substitute(stmt.test, env), s.entry_point)
+    else:
+        got = _classify_official(stmt.test)
+        if not isinstance(got, str):
+            got = (_substitute_call_args(got[0], env), got[1])  # type: ignore[arg-type]
+    if isinstance(got, str):
+        return got if count_drops else None
+    call, answer = _unparse(got[0]), _unparse(got[1])
+    if call is None or answer is None:
+        return "syntax_error"
+    if s.max_call and len(call) > s.max_call:
+        return "call_too_long"
+    if s.max_answer and len(answer) > s.max_answer:
+        return "answer_too_long"
+    if s.literal and not is_plain_literal(answer, s.entry_point):
+        return "expected_not_literal"  # counted in every mode (module docstring)
+    code = call_reason(call, s.entry_point, any_function=s.mode == "official")
+    if code == OK:
+        code = answer_reason(answer, s.entry_point, literal=False, plain=s.literal)
+    return ParsedTest(call=call, answer=answer) if code == OK else code
+
+
+_NOT_ONE_ASSERT = "<not one assert>"  # no reason code has angle brackets
+""":func:`_line_verdict` of a line that parses to something else than exactly one ``assert`` statement."""
+_UNPARSEABLE = "<unparseable>"
+""":func:`_line_verdict` of a line that does not parse."""
+_MEMO_LINE_CHARS = 400
+"""Longest line :func:`_line_verdict` memoises (longer ones are judged each time: the memo stays small)."""
+
+
+# A problem's M x N suites repeat lines, and a step parses problem by problem: a small memo holds them.
+@functools.lru_cache(maxsize=1 << 14)
+def _line_verdict(line: str, s: _Settings, count_drops: bool) -> _Verdict:
+    """The verdict of one line that holds a whole assert and nothing else, with no name bound before it;
+    :data:`_UNPARSEABLE` or :data:`_NOT_ONE_ASSERT` when it is not one."""
+    try:
+        body = ast.parse(line).body
+    except _PARSE_ERRORS:
+        return _UNPARSEABLE
+    if len(body) != 1 or not isinstance(body[0], ast.Assert):
+        return _NOT_ONE_ASSERT
+    return _judge(s, body[0], {}, {}, count_drops)
+
+
+def clear_memo() -> None:
+    """Forget the memoised verdicts (of assert lines and of calls, :func:`~codea1_core.method.validity.call_reason`):
+    a benchmark's run starts with none, as a new training run does."""
+    _line_verdict.cache_clear()
+    call_reason.cache_clear()
+
+
+def _judge_line(line: str, s: _Settings, count_drops: bool) -> _Verdict:
+    if len(line) > _MEMO_LINE_CHARS:
+        return _line_verdict.__wrapped__(line, s, count_drops)
+    return _line_verdict(line, s, count_drops)
+
+
+def _assert_lines(source: str) -> list[str] | None:
+    """The lines of a dedented block when it holds only one-line asserts at column 0, blank lines and
+    comments, else None.
+
+    Such a block parses to the statements of its assert lines, each parsed alone: every assert line starts a
+    statement at depth 0, and when it parses alone to one assert (checked by :func:`_line_verdict`) its
+    tokens end on it with no open bracket, string or line continuation, so the tokens of the block are those
+    of its lines one after another (blank lines and comments yield none). Refused here: a carriage return
+    (it ends a line where ``split`` does not), NUL and a comment that UTF-8 cannot encode (a lone surrogate:
+    the whole block's parse fails on them) and a line ending in a backslash (a continuation).
+    """
+    if "\r" in source or "\0" in source:
+        return None
+    lines = []
+    for line in source.split("\n"):
+        if line.startswith("assert"):
+            if line.endswith("\\"):
+                return None
+            lines.append(line)
+        elif line.lstrip(" \t").startswith("#"):
+            if not line.isascii():
+                try:
+                    line.encode()
+                except UnicodeEncodeError:
+                    return None
+        elif line.strip(" \t"):
+            return None
+    return lines
+
+
 class _Collector:
     """Accumulates accepted tests and counted rejections of one response."""
 
     def __init__(
         self, entry_point: str, mode: ParseMode, max_call_chars: int, max_answer_chars: int, literal: bool
     ):
-        self.entry_point, self.mode, self.literal = entry_point, mode, literal
-        self.max_call, self.max_answer = max_call_chars, max_answer_chars
+        self.settings = _Settings(entry_point, mode, max_call_chars, max_answer_chars, literal)
+        self.entry_point, self.mode = entry_point, mode
         self.tests: list[ParsedTest] = []
         self.reasons: list[str] = []
         self.env: dict[str, ast.expr] = {}  # case A: names bound by simple assignments so far
@@ -361,50 +485,53 @@ class _Collector:
             return
         self.env[name], self.sizes[name] = _substitute(value, self.env), size
 
-    def add_assert(self, stmt: ast.Assert, env: dict[str, ast.expr], count_drops: bool) -> None:
-        if self.mode == "strict":
-            if self.sizes and _expanded_size(stmt.test, self.sizes) > _MAX_NODES:
-                self.reasons.append("too_long")
-                return
-            got = _classify_strict(_substitute(stmt.test, env), self.entry_point)
-        else:
-            got = _classify_official(stmt.test)
-            if not isinstance(got, str):
-                got = (_substitute_call_args(got[0], env), got[1])  # type: ignore[arg-type]
-        if isinstance(got, str):
-            if count_drops:
-                self.reasons.append(got)
-            return
-        call, answer = _unparse(got[0]), _unparse(got[1])
-        if call is None or answer is None:
-            self.reasons.append("syntax_error")
-        elif self.max_call and len(call) > self.max_call:
-            self.reasons.append("call_too_long")
-        elif self.max_answer and len(answer) > self.max_answer:
-            self.reasons.append("answer_too_long")
-        elif self.literal and not is_plain_literal(answer, self.entry_point):
-            self.reasons.append("expected_not_literal")  # counted in every mode (module docstring)
-        elif (code := self.refusal(call, answer)) != OK:
-            self.reasons.append(code)
-        else:
-            self.tests.append(ParsedTest(call=call, answer=answer))
-
-    def refusal(self, call: str, answer: str) -> str:
-        """The allow-list's code of a call and its answer (``ok`` when both may be run)."""
-        code = call_reason(call, self.entry_point, any_function=self.mode == "official")
-        if code == OK:
-            code = answer_reason(answer, self.entry_point, literal=False, plain=self.literal)
-        return code
+    def record(self, verdict: _Verdict) -> None:
+        if isinstance(verdict, ParsedTest):
+            self.tests.append(verdict)
+        elif verdict is not None:
+            self.reasons.append(verdict)
 
     def add_block(self, source: str) -> None:
-        """Case A: statements of one python block, with the assignment environment (§5.2)."""
+        """Case A: statements of one python block, with the assignment environment (§5.2).
+
+        A one-line assert read while no name is bound is judged through the memo: a whole block of them
+        (:func:`_assert_lines`: the same statements as the block's parse) or a chunk of a broken block."""
+        strict, settings = self.mode == "strict", self.settings
+        # A block whose first line starts with text has no margin: dedenting it only empties its blank
+        # lines, which _assert_lines reads as blank either way.
+        dedented = source[:1] in ("", " ", "\t", "\n")
+        if dedented:
+            source = textwrap.dedent(source)
+        lines = None if self.env or self.sizes else _assert_lines(source)
+        if lines is not None:
+            verdicts = [_judge_line(line, settings, strict) for line in lines]
+            if _NOT_ONE_ASSERT not in verdicts and _UNPARSEABLE not in verdicts:
+                for verdict in verdicts:
+                    self.record(verdict)
+                return
+        for item in _parse_items(source if dedented else textwrap.dedent(source)):
+            if isinstance(item, _OneLine) and not (self.env or self.sizes):
+                verdict = _judge_line(item.text, settings, strict)  # parsed alone, as _chunk_items does
+                if verdict == _UNPARSEABLE:
+                    self.add_statements(["syntax_error"] if _ASSERT_LINE.match(item.text) else [])
+                elif verdict == _NOT_ONE_ASSERT:
+                    self.add_statements(_chunk_items(item.text))
+                else:
+                    self.record(verdict)
+            elif isinstance(item, _OneLine):
+                self.add_statements(_chunk_items(item.text))
+            else:
+                self.add_statements([item])
+
+    def add_statements(self, items: list[ast.stmt | str]) -> None:
+        """Statements (and chunks' reason codes) of a block, in order."""
         strict = self.mode == "strict"
-        for stmt in _parse_items(source):
+        for stmt in items:
             if isinstance(stmt, str):
                 if strict:
                     self.reasons.append(stmt)
             elif isinstance(stmt, ast.Assert):
-                self.add_assert(stmt, self.env, count_drops=strict)
+                self.record(_judge(self.settings, stmt, self.env, self.sizes, strict))
             elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
                 self.bind(stmt)
             elif strict:  # asserts nested in loops, functions, ... cannot be used as single tests
@@ -414,16 +541,9 @@ class _Collector:
     def add_lines(self, text: str) -> None:
         """Case B: every line starting with ``assert``, no environment; bad forms count invalid."""
         for line in text.splitlines():
-            if not _ASSERT_LINE.match(line):
-                continue
-            try:
-                body = ast.parse(line.strip()).body
-            except _PARSE_ERRORS:
-                body = []
-            if len(body) == 1 and isinstance(body[0], ast.Assert):
-                self.add_assert(body[0], {}, count_drops=True)
-            else:
-                self.reasons.append("syntax_error")
+            if _ASSERT_LINE.match(line):
+                verdict = _judge_line(line.strip(), self.settings, True)
+                self.record("syntax_error" if verdict in (_NOT_ONE_ASSERT, _UNPARSEABLE) else verdict)
 
 
 def extract_tests(

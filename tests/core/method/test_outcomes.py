@@ -335,3 +335,18 @@ def test_same_plan_through_the_real_sandbox():
     assert real.suites[0][0].reasons == ("gt_error", "duplicate")
     fake_codes = run_plan(plan_problem(PROBLEM, codes[:4], [[s]] * 4, replay=[TestCase("f(6)", 7)]))
     assert fake_codes.suites == real.suites[:4] and fake_codes.replay_passed == real.replay_passed[:4]
+
+
+def test_a_call_is_filled_and_compared_once_per_problem():
+    """The assembly's memos: every suite of a problem shares one filled test per call, and a code's verdict
+    on a call is the same in each of its suites (the matrix equals the suite-by-suite reading)."""
+    s1 = suite(("f(1)", "2"), ("f(5)", "6"), ("f(2)", "99"))
+    s2 = suite(("f(5)", "7"), ("f(1)", "2"))
+    matrix = run_plan(plan_problem(PROBLEM, [GOOD, BUGGY], [[s1, s2], [s2, s1]], replay=[]))
+    first = {t.call: t for t in matrix.suites[0][0].tests}
+    for row in matrix.suites:
+        for out in row:
+            assert all(t is first[t.call] for t in out.tests)
+    assert [o.fails for o in matrix.suites[0]] == [(False, False, False), (False, False)]
+    assert [o.fails for o in matrix.suites[1]] == [(True, False), (False, True, False)]
+    assert [o.reasons for o in matrix.suites[1]] == [("wrong_answer",), ("wrong_answer",)]

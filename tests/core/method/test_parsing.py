@@ -10,8 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from codea1_core.method import parsing
 from codea1_core.method.parsing import extract_code, extract_tests, nonprintable_ratio
-from codea1_core.types import ParsedTest
+from codea1_core.types import ParsedSuite, ParsedTest
 
 
 def block(*lines: str) -> str:
@@ -346,3 +347,151 @@ def test_parse_warnings_about_generated_text_stay_off_the_console() -> None:
     assert "invalid escape sequence" in loud.stderr  # the noise exists...
     silent = subprocess.run([*run, code.format(quiet)], capture_output=True, text=True, check=True)
     assert silent.stderr == ""  # ...and is silenced
+
+
+# --------------------------------------------------------------------------------------------------
+# The memoised line path against the statement-by-statement parse
+# --------------------------------------------------------------------------------------------------
+
+
+def statement_by_statement(text: str, entry_point: str, **kwargs) -> ParsedSuite:
+    """``extract_tests`` without the line path or its memo: every block parsed whole (or chunk by chunk when
+    it is broken) and every assert judged from its statement."""
+    with pytest.MonkeyPatch.context() as mp:
+        items = parsing._parse_items
+        mp.setattr(parsing, "_assert_lines", lambda source: None)
+        mp.setattr(
+            parsing,
+            "_parse_items",
+            lambda source: [
+                stmt
+                for item in items(source)
+                for stmt in (
+                    parsing._chunk_items(item.text) if isinstance(item, parsing._OneLine) else [item]
+                )
+            ],
+        )
+        mp.setattr(parsing, "_judge_line", parsing._line_verdict.__wrapped__)
+        return extract_tests(text, entry_point, **kwargs)
+
+
+SETTINGS = [
+    {"mode": "strict"},
+    {"mode": "official"},
+    {"mode": "strict", "literal_answers": False},
+    {"mode": "official", "literal_answers": False},
+    {"mode": "strict", "max_call_chars": 12, "max_answer_chars": 4},
+]
+line_parts = st.sampled_from(
+    [
+        "assert f(1) == 2",
+        "assert f(1) == 2",  # a repeated line: a memo hit
+        "assert 3 == f([1, 2])",
+        "assert f(*[1], k=2) == {'a': (1,)}",
+        "assert f(1) != 2",
+        "assert f(1 == 2",
+        "assert f(1) == 2; y = 3",
+        "assert f(1) == 2  # why \\",
+        "assert f(y) == y",
+        "assert f(x := 1) == 1",
+        "assert f(().__class__) == 1",
+        "assert f(2) == f(2)",
+        "assert g(1) == 2",
+        "assert(f(4) == 5)",
+        "assert f('\uff45') == '\uff4c'",
+        "assertion = 1",
+        "y = f(2)",
+        "y: int = 4",
+        "f = 3",
+        "for i in range(3):",
+        "    assert f(i) == i",
+        "\tassert f(1) == 1",
+        "# a comment",
+        "   # an indented comment",
+        "# \ud800",
+        "# \x00",
+        "# a carriage return\rassert f(9) == 1",
+        "",
+        "  \t",
+        "\x0c",
+        "\r",
+        "\x00",
+        "assert f('''a",
+        "b''') == 1",
+        "assert f(1) == \\",
+        "  2",
+        "assert f(1)==2",
+        "assert f(float('nan')) == float('inf')",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.lists(line_parts, max_size=8), min_size=1, max_size=3),
+    st.sampled_from(["```python\n{}\n```", "```py\n    {}\n```", "{}", "Tests:\n{}\nDone."]),
+    st.sampled_from(SETTINGS),
+)
+def test_memoised_line_path_equals_the_statement_by_statement_parse(blocks, frame, kwargs):
+    """A block of one-line asserts is judged line by line through the memo, a broken block's one-line chunks
+    too: every result (tests, reason codes, checks) equals the whole-block parse's, for any block."""
+    text = "\n".join(frame.format("\n".join(lines)) for lines in blocks)
+    assert extract_tests(text, "f", **kwargs) == statement_by_statement(text, "f", **kwargs)
+
+
+def rendered_corpus(groups: list[tuple[list[str], str]]) -> list[tuple[str, str]]:
+    """Responses made of real asserts: one block, the same lines without a fence (case B), an indented
+    block, and blocks with a broken line, an assignment or a comment inserted."""
+    out = []
+    for i, (lines, ep) in enumerate(groups):
+        extra = [f"assert {ep}(1 == 2", "x = 3", "# é", f"    assert {ep}(2) == 1", f"assert {ep}(1) == 2 \\"]
+        changed = [*lines[: i % 4], extra[i % len(extra)], *lines[i % 4 :]]
+        for body in ("\n".join(lines), "\n".join(changed)):
+            out.append((f"```python\n{body}\n```", ep))
+        out.append(("Tests:\n" + "\n".join(lines), ep))
+        out.append(("```python\n    " + "\n    ".join(lines) + "\n```", ep))
+    return out
+
+
+def test_memoised_parse_equals_the_statement_by_statement_parse_on_the_lab_and_mbpp(shared_data_dir):
+    """The same over real asserts: MBPP's (human-written), HumanEval+'s and MBPP+'s base tests and the lab's
+    golden tests, rendered as responses (``rendered_corpus``)."""
+    import builtins
+    import json
+
+    from codea1_core.config import LabConfig
+    from codea1_core.data.datasets import load_evalplus
+    from codea1_core.data.lab import lab_problems
+
+    groups = []
+    for row in map(json.loads, (shared_data_dir / "mbpp" / "mbpp.jsonl").read_text().splitlines()):
+        tree = ast.parse(row["test_list"][0])
+        called = [
+            n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+        ]
+        groups.append((row["test_list"], next((c for c in called if c not in vars(builtins)), "f")))
+    answers = ("True", "[1.0, 2.5]", "'x'", "None", "-3")
+    for folder, source in (("humanevalplus", "humanevalplus"), ("mbppplus", "mbppplus")):
+        path = next((shared_data_dir / folder).glob("*.jsonl*"))
+        for p in load_evalplus(path, source):
+            calls = [t.call for t in (*p.tests[:10], *p.plus_tests[:10])]
+            groups.append(([f"assert {c} == {answers[i % 5]}" for i, c in enumerate(calls)], p.entry_point))
+    for p in lab_problems(LabConfig(), "train"):
+        groups.append(([f"assert {t.call} == {t.expected!r}" for t in p.tests], p.entry_point))
+    corpus = rendered_corpus(groups)
+    assert len(corpus) > 5_000
+    parsing.clear_memo()
+    for text, ep in corpus:
+        assert extract_tests(text, ep) == statement_by_statement(text, ep), text
+
+
+def test_a_block_of_one_line_asserts_is_judged_line_by_line_through_the_memo(monkeypatch):
+    """The line path: no statement of the block is parsed whole, and a line seen before is not parsed again."""
+    monkeypatch.setattr(parsing, "_parse_items", lambda source: pytest.fail("parsed statement by statement"))
+    parsing.clear_memo()
+    text = block("assert f(1) == 2", "", "# the edge", "assert f(2) == 3")
+    first = extract_tests(text, "f")
+    assert calls_answers(first) == [("f(1)", "2"), ("f(2)", "3")]
+    assert extract_tests(text, "f") == first
+    info = parsing._line_verdict.cache_info()
+    assert (info.misses, info.hits) == (2, 2)
