@@ -456,6 +456,15 @@ class Policy:
             return [([pad], [pad])]
         return [(batch.prompt_ids[i], batch.completion_ids[i]) for i in micro]
 
+    def update_gives_old_logprobs(self, mini_batches: int) -> bool:
+        """True when the update's own forward gives the old log-probs bit for bit, so :meth:`step` runs no
+        pass for them: one mini-batch (its forward sees the weights the old pass would see, in the same
+        micro-batches), one process (no DDP/FSDP2 wrapper), and no dropout anywhere (training and eval mode then
+        run the same ops; grad mode does not change a kernel's result: ``tests/core/models/test_policy.py``)."""
+        if mini_batches != 1 or self.data_parallel is not None or self.dist_module is not None:
+            return False
+        return not _has_dropout(self.model)
+
     @torch.no_grad()
     def _logprobs_no_grad(
         self, batch: TrainBatch, idx: list[int], reference: bool
@@ -500,7 +509,8 @@ class Policy:
     def step(self, batch: TrainBatch) -> dict[str, float]:
         """One GRPO training step (docs/method.md §10): mini-batches x exact token-mean micro-batches.
 
-        Old log-probs are recomputed with the current weights when ``batch.old_logprobs`` is None, and
+        Old log-probs are recomputed with the current weights when ``batch.old_logprobs`` is None (by the
+        update's own forward where that gives them bit for bit, :meth:`update_gives_old_logprobs`), and
         reference log-probs come from the adapter-disabled model (LoRA) or the frozen copy (full), both
         before the first update (§3 step 13). One optimizer step per mini-batch, one scheduler step per call.
         With ``grpo.skip_zero_variance_groups`` (D9) the samples of zero-variance groups are left out entirely.
@@ -516,13 +526,17 @@ class Policy:
         )  # D9 skips zero-variance GROUPS, not a member of a spread group that sits exactly at the mean
         train_idx = [i for i in all_idx if not (g.skip_zero_variance_groups and i in flat)]
         lr = self.optimizer.param_groups[0]["lr"]
-        if batch.old_logprobs is None:
-            old = self._logprobs_no_grad(batch, train_idx, reference=False)
-        else:
+        n_mb = max(1, g.mini_batches)
+        old: dict[int, torch.Tensor] | None
+        if batch.old_logprobs is not None:
             old = {i: torch.tensor(batch.old_logprobs[i], dtype=torch.float32) for i in train_idx}
+        elif self.update_gives_old_logprobs(n_mb):
+            old = None  # the update's own forward computes them, bit for bit (no pass of their own)
+        else:
+            old = self._logprobs_no_grad(batch, train_idx, reference=False)
         ref = self._logprobs_no_grad(batch, train_idx, reference=True)
         sums = dict.fromkeys(("loss", "pg_loss", "kl", "clip_frac", "dual_clip_frac", "entropy"), 0.0)
-        norms, n_mb = [], max(1, g.mini_batches)
+        norms: list[float] = []
         self.model.train()
         dp = self.data_parallel
         for k in range(n_mb):
@@ -556,10 +570,11 @@ class Policy:
         return metrics
 
     def _update(
-        self, batch: TrainBatch, mb_idx: list[int], old: dict, ref: dict, sums: dict, mb_tokens: int
+        self, batch: TrainBatch, mb_idx: list[int], old: dict | None, ref: dict, sums: dict, mb_tokens: int
     ) -> float:
         """One optimizer step on one mini-batch of ``mb_tokens`` completion tokens (over all ranks); adds
-        token-weighted metric sums; returns the grad norm."""
+        token-weighted metric sums; returns the grad norm. ``old`` None: the old log-probs are this forward's
+        own (:meth:`update_gives_old_logprobs`)."""
         from codea1_core.method.grpo import policy_loss
         from codea1_core.models.distributed import grad_sync
 
@@ -573,7 +588,9 @@ class Policy:
                 if not micro:  # dummy micro-batch (another rank has more): zero weight, same collectives
                     (lp.sum() * 0.0).backward()
                     continue
-                old_t = _pad_rows([old[i] for i in micro]).to(lp.device)
+                old_t = (
+                    lp.detach().clone() if old is None else _pad_rows([old[i] for i in micro]).to(lp.device)
+                )
                 ref_t = _pad_rows([ref[i] for i in micro]).to(lp.device)
                 adv = torch.tensor([float(batch.advantages[i]) for i in micro], device=lp.device)
                 # Dividing by the mini-batch's token count makes the sum over micro-batches its token mean
@@ -621,6 +638,28 @@ class Policy:
     def export(self, path: str | Path) -> Path:
         """A standalone HF model directory (LoRA merged into a copy) + tokenizer, written atomically."""
         return policy_io.export_policy(self, Path(path))
+
+
+def _has_dropout(model: Any) -> bool:
+    """Whether training mode can change ``model``'s numbers: a dropout module with p > 0, or a config rate
+    (``attention_dropout``, ``resid_pdrop``, ...) above 0 that a forward applies functionally in training mode."""
+    dropouts = (
+        torch.nn.Dropout,
+        torch.nn.Dropout1d,
+        torch.nn.Dropout2d,
+        torch.nn.Dropout3d,
+        torch.nn.AlphaDropout,
+        torch.nn.FeatureAlphaDropout,
+    )
+    if any(isinstance(m, dropouts) and m.p > 0 for m in model.modules()):
+        return True
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    rates = config.to_dict() if hasattr(config, "to_dict") else {}
+    return any(
+        ("dropout" in key or "pdrop" in key) and isinstance(value, int | float) and value > 0
+        for key, value in rates.items()
+    )
 
 
 def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:

@@ -235,6 +235,51 @@ def test_given_old_logprobs_match_recomputed(tiny_dir):
     assert m_a["loss"] == pytest.approx(m_b["loss"], abs=1e-4)
 
 
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+def test_update_forward_gives_the_old_logprobs_bit_for_bit(tiny_dir, monkeypatch, finetune):
+    """One mini-batch, no dropout: the old log-probs come from the update's own forward (no pass of their own),
+    and the step's weights and metrics are bitwise those of a step that runs the separate old pass."""
+    cfg = {"grpo.mini_batches": 1, "model.finetune": finetune}
+    reused, separate = make_policy(tiny_dir, **cfg), make_policy(tiny_dir, **cfg)
+    batch = rollout_batch(reused)
+    assert reused.update_gives_old_logprobs(1)
+    monkeypatch.setattr(separate, "update_gives_old_logprobs", lambda mini_batches: False)
+    passes: list[bool] = []
+    for pol in (reused, separate):
+        run = pol._logprobs_no_grad
+        monkeypatch.setattr(
+            pol,
+            "_logprobs_no_grad",
+            lambda b, i, reference, run=run: passes.append(reference) or run(b, i, reference),
+        )
+    for _ in range(2):  # the second step: weights moved by the first, old != reference log-probs
+        passes.clear()
+        m_reused = reused.step(batch)
+        assert passes == [True]  # the reference pass only
+        m_separate = separate.step(batch)
+        assert passes == [True, False, True]
+        m_reused.pop("seconds"), m_separate.pop("seconds")
+        assert m_reused == m_separate
+        assert m_reused["grad_norm"] > 0
+        for k, v in params(separate.model, trainable=True).items():
+            assert torch.equal(params(reused.model, trainable=True)[k], v), k
+
+
+def test_dropout_or_several_mini_batches_keep_the_old_logprob_pass(tiny_dir):
+    """Training mode changes the numbers under dropout; a second mini-batch sees updated weights."""
+    assert not make_policy(tiny_dir, **{"grpo.mini_batches": 2}).update_gives_old_logprobs(2)
+    dropout = make_policy(tiny_dir, **{"grpo.mini_batches": 1, "model.lora_dropout": 0.1})
+    assert not dropout.update_gives_old_logprobs(1)
+    passes: list[bool] = []
+    run = dropout._logprobs_no_grad
+    dropout._logprobs_no_grad = lambda b, i, reference: passes.append(reference) or run(b, i, reference)
+    dropout.step(rollout_batch(dropout))
+    assert passes == [False, True]
+    attention = make_policy(tiny_dir, **{"grpo.mini_batches": 1, "model.finetune": "full"})
+    attention.model.config.attention_dropout = 0.1  # applied functionally in training mode, no module
+    assert not attention.update_gives_old_logprobs(1)
+
+
 def test_skip_zero_variance_groups(tiny_dir):
     pol = make_policy(tiny_dir, **{"grpo.skip_zero_variance_groups": True})
     batch = rollout_batch(pol)
