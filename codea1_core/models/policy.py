@@ -654,8 +654,8 @@ def _has_dropout(model: Any) -> bool:
     if any(isinstance(m, dropouts) and m.p > 0 for m in model.modules()):
         return True
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    config = getattr(base, "config", None)
-    rates = config.to_dict() if hasattr(config, "to_dict") else {}
+    to_dict = getattr(getattr(base, "config", None), "to_dict", None)
+    rates = to_dict() if callable(to_dict) else {}
     return any(
         ("dropout" in key or "pdrop" in key) and isinstance(value, int | float) and value > 0
         for key, value in rates.items()
