@@ -459,9 +459,13 @@ class Policy:
     def update_gives_old_logprobs(self, mini_batches: int) -> bool:
         """True when the update's own forward gives the old log-probs bit for bit, so :meth:`step` runs no
         pass for them: one mini-batch (its forward sees the weights the old pass would see, in the same
-        micro-batches), one process (no DDP/FSDP2 wrapper), and no dropout anywhere (training and eval mode then
-        run the same ops; grad mode does not change a kernel's result: ``tests/core/models/test_policy.py``)."""
+        micro-batches), one process (no DDP/FSDP2 wrapper), no dropout anywhere (training and eval mode then
+        run the same ops) and the CPU (grad mode does not change a CPU kernel's result:
+        ``tests/core/models/test_policy.py``; a GPU library may pick another kernel with grad, so there the pass
+        runs as the reference implementation runs it)."""
         if mini_batches != 1 or self.data_parallel is not None or self.dist_module is not None:
+            return False
+        if self.device.type != "cpu":
             return False
         return not _has_dropout(self.model)
 

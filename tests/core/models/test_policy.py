@@ -278,6 +278,11 @@ def test_dropout_or_several_mini_batches_keep_the_old_logprob_pass(tiny_dir):
     attention = make_policy(tiny_dir, **{"grpo.mini_batches": 1, "model.finetune": "full"})
     attention.model.config.attention_dropout = 0.1  # applied functionally in training mode, no module
     assert not attention.update_gives_old_logprobs(1)
+    gpu = make_policy(tiny_dir, **{"grpo.mini_batches": 1})
+    gpu.device = torch.device(
+        "cuda"
+    )  # not moved: only the decision is asked (a GPU kernel may differ with grad)
+    assert not gpu.update_gives_old_logprobs(1)
 
 
 def test_skip_zero_variance_groups(tiny_dir):
