@@ -372,6 +372,16 @@ def random_qwen2(name: str, lora: bool = False):
 # ------------------------------------------------------------------------------------------------
 
 
+def fd_targets(pid: int) -> dict[str, str]:
+    """``{descriptor: what it points at}`` of ``pid`` (``/proc/<pid>/fd``); one closed while being listed (the
+    process runs on) is left out."""
+    targets = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):
+            targets[fd] = os.readlink(f"/proc/{pid}/fd/{fd}")
+    return targets
+
+
 @contextlib.contextmanager
 def mounted_tmpfs(mnt: Path, size: str, why: str, unmounts: int = 1) -> Iterator[Path]:
     """A real tmpfs of ``size`` mounted on the new folder ``mnt`` (a full disk, a store to break, a read-only

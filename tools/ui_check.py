@@ -350,12 +350,21 @@ def wait_for_logs(prefect_url: str, flow_run_id: str, lines: list[str], timeout_
 
 
 def workspace_run_id(workspace: Path) -> str:
-    """The MLflow run id of the workspace's final export (``final/DONE.json``)."""
+    """The MLflow run id of the workspace's final export: the config ``final/DONE.json`` names, looked up in the
+    folder's record of runs (``tracking.results.recorded_run_id``)."""
+    from tracking.results import RUNS_FILE, recorded_run_id
+
     done = workspace / "final" / "DONE.json"
     try:
-        return str(json.loads(done.read_text())["run_id"])
-    except (OSError, ValueError, KeyError) as exc:
+        fingerprint = str(json.loads(done.read_text())["fingerprint"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CannotCheck(f"{done}: no finished training run there ({exc}); run `make run` first") from exc
+    run_id = recorded_run_id(workspace, fingerprint)
+    if run_id is None:
+        raise CannotCheck(
+            f"{workspace / RUNS_FILE}: no MLflow run recorded for {done}'s config; run `make run` first"
+        )
+    return run_id
 
 
 # ------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import fd_targets
 
 from sandbox import ExecLimits, ProcessExecutor
 
@@ -242,11 +243,7 @@ def test_the_pages_every_child_writes_are_copied_at_fork():
         one.run_many(jobs[:20])
         worker = one._workers[0].proc.pid
         zygote = int(Path(f"/proc/{worker}/task/{worker}/children").read_text().split()[0])
-        rings = [
-            fd
-            for fd in os.listdir(f"/proc/{zygote}/fd")
-            if "io_uring" in os.readlink(f"/proc/{zygote}/fd/{fd}")
-        ]
+        rings = [fd for fd, target in fd_targets(zygote).items() if "io_uring" in target]
         assert len(rings) == 1, "the zygote holds no pinned pages"
         info = Path(f"/proc/{zygote}/fdinfo/{rings[0]}").read_text()
         assert "UserBufs:\t0" not in info, info[:400]

@@ -199,3 +199,15 @@ def test_ui_check_passes_on_a_real_run(tmp_path: Path, repo_root: Path) -> None:
     shots = sorted(p.stem for p in out.glob("*.png"))
     assert shots == ["mlflow_run", "prefect_flow_run", "prefect_task_runs", "prefect_task_runs_it1"]
     assert all((out / f"{s}.png").stat().st_size > 10_000 for s in shots)
+
+
+def test_the_workspace_run_is_the_one_recorded_for_the_finished_config(tmp_path: Path) -> None:
+    from tracking.results import record_run_id
+
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / "DONE.json").write_text('{"iteration": 2, "fingerprint": "fp-a"}')
+    with pytest.raises(uc.CannotCheck, match="no MLflow run recorded"):
+        uc.workspace_run_id(tmp_path)
+    record_run_id(tmp_path, "fp-b", "run-b")
+    record_run_id(tmp_path, "fp-a", "run-a")
+    assert uc.workspace_run_id(tmp_path) == "run-a"
