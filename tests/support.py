@@ -372,6 +372,26 @@ def random_qwen2(name: str, lora: bool = False):
 # ------------------------------------------------------------------------------------------------
 
 
+def bare_zygote():
+    """A sandbox zygote without namespaces, uid change or cgroups, forked from this process: for the tests that
+    look at one of its children (``take`` / ``reap``); the caller closes it."""
+    from sandbox import ExecLimits, child, zygote
+
+    ctx = {
+        "lim": ExecLimits(call_timeout_s=2.0, program_timeout_s=5.0),
+        "uid": None,
+        "private_tmp": [],
+        "cgroup_fds": [],
+        "cgroup_dirs": [],
+        "ipc": False,
+        "pidns": False,
+        "n": 0,
+        "peak_fds": [],
+    }
+    child._deny_layers({"deny": "off"}, {"private_tmp": []}, ctx)
+    return zygote.Zygote(ctx, close_fds=())
+
+
 def fd_targets(pid: int) -> dict[str, str]:
     """``{descriptor: what it points at}`` of ``pid`` (``/proc/<pid>/fd``); one closed while being listed (the
     process runs on) is left out."""

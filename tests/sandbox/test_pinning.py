@@ -14,7 +14,7 @@ import select
 import sys
 
 import pytest
-from support import fd_targets
+from support import bare_zygote, fd_targets
 
 from sandbox.pinning import PAGE, common_runs, pin, written_pages
 
@@ -106,25 +106,13 @@ def test_common_runs_keeps_the_pages_in_both_as_runs():
 def test_a_zygote_that_cannot_pin_still_serves_children(monkeypatch):
     """Pinning is an optimisation: where io_uring is unavailable the zygote pins nothing and its children
     run as before. A zygote without namespaces, forked from this process with ``pin`` failing."""
-    from sandbox import ExecLimits, child, pinning, zygote
+    from sandbox import pinning
 
     def unavailable(runs):
         raise OSError(38, "io_uring_setup: Function not implemented")
 
     monkeypatch.setattr(pinning, "pin", unavailable)
-    ctx = {
-        "lim": ExecLimits(call_timeout_s=2.0, program_timeout_s=5.0),
-        "uid": None,
-        "private_tmp": [],
-        "cgroup_fds": [],
-        "cgroup_dirs": [],
-        "ipc": False,
-        "pidns": False,
-        "n": 0,
-        "peak_fds": [],
-    }
-    child._deny_layers({"deny": "off"}, {"private_tmp": []}, ctx)
-    zyg = zygote.Zygote(ctx, close_fds=())
+    zyg = bare_zygote()
     try:
         pidfd, _tmp, job_w, chan_r, out_r = zyg.take()  # (offered after the probes)
         assert not any("io_uring" in target for target in fd_targets(zyg.pid).values())  # nothing pinned

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import fd_targets
+from support import bare_zygote, fd_targets
 
 from sandbox import ExecLimits, ProcessExecutor
 
@@ -200,21 +200,7 @@ def test_the_worker_watches_each_child_through_the_zygotes_pidfd():
     syscalls of the worker's ~28). A zygote without namespaces, forked from this process."""
     import select
 
-    from sandbox import child, zygote
-
-    ctx = {
-        "lim": ExecLimits(call_timeout_s=2.0, program_timeout_s=5.0),
-        "uid": None,
-        "private_tmp": [],
-        "cgroup_fds": [],
-        "cgroup_dirs": [],
-        "ipc": False,
-        "pidns": False,
-        "n": 0,
-        "peak_fds": [],
-    }
-    child._deny_layers({"deny": "off"}, {"private_tmp": []}, ctx)
-    zyg = zygote.Zygote(ctx, close_fds=())
+    zyg = bare_zygote()
     try:
         pidfd, tmp, job_w, chan_r, out_r = zyg.take()
         os.close(job_w)  # no job: the child reads EOF and exits by itself
