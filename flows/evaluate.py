@@ -17,8 +17,8 @@ What it does (docs/method.md §13), read top to bottom:
      ``delta/<key>`` = trained - warm start for every rate (``eval.baseline: false`` turns it off);
   5. write ``<eval.out_dir>/metrics.json`` (DVC metrics, flat keys such as ``code/humanevalplus/plus/pass@1``)
      and ``report.html`` (plots embedded; training curves from ``<checkpoint_dir>/history.csv`` when
-     present; its "Run" table keeps the git commit, the run ids go to ``runs.json`` beside it: DVC outputs hold
-     only what the evaluation decides); log the same numbers and the report with the ids to MLflow through
+     present; its "Run" table points at ``runs.json`` beside it, which holds the git commit and run ids: DVC
+     outputs hold only what the evaluation decides); log the same numbers and the report with the ids to MLflow through
      ``tracking.results`` (``@`` becomes ``_at_`` there, as MLflow metric names cannot hold ``@``).
 
 What it does not: train or register models (``flows/register.py`` reads ``metrics.json``).
@@ -446,32 +446,30 @@ def _evaluate(
 
 
 RUN_IDS_FILE = "runs.json"
-"""Beside ``report.html``, not a DVC output: the ids of this evaluation's Prefect flow run and MLflow runs."""
-REPORT_KEPT = ("git commit",)
-"""The "Run" rows the workspace's ``report.html`` (a DVC output) keeps: the same for every run of the same inputs."""
+"""Beside ``report.html``, not a DVC output: the git commit, Prefect flow run and MLflow runs of this evaluation."""
 
 
 def workspace_page(page: str, context: dict[str, str], out_dir: Path) -> str:
-    """``page`` with its "Run" table cut to :data:`REPORT_KEPT` (ids and links differ on every run, so the DVC
-    output holding them would change ``dvc.lock`` whatever the evaluation decides); the rest goes to
-    :data:`RUN_IDS_FILE` and stays in the report logged to MLflow."""
+    """``page`` with its "Run" table replaced by a pointer to :data:`RUN_IDS_FILE`, which gets the table's rows.
+
+    Why: the commit, ids and links differ between two runs of the same inputs (new runs; a later commit, such as
+    the one that records the first run's ``dvc.lock``), so the DVC output holding them would change ``dvc.lock``
+    whatever the evaluation decides. The report logged to MLflow keeps the whole table."""
     from codea1_core.atomic import write_json_atomic
     from codea1_core.evaluation.report import context_table
 
-    kept = {k: v for k, v in context.items() if k in REPORT_KEPT}
-    ids = {k: v for k, v in context.items() if k not in REPORT_KEPT}
-    if not ids:
+    if not context:
         return page
-    write_json_atomic(out_dir / RUN_IDS_FILE, ids)
-    kept["run ids"] = (
-        f"{out_dir / RUN_IDS_FILE} (Prefect, MLflow) and this report's copy in the MLflow evaluate run"
-    )
+    write_json_atomic(out_dir / RUN_IDS_FILE, context)
     full = context_table(context)
     if full not in page:
         raise RuntimeError(
             "render_report no longer writes context_table(context) as it is: keep the two in step"
         )
-    return page.replace(full, context_table(kept), 1)
+    where = (
+        f"{out_dir / RUN_IDS_FILE} (git commit, Prefect and MLflow runs), and this report's copy in MLflow"
+    )
+    return page.replace(full, context_table({"run": where}), 1)
 
 
 def evaluate(
