@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -61,10 +62,48 @@ class ServerStartError(RuntimeError):
     """The Prefect server did not answer its health check in time (the message carries its log's tail)."""
 
 
-def _free_port() -> int:
+ADDRESS_IN_USE = "already in use"
+"""What a server's log says when its port was taken between :func:`free_port` and its bind: uvicorn's "[Errno 98]
+... address already in use", ``prefect server start``'s own check "Port N is already in use"."""
+START_ATTEMPTS = 3
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 49152, 65535  # IANA's dynamic range: BSD, macOS, Windows
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` free now, for a server started next.
+
+    Chosen outside the kernel's ephemeral range when it can be: every outgoing connection on the machine takes
+    its local port from that range, so a port picked there (``bind(0)``) can be taken before the server binds it.
+    A port outside it can still be taken by another server: starters retry on :data:`ADDRESS_IN_USE`.
+    """
+    low, high = _ephemeral_range()
+    candidates = [p for p in range(10_000, 65_536) if not low <= p <= high]
+    rng = random.SystemRandom()
+    for port in rng.sample(candidates, min(64, len(candidates))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_taken(log: Path) -> bool:
+    """Whether a server that exited says in ``log`` that its port was in use (start it again on another)."""
+    try:
+        return ADDRESS_IN_USE in log.read_text(errors="replace").lower()
+    except OSError:
+        return False
 
 
 def _healthy(api_url: str) -> bool:
@@ -104,8 +143,9 @@ class Guard:
     """The guard process of this runner: it starts the temporary server as its own child and, should the runner
     die, stops the running stage's process group first, then the server (:mod:`flows.guard`)."""
 
-    def __init__(self, proc: subprocess.Popen) -> None:
+    def __init__(self, proc: subprocess.Popen, api_url: str = "") -> None:
         self.proc = proc
+        self.api_url = api_url
 
     def stage_group(self, pgid: int | None) -> None:
         """Tell the guard which process group runs a stage now (None: none)."""
@@ -162,45 +202,63 @@ def shared_api(timeout_s: float = STARTUP_TIMEOUT_S, stop_timeout_s: float = 120
     if existing:
         yield existing
         return
-    port = _free_port()
-    api_url = f"http://127.0.0.1:{port}/api"
-    fd, name = tempfile.mkstemp(prefix="codea1-prefect-server-", suffix=".log")
-    os.close(fd)
-    log = Path(name)
-    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--no-ui", "--analytics-off"]
-    root = dvc_root()
-    guard_cmd = [sys.executable, "-I", GUARD, str(os.getpid()), str(stop_timeout_s), "--log", str(log)]
-    guard_cmd += ["--api", api_url]
-    guard_cmd += ["--dvc-root", str(root)] if root else []
-    guard = Guard(
-        subprocess.Popen(
-            [*guard_cmd, "--server", *cmd],
-            stdin=subprocess.PIPE,
-            env={**os.environ, **SERVICES_ENV},
-            start_new_session=True,
-            preexec_fn=guard_preexec,
-        )
-    )
+    guard, log = _start_server(timeout_s, stop_timeout_s)
     try:
-        deadline = time.monotonic() + timeout_s
-        while not _healthy(api_url):
-            if guard.proc.poll() is not None or time.monotonic() > deadline:
-                why = (
-                    f"exited with code {guard.proc.returncode}"
-                    if guard.proc.poll() is not None
-                    else f"no answer in {timeout_s:.0f} s"
-                )
-                raise ServerStartError(f"the Prefect server {why}; the end of its log:\n{_tail(log)}")
-            time.sleep(0.25)
-        os.environ["PREFECT_API_URL"] = api_url
+        os.environ["PREFECT_API_URL"] = guard.api_url
         _GUARD = guard
-        yield api_url
+        yield guard.api_url
     finally:
         _GUARD = None
         os.environ.pop("PREFECT_API_URL", None)
         guard.close(STOP_TIMEOUT_S + 5)
         log.unlink(missing_ok=True)
+
+
+def _start_server(timeout_s: float, stop_timeout_s: float) -> tuple[Guard, Path]:
+    """Start the guard and its server on a free port and wait until the API answers; on a port taken between
+    the pick and the bind, again on another (:data:`START_ATTEMPTS` in all). Returns the guard and the log."""
+    root = dvc_root()
+    for attempt in range(1, START_ATTEMPTS + 1):
+        port = free_port()
+        api_url = f"http://127.0.0.1:{port}/api"
+        fd, name = tempfile.mkstemp(prefix="codea1-prefect-server-", suffix=".log")
+        os.close(fd)
+        log = Path(name)
+        cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+        cmd += ["--no-ui", "--analytics-off"]
+        guard_cmd = [sys.executable, "-I", GUARD, str(os.getpid()), str(stop_timeout_s), "--log", str(log)]
+        guard_cmd += ["--api", api_url]
+        guard_cmd += ["--dvc-root", str(root)] if root else []
+        guard = Guard(
+            subprocess.Popen(
+                [*guard_cmd, "--server", *cmd],
+                stdin=subprocess.PIPE,
+                env={**os.environ, **SERVICES_ENV},
+                start_new_session=True,
+                preexec_fn=guard_preexec,
+            ),
+            api_url,
+        )
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not _healthy(api_url):
+                if guard.proc.poll() is not None or time.monotonic() > deadline:
+                    why = (
+                        f"exited with code {guard.proc.returncode}"
+                        if guard.proc.poll() is not None
+                        else f"no answer in {timeout_s:.0f} s"
+                    )
+                    raise ServerStartError(f"the Prefect server {why}; the end of its log:\n{_tail(log)}")
+                time.sleep(0.25)
+        except BaseException as exc:
+            retry = isinstance(exc, ServerStartError) and attempt < START_ATTEMPTS and port_taken(log)
+            guard.close(STOP_TIMEOUT_S + 5)
+            log.unlink(missing_ok=True)
+            if retry:
+                continue
+            raise
+        return guard, log
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 class Terminated(KeyboardInterrupt):

@@ -18,7 +18,6 @@ import logging
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -441,9 +440,10 @@ def log_lines(*loggers: str, fmt: str = "%(levelname)s: %(message)s") -> Iterato
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port for a server a test starts (outside the ephemeral range: see ``flows.prefect_server``)."""
+    from flows.prefect_server import free_port as pick
+
+    return pick()
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:

@@ -446,14 +446,6 @@ def mlflow_page(
 # ------------------------------------------------------------------------------------------------
 # A temporary Prefect server, MLflow UI and training run
 # ------------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _tail(path: Path, lines: int = 5) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -464,39 +456,63 @@ def _tail(path: Path, lines: int = 5) -> str:
 @contextlib.contextmanager
 def servers(workdir: Path, timeout_s: float) -> Iterator[tuple[str, str, str]]:
     """A Prefect server with its UI and the MLflow UI on free ports, their state under ``workdir``; yields
-    ``(prefect_url, mlflow_url, tracking_uri)`` once both answer, stops both on leaving."""
-    from flows.prefect_server import SERVICES_ENV
+    ``(prefect_url, mlflow_url, tracking_uri)`` once both answer, stops both on leaving. A server whose port was
+    taken between the pick and its bind is started again on other ports."""
+    from flows.prefect_server import START_ATTEMPTS
 
-    pp, mp = _free_port(), _free_port()
+    for attempt in range(1, START_ATTEMPTS + 1):
+        procs: dict[str, subprocess.Popen] = {}
+        try:
+            urls = _start_servers(workdir, timeout_s, procs)
+        except PortTaken:
+            stop(list(procs.values()))
+            if attempt == START_ATTEMPTS:
+                raise
+            continue
+        except BaseException:
+            stop(list(procs.values()))
+            raise
+        try:
+            yield urls
+        finally:
+            stop(list(procs.values()))
+        return
+
+
+class PortTaken(CannotCheck):
+    """A server exited because another process bound its port first."""
+
+
+def _start_servers(
+    workdir: Path, timeout_s: float, procs: dict[str, subprocess.Popen]
+) -> tuple[str, str, str]:
+    """Start both servers into ``procs`` and wait until both answer; returns their URLs and the tracking URI."""
+    from flows.prefect_server import SERVICES_ENV, free_port, port_taken
+
+    pp, mp = free_port(), free_port()
+    while mp == pp:
+        mp = free_port()
     tracking_uri = f"sqlite:///{workdir / 'mlflow.db'}"
     prefect_cmd, mlflow_cmd = commands(pp, mp, tracking_uri, str(workdir / "artifacts"))
-    # one worker: uvicorn's supervisor restarts workers that miss its 5 s health ping, and on a busy machine
-    # each of the default four, still importing MLflow, misses it: the UI never answers
-    mlflow_cmd += ["--workers", "1"]
     home = {"PREFECT_HOME": str(workdir / "prefect-home")}
     envs = {"Prefect": {**prefect_env(pp), **SERVICES_ENV, **home}, "MLflow": {**os.environ, **home}}
     health = {"Prefect": f"http://127.0.0.1:{pp}/api/health", "MLflow": f"http://127.0.0.1:{mp}/health"}
-    procs: dict[str, subprocess.Popen] = {}
-    try:
-        for name, cmd in zip(envs, (prefect_cmd, mlflow_cmd), strict=True):
-            with (workdir / f"{name}.log").open("wb") as log:
-                procs[name] = subprocess.Popen(
-                    cmd, env=envs[name], stdout=log, stderr=log, start_new_session=True
-                )
-        deadline = time.monotonic() + timeout_s
-        while waiting := [name for name in procs if not answers(health[name])]:
-            for name in waiting:
-                code = procs[name].poll()
-                if code is not None or time.monotonic() > deadline:
-                    why = (
-                        f"exited with code {code}" if code is not None else f"no answer in {timeout_s:.0f} s"
-                    )
-                    log_tail = _tail(workdir / f"{name}.log")
-                    raise CannotCheck(f"the {name} server {why}; the end of its log:\n{log_tail}")
-            time.sleep(1)
-        yield f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{mp}", tracking_uri
-    finally:
-        stop(list(procs.values()))
+    for name, cmd in zip(envs, (prefect_cmd, mlflow_cmd), strict=True):
+        with (workdir / f"{name}.log").open("wb") as log:
+            procs[name] = subprocess.Popen(
+                cmd, env=envs[name], stdout=log, stderr=log, start_new_session=True
+            )
+    deadline = time.monotonic() + timeout_s
+    while waiting := [name for name in procs if not answers(health[name])]:
+        for name in waiting:
+            code = procs[name].poll()
+            if code is not None or time.monotonic() > deadline:
+                why = f"exited with code {code}" if code is not None else f"no answer in {timeout_s:.0f} s"
+                log_path = workdir / f"{name}.log"
+                error = PortTaken if code is not None and port_taken(log_path) else CannotCheck
+                raise error(f"the {name} server {why}; the end of its log:\n{_tail(log_path)}")
+        time.sleep(1)
+    return f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{mp}", tracking_uri
 
 
 def train_tiny(workdir: Path, prefect_url: str, tracking_uri: str, steps: int) -> str:

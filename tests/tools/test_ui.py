@@ -11,14 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support import free_port
 
 from tools.ui import prefect_env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _listening(port: int) -> bool:
@@ -41,7 +36,7 @@ def test_prefect_child_env_follows_the_port(monkeypatch: pytest.MonkeyPatch) -> 
 def test_ui_api_url_follows_port_and_sigterm_stops_both(tmp_path: Path, repo_root: Path) -> None:
     import httpx
 
-    pp, mp = _free_port(), _free_port()
+    pp, mp = free_port(), free_port()
     env = dict(
         os.environ,
         PREFECT_HOME=str(tmp_path / "ph"),

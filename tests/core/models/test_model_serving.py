@@ -13,7 +13,6 @@ import ast
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from support import free_port
 
 from codea1_core.config import Config
 from codea1_core.method.prompts import CODE_INSTRUCTION, CODE_SYSTEM, TEST_SYSTEM
@@ -112,12 +112,6 @@ def test_a_parameter_mlflow_drops_is_refused_in_one_line(tiny_model_dir: Path, t
     assert set(answer) == {"text", "code"}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _post(url: str, body: dict) -> dict:
     req = urllib.request.Request(
         url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
@@ -143,7 +137,7 @@ def _serve(
     version = tracker.register("code", model_dir, 1)
     tracker.end()
     registry.set_alias(cfg, "codea1-code", version, "champion")
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_REGISTRY_URI"}  # the one export a user makes:
     env |= {"MLFLOW_TRACKING_URI": cfg.tracking.tracking_uri, "PYTHONPATH": str(REPO)}
     mlflow_bin = Path(sys.executable).parent / "mlflow"
