@@ -104,14 +104,13 @@ def main(argv: list[str] | None = None) -> int:
 
     @flow(name="iteration-bench")
     def bench() -> tuple[list[float], list[float], float]:
-        t0 = time.perf_counter()
-        bare = T.setup(bare_cfg, lambda *a, **k: NullTracker())
-        full = T.setup(full_cfg, (lambda *a, **k: NullTracker()) if args.aa else make_tracker)
-        setup_s = time.perf_counter() - t0
         a_s, b_s = [], []
         per_task: dict[str, dict[str, list[float]]] = {"plain": {}, "prefect": {}}
         with make_executor(cfg.sandbox) as ex:
-            bare.executor = full.executor = ex
+            t0 = time.perf_counter()
+            bare = T.setup(bare_cfg, lambda *a, **k: NullTracker(), ex)
+            full = T.setup(full_cfg, (lambda *a, **k: NullTracker()) if args.aa else make_tracker, ex)
+            setup_s = time.perf_counter() - t0
             for it in range(1, min(args.iterations, bare.total) + 1):
                 plain = _timing(as_function, per_task["plain"], it)
                 prefect = _timing(as_function if args.aa else as_task, per_task["prefect"], it)
