@@ -142,6 +142,11 @@ class RolloutConfig:
     """Test-LLM prompt limit; a longer prompt is an error, not truncated (§3 step 5). 0 = no limit."""
     batch_size: int = 64
     """Prompts per ``generate`` call (HF backend)."""
+    overlap_execution: bool = True
+    """Gate, plan and run a problem's tests in the sandbox as soon as its test rollout is done, while later
+    problems still generate (``tasks.overlap``): the same outcomes and metrics as false. HF hands over chunks of
+    ``batch_size`` prompts (nothing to overlap when one chunk holds the step's B x M test prompts), vLLM each
+    prompt as it finishes."""
     share_prompt: bool = True
     """CPU fast decode (``codea1_core.models.cpu_decode.engine``): prefill each prompt once, let its samples attend over
     one copy of its keys/values, draw by inverse CDF from uniforms drawn up front, drop finished prompts. The

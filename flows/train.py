@@ -51,6 +51,7 @@ from flows.train_run import TrainRun, load_problems, seed_everything, training_s
 from tasks.checkpoint import checkpoint
 from tasks.execute import check_reference_health, execute, execute_golden
 from tasks.mistake_book import merge_mistake_book, retrieve_replay
+from tasks.overlap import execute_overlapped, gate_tests_overlapped, overlapped
 from tasks.rollout import drop_overlong_problems, extract_codes, gate_tests, rollout_code, rollout_tests
 from tasks.score import score, validate, write_outcomes
 from tasks.tracking import log_iteration
@@ -193,11 +194,21 @@ def iteration(run: TrainRun, it: int, call: Any = as_task) -> dict[str, Any]:
             merge_mistake_book.fn(None, outcomes, it, run.out_dir / "mistake_book.json")
     else:
         args = (run.test_pol, problems, codes, cfg, it, selfplay)
-        test_out = timed("rollout_tests", rollout_tests, *args)  # steps 4-5 (black-box prompts for selfplay)
-        suites, gate_m = timed("gate_tests", gate_tests, problems, test_out, cfg, it)  # step 6 + GX gate
         replay = retrieve_replay(run.book, problems, cfg)  # step 7, before this step's book update
-        plans = [plan_problem(*a) for a in zip(problems, codes, suites, replay, strict=True)]
-        outcomes, sb = timed("execute", execute, ex, plans, cfg, it)  # step 8
+        if cfg.rollout.overlap_execution:  # steps 6-8 run per problem while later problems generate
+            with overlapped(ex, problems, codes, replay, cfg, it) as pipe:
+                t_gen = time.perf_counter()
+                test_out = timed("rollout_tests", rollout_tests, *args, on_chunk=pipe.take)  # steps 4-5
+                pipe.generation_done(t_gen)
+                suites, gate_m = timed("gate_tests", gate_tests_overlapped, pipe, it)  # step 6 + GX gate
+                outcomes, sb = timed("execute", execute_overlapped, pipe, it)  # step 8
+        else:
+            test_out = timed(
+                "rollout_tests", rollout_tests, *args
+            )  # steps 4-5 (black-box prompts for selfplay)
+            suites, gate_m = timed("gate_tests", gate_tests, problems, test_out, cfg, it)  # step 6 + GX gate
+            plans = [plan_problem(*a) for a in zip(problems, codes, suites, replay, strict=True)]
+            outcomes, sb = timed("execute", execute, ex, plans, cfg, it)  # step 8
         outcomes = dist_train.gather_outcomes(outcomes)  # all B problems, every rank: one book, global scores
         scores, sm = timed("score", score, outcomes, cfg, it)  # step 9
         book_path = run.out_dir / "mistake_book.json" if main else None

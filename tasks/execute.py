@@ -82,19 +82,28 @@ def run_jobs(
     names: Sequence[str] | None = None,
     limit_key: str = MAX_INFRA_KEY,
 ) -> list[list[Any]]:
-    """THE way sandbox jobs run: ``run_many``, one batch retry of the jobs that hit infra errors, then
-    the D4 abort rule (:func:`check_infra`). ``names`` (one per job) name the failing programs."""
+    """THE way sandbox jobs run: :func:`run_with_retry`, then the D4 abort rule (:func:`check_infra`). ``names``
+    (one per job) name the failing programs. (A step whose jobs run in pieces, ``tasks.overlap``, runs each piece
+    with :func:`run_with_retry` and applies the rule once, to the whole step.)"""
     if not jobs:
         return []
     if names is not None and len(names) != len(jobs):
         raise ValueError(f"{label}: {len(names)} names for {len(jobs)} jobs")
+    outcomes = run_with_retry(executor, jobs)
+    check_infra(outcomes, max_infra_frac, label, names, limit_key)
+    return outcomes
+
+
+def run_with_retry(executor: Any, jobs: list[tuple[str, list[str]]]) -> list[list[Any]]:
+    """``run_many``, then one batch retry of the jobs that hit infra errors; no abort rule (:func:`run_jobs`)."""
+    if not jobs:
+        return []
     outcomes = list(executor.run_many(jobs))
     retry = [i for i, o in enumerate(outcomes) if any(c.status == "infra_error" for c in o)]
     if retry:
         again = executor.run_many([jobs[i] for i in retry])
         for i, o in zip(retry, again, strict=True):
             outcomes[i] = o
-    check_infra(outcomes, max_infra_frac, label, names, limit_key)
     return outcomes
 
 
@@ -195,7 +204,7 @@ def execute(
     executor: Any, plans: list[Any], cfg: Config, iteration: int
 ) -> tuple[list[Any], dict[str, float]]:
     """Two-phase execution of all problems of a step; returns outcome matrices and ``sandbox/`` metrics."""
-    t0, events = time.perf_counter(), _event_counts(executor)
+    t0, events = time.perf_counter(), event_counts(executor)
     frac = cfg.sandbox.max_infra_failure_frac
     ref_out = run_jobs(executor, [p.reference_job() for p in plans], frac, f"iteration {iteration} reference")
     failed = [
@@ -216,7 +225,7 @@ def execute(
         cand = flat[i : i + len(jobs)]
         i += len(jobs)
         matrices.append(plan.assemble(ref, cand, cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol))
-    metrics = outcome_metrics(ref_out + flat, time.perf_counter() - t0, _event_counts(executor, events))
+    metrics = outcome_metrics(ref_out + flat, time.perf_counter() - t0, event_counts(executor, events))
     return matrices, metrics | {"sandbox/reference_failures": float(len(failed))}
 
 
@@ -225,7 +234,7 @@ def execute_golden(
     executor: Any, plans: list[Any], cfg: Config, iteration: int
 ) -> tuple[list[Any], dict[str, float]]:
     """Golden mode (§7.4): every code of every problem on its golden tests, in one ``run_many``."""
-    t0, events = time.perf_counter(), _event_counts(executor)
+    t0, events = time.perf_counter(), event_counts(executor)
     jobs = [p.jobs() for p in plans]
     flat = run_jobs(
         executor, [j for js in jobs for j in js], cfg.sandbox.max_infra_failure_frac, f"it {iteration}"
@@ -236,10 +245,10 @@ def execute_golden(
             plan.assemble(flat[i : i + len(js)], cfg.sandbox.float_rel_tol, cfg.sandbox.float_abs_tol)
         )
         i += len(js)
-    return outcomes, outcome_metrics(flat, time.perf_counter() - t0, _event_counts(executor, events))
+    return outcomes, outcome_metrics(flat, time.perf_counter() - t0, event_counts(executor, events))
 
 
-def _event_counts(executor: Any, since: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
+def event_counts(executor: Any, since: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
     """The executor's infrastructure events and retries (``stats``; none where it keeps no such count)
     since the counts ``since``."""
     stats = getattr(executor, "stats", None) or {}

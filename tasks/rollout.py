@@ -13,6 +13,7 @@ The policies are built (and the rollout backend chosen) in ONE place,
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from prefect import task
@@ -72,9 +73,18 @@ def rollout_code(policy: Any, problems: list[Problem], cfg: Config, iteration: i
 
 @task(name="rollout_tests", task_run_name="rollout_tests[it={iteration}]", cache_policy=NO_CACHE)
 def rollout_tests(
-    policy: Any, problems: list[Problem], codes: list[list[str]], cfg: Config, iteration: int, blackbox: bool
+    policy: Any,
+    problems: list[Problem],
+    codes: list[list[str]],
+    cfg: Config,
+    iteration: int,
+    blackbox: bool,
+    on_chunk: Callable[[int, list[list[Any]]], None] | None = None,
 ) -> list[list[list[Any]]]:
-    """N suites per (problem, code): ``[B][M][N]`` completions (§3 steps 4-5; black-box prompts for Self-Play)."""
+    """N suites per (problem, code): ``[B][M][N]`` completions (§3 steps 4-5; black-box prompts for Self-Play).
+
+    ``on_chunk(first_prompt_index, rows)`` sees each generation chunk as it is done (prompts are problem-major,
+    one per (problem, code)): ``tasks.overlap`` executes finished problems while later ones generate."""
     from codea1_core.method.prompts import test_messages, test_messages_blackbox
 
     k = cfg.reward.k
@@ -86,7 +96,10 @@ def rollout_tests(
     sp = sampling_params(
         cfg, "rollout", "test", iteration_seed(cfg.seed, iteration, "test") + _offset(prompts)
     )
-    flat = policy.generate(prompts, cfg.rollout.n_tests, sp)
+    if on_chunk is None:
+        flat = policy.generate(prompts, cfg.rollout.n_tests, sp)
+    else:
+        flat = policy.generate(prompts, cfg.rollout.n_tests, sp, on_chunk=on_chunk)
     out, i = [], 0
     for row in codes:
         out.append(flat[i : i + len(row)])

@@ -160,9 +160,12 @@ class TextPolicy:
         self.respond = respond
         self.calls = 0
 
-    def generate(self, prompts, n, sampling):
+    def generate(self, prompts, n, sampling, on_chunk=None):
         self.calls += 1
-        return [[SimpleNamespace(text=self.respond(p[-1]["content"])) for _ in range(n)] for p in prompts]
+        rows = [[SimpleNamespace(text=self.respond(p[-1]["content"])) for _ in range(n)] for p in prompts]
+        if on_chunk is not None:
+            on_chunk(0, rows)
+        return rows
 
 
 def fenced(code: str) -> str:
@@ -203,12 +206,38 @@ class FakeLoRARequest:
     lora_path: str
 
 
+class FakeEngineCore:
+    """``LLM.llm_engine`` for :meth:`FakeLLM.enqueue`: each ``step`` finishes the two requests queued last (the
+    reverse of their order: a streaming consumer must not rely on it)."""
+
+    def __init__(self) -> None:
+        self.pending: list = []
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.pending)
+
+    def step(self) -> list:
+        done, self.pending = self.pending[-2:], self.pending[:-2]
+        unfinished = types.SimpleNamespace(finished=False, request_id="-1")
+        return [unfinished, *reversed(done)]
+
+
 class FakeLLM:
     instances: list[FakeLLM] = []
 
     def __init__(self, **kwargs):
         self.kwargs, self.calls, self.rpcs, self.prefix_resets = kwargs, [], [], 0
+        self.llm_engine, self.next_id = FakeEngineCore(), 0
         FakeLLM.instances.append(self)
+
+    def enqueue(self, prompts, sampling_params, lora_request=None, use_tqdm=True):
+        ids = []
+        for out in self.generate(prompts, sampling_params, lora_request, use_tqdm):
+            out.finished, out.request_id = True, str(self.next_id)
+            ids.append(out.request_id)
+            self.next_id += 1
+            self.llm_engine.pending.append(out)
+        return ids
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         self.rpcs.append((method, args))

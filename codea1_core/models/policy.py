@@ -273,8 +273,18 @@ class Policy:
 
     # ---------------------------------------------------------------------------------------- rollout
     @torch.no_grad()
-    def generate(self, prompts: list[list[dict]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
-        """Sample ``n`` completions per chat prompt, ``rollout.batch_size`` prompts (x n rows) per call."""
+    def generate(
+        self,
+        prompts: list[list[dict]],
+        n: int,
+        sampling: SamplingParams,
+        on_chunk: Callable[[int, list[list[Completion]]], None] | None = None,
+    ) -> list[list[Completion]]:
+        """Sample ``n`` completions per chat prompt, ``rollout.batch_size`` prompts (x n rows) per call.
+
+        Each chunk is seeded with ``sampling.seed`` + its first prompt's index, so what a prompt samples does not
+        depend on how many chunks follow. ``on_chunk(first_prompt_index, rows)`` is called after each chunk (the
+        train step hands finished problems to the sandbox while later chunks generate)."""
         if n < 1:
             raise ValueError(f"n: expected >= 1, got {n}")
         texts = [self.render(p) for p in prompts]
@@ -291,7 +301,10 @@ class Policy:
                 enc = self.tokenizer(
                     texts[start : start + bs], add_special_tokens=plain, padding=True, return_tensors="pt"
                 )
-                out.extend(self._generate_chunk(enc, n, sampling, seed=sampling.seed + start))
+                rows = self._generate_chunk(enc, n, sampling, seed=sampling.seed + start)
+                out.extend(rows)
+                if on_chunk is not None:
+                    on_chunk(start, rows)
         finally:
             self.whole.train(was_training)
         return out

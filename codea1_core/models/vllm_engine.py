@@ -46,7 +46,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from codea1_core.atomic import atomic_dir
 from codea1_core.config import Config
@@ -211,12 +211,18 @@ class VllmRollout:
         return path
 
     def generate(
-        self, role: str, prompts: list[list[dict]], n: int, sampling: SamplingParams
+        self,
+        role: str,
+        prompts: list[list[dict]],
+        n: int,
+        sampling: SamplingParams,
+        on_chunk: Callable[[int, list[list[Completion]]], None] | None = None,
     ) -> list[list[Completion]]:
         """Sample ``n`` completions per chat prompt with ``role``'s current adapter.
 
         Every sample is its own request with seed ``sampling.seed + index`` (prefix caching shares the
-        prompt), so results do not depend on how vLLM fans out ``n``.
+        prompt), so results do not depend on how vLLM fans out ``n``. ``on_chunk(i, [row])`` is called for each
+        prompt ``i`` as soon as its ``n`` requests have finished, in the order they finish (:meth:`_stream`).
         """
         from vllm import SamplingParams as VllmSamplingParams
 
@@ -256,9 +262,10 @@ class VllmRollout:
                         skip_special_tokens=True,
                     )
                 )
-        outputs = self.engines[role].generate(
-            requests, params, lora_request=self.lora_requests[role], use_tqdm=False
-        )
+        engine, lora = self.engines[role], self.lora_requests[role]
+        if on_chunk is not None:
+            return self._stream(engine, lora, requests, params, n, on_chunk)
+        outputs = engine.generate(requests, params, lora_request=lora, use_tqdm=False)
         if len(outputs) != len(requests):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(requests)} requests")
         flat = [
@@ -266,6 +273,45 @@ class VllmRollout:
             for out, ids in zip(outputs, [r["prompt_token_ids"] for r in requests], strict=True)
         ]
         return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    @staticmethod
+    def _stream(
+        engine: Any,
+        lora: Any,
+        requests: list[dict],
+        params: list[Any],
+        n: int,
+        on_chunk: Callable[[int, list[list[Completion]]], None],
+    ) -> list[list[Completion]]:
+        """The engine loop of ``LLM.generate`` (``enqueue``, then ``step`` until no request is left: the same
+        requests, scheduled the same way), handing each prompt's ``n`` completions to ``on_chunk`` as soon as the
+        last of them finishes."""
+        ids = engine.enqueue(requests, params, lora_request=lora, use_tqdm=False)
+        # enqueue returns the engine's ids (``<id>-<random suffix>``), outputs carry the ``<id>`` LLM gave
+        index = {_external_id(rid): k for k, rid in enumerate(ids)}
+        flat: list[Completion | None] = [None] * len(requests)
+        left = [n] * (len(requests) // n)
+        core = engine.llm_engine
+        while core.has_unfinished_requests():
+            for out in core.step():
+                if not out.finished:
+                    continue
+                k = index[_external_id(out.request_id)]
+                flat[k] = _to_completion(out, requests[k]["prompt_token_ids"])
+                i = k // n
+                left[i] -= 1
+                if not left[i]:
+                    on_chunk(i, [cast(list[Completion], flat[i * n : (i + 1) * n])])
+        if any(c is None for c in flat):
+            missing = sum(c is None for c in flat)
+            raise RuntimeError(f"vLLM finished without {missing} of {len(requests)} requests")
+        done = cast(list[Completion], flat)
+        return [done[i * n : (i + 1) * n] for i in range(len(left))]
+
+
+def _external_id(request_id: object) -> str:
+    """The id ``LLM`` gave a request (a counter), without the suffix the engine adds to make it unique."""
+    return str(request_id).split("-", 1)[0]
 
 
 class VllmPolicy:
@@ -278,12 +324,19 @@ class VllmPolicy:
     def __init__(self, policy: Any, rollout: VllmRollout) -> None:
         self._policy, self._rollout, self._stale = policy, rollout, True
 
-    def generate(self, prompts: list[list[dict]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
-        """``n`` completions per prompt from the engine, after syncing a stale adapter."""
+    def generate(
+        self,
+        prompts: list[list[dict]],
+        n: int,
+        sampling: SamplingParams,
+        on_chunk: Callable[[int, list[list[Completion]]], None] | None = None,
+    ) -> list[list[Completion]]:
+        """``n`` completions per prompt from the engine, after syncing a stale adapter; ``on_chunk`` sees each prompt
+        as it finishes (:meth:`VllmRollout.generate`)."""
         if self._stale:
             self._rollout.sync(self._policy)
             self._stale = False
-        return self._rollout.generate(self._policy.role, prompts, n, sampling)
+        return self._rollout.generate(self._policy.role, prompts, n, sampling, on_chunk=on_chunk)
 
     def step(self, batch: Any) -> dict[str, float]:
         """The policy's GRPO step, then the engine synced to the updated weights (its time in the metrics)."""

@@ -419,3 +419,37 @@ def test_overlong_code_prompts_are_filtered_and_test_prompts_limited(
         == 8192
     )
     assert sampling_params(cfg, "rollout", "code", 1).max_prompt_tokens == 0
+
+
+@pytest.mark.e2e
+def test_overlapped_execution_trains_exactly_what_the_serial_step_trains(
+    prefect_harness, tiny_model, tmp_path
+) -> None:
+    """``rollout.overlap_execution`` moves the gate and the sandbox into the test rollout's chunks (one prompt
+    each here): the history, the Mistake Book, the outcomes and the weights are those of the serial step."""
+    from flows.train import train_flow
+    from workspace import resume
+
+    outs = {}
+    for overlap in (False, True):
+        cfg = tiny_config(
+            tmp_path / str(overlap),
+            tiny_model,
+            **{"rollout.batch_size": 1, "rollout.overlap_execution": overlap, "tracking.backend": "null"},
+        )
+        train_flow(write_params(cfg, tmp_path / f"params-{overlap}.yaml"))
+        outs[overlap] = Path(cfg.orchestration.checkpoint_dir)
+    serial, piped = outs[False], outs[True]
+    for name in (
+        "history.csv",
+        "mistake_book.json",
+        "outcomes/it_000001.parquet",
+        "outcomes/it_000002.parquet",
+    ):
+        assert (piped / name).read_bytes() == (serial / name).read_bytes(), name
+    for role in ("code", "test"):
+        weights = [sorted((outs[o] / "final" / role).glob("*.safetensors")) for o in (False, True)]
+        assert weights[0] and [w.read_bytes() for w in weights[0]] == [w.read_bytes() for w in weights[1]]
+    timings = (piped / "timings.csv").read_text().splitlines()[0].split(",")
+    assert {"time/overlap_s", "time/overlap/sandbox_s"} <= set(timings)
+    assert resume.is_timing("time/overlap_s")

@@ -153,6 +153,23 @@ def test_same_seed_same_samples_and_clear_errors(fake_vllm, tiny_dir, tmp_path):
         rollout.generate("code", PROMPTS, 1, SamplingParams(max_new_tokens=5, max_prompt_tokens=1))
 
 
+def test_streamed_prompts_are_the_generated_ones_each_once_as_it_finishes(fake_vllm, tiny_dir, tmp_path):
+    """``on_chunk`` (the train step's overlap): each prompt's n completions as soon as the last of them finishes,
+    in finishing order, and the same completions as one ``generate`` call."""
+    from codea1_core.models.vllm_engine import VllmRollout
+
+    rollout = VllmRollout(cfg(), {"code": tiny_dir}, tmp_path / "a")
+    rollout.sync(Policy(tiny_dir, cfg(), role="code"))
+    prompts, sp = PROMPTS * 2, SamplingParams(max_new_tokens=5, seed=4)
+    whole = rollout.generate("code", prompts, 3, sp)
+    seen: list = []
+    streamed = rollout.generate("code", prompts, 3, sp, on_chunk=lambda i, rows: seen.append((i, rows)))
+    ids = [[c.token_ids for c in g] for g in whole]
+    assert [[c.token_ids for c in g] for g in streamed] == ids
+    assert [i for i, _ in seen] == [3, 2, 1, 0]  # the fake engine finishes the last requests first
+    assert all(len(rows) == 1 and [c.token_ids for c in rows[0]] == ids[i] for i, rows in seen)
+
+
 def test_full_finetuning_pushes_weights_into_one_engine_per_role(fake_vllm, tiny_dir, tmp_path):
     """``model.finetune=full``: no LoRA, one engine per role (their weights differ), the weight-sync worker
     extension installed, and ``sync`` pushes every tensor of the policy in place and drops the prefix cache."""

@@ -158,3 +158,20 @@ def test_a_batch_over_the_prefill_token_budget(served):
     assert max(gaps(policies["code"], groups)) < PARITY
     again = rollout.generate("code", long[:2], 4, sp)
     assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in groups[:2]]
+
+
+def test_streaming_the_rollout_samples_what_generate_samples(served):
+    """The train step's overlap reads the rollout prompt by prompt as the engine finishes them (``on_chunk``):
+    the real engine's loop gives each prompt once, with the tokens and log-probs one ``generate`` call gives."""
+    _, _, rollout = served
+    prompts = [*PROMPTS, [{"role": "user", "content": "Write mul."}]]
+    sp = SamplingParams(max_new_tokens=10, seed=7)
+    whole = rollout.generate("test", prompts, 3, sp)
+    seen: list = []
+    streamed = rollout.generate("test", prompts, 3, sp, on_chunk=lambda i, rows: seen.append((i, rows)))
+    assert sorted(i for i, _ in seen) == [0, 1, 2]
+    for i, rows in seen:
+        assert rows == [streamed[i]]
+    for a, b in zip(whole, streamed, strict=True):
+        assert [c.token_ids for c in a] == [c.token_ids for c in b]
+        assert [c.logprobs for c in a] == [c.logprobs for c in b]
