@@ -2,8 +2,8 @@
 
 What it does: :class:`OverlappedExecution` receives the test rollout chunk by chunk (``Policy.generate``'s
 ``on_chunk``: HF's chunks of ``rollout.batch_size`` prompts in order, vLLM's prompts as each finishes); as soon as
-every suite of a problem is in, a background thread parses, gates and plans that
-problem's suites and runs its reference and candidate jobs in the sandbox, while later chunks still generate.
+every suite of a problem is in, a background thread parses, gates and plans that problem's suites and runs its
+reference and candidate jobs in the sandbox, while later problems still generate.
 The ``gate_tests`` and ``execute`` tasks of such a step (:func:`gate_tests_overlapped`,
 :func:`execute_overlapped`) wait for that thread and return exactly what ``tasks.rollout.gate_tests`` and
 ``tasks.execute.execute`` return for the same rollout: each problem is planned, and each job runs, exactly as
