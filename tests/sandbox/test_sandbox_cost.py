@@ -117,6 +117,27 @@ def test_slow_calls_still_wake_the_worker_once_each():
     assert per_program <= 19, f"the worker blocked {per_program:.1f} times per program of 10 slow calls"
 
 
+def test_a_worker_gets_many_small_jobs_in_few_messages(monkeypatch):
+    """Small jobs travel to a worker in batches, one message each (``ProcessExecutor._dispatch``), so the
+    parent's writes and the worker's reads are paid per batch, not per program; each job still runs in
+    its own child and comes back with its own result, in order."""
+    sent: list[int] = []
+    with ProcessExecutor(workers=1, limits=LIMITS) as one:
+        worker = one._workers[0]
+        real_send = worker.send
+
+        def send(msg: tuple) -> None:
+            sent.append(len(msg[1]) if msg[0] == "jobs" else 1)
+            real_send(msg)
+
+        monkeypatch.setattr(worker, "send", send)
+        jobs = [(f"def f(x):\n    return x + {i}\n", ["f(1)"]) for i in range(64)]
+        results = one.run_many(jobs)
+        monkeypatch.undo()
+    assert [[o.value for o in r] for r in results] == [[i + 1] for i in range(64)]
+    assert len(sent) <= 16, f"{len(sent)} messages for 64 jobs: {sent}"
+
+
 def test_children_carry_no_thread_or_subprocess_machinery(ex):
     """Regression: ``sandbox/__init__.py`` imported ``sandbox.executor`` and ``limits.py`` imported
     ``ctypes.util``, so every worker, hence every zygote and child, held ``subprocess`` and ``threading``;
