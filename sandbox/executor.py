@@ -221,6 +221,10 @@ class _Worker:
         )
         self.wfd, self.rfd = self.proc.stdin.fileno(), self.proc.stdout.fileno()
         self.buf = bytearray()
+        # Reads land here first: ``os.read(fd, n)`` allocates ``n`` bytes per call, which glibc maps and
+        # unmaps for every result (mmap, mremap, munmap) once ``n`` is past its mmap threshold. A pipe
+        # holds 64 KiB by default, so no read brings more.
+        self.scratch = bytearray(1 << 16)
         try:
             write_msg(self.wfd, settings)
             reply = self._read_blocking(_START_TIMEOUT_S)
@@ -251,15 +255,16 @@ class _Worker:
     def feed(self) -> None:
         """Read what is available; sets ``buf`` to None on EOF (the worker died)."""
         try:
-            data = os.read(self.rfd, 1 << 20)
+            n = os.readv(self.rfd, [self.scratch])
         except BlockingIOError:
             return
         except OSError:
-            data = b""
-        if not data:
+            n = 0
+        if not n:
             self.buf = None
         else:
-            self.buf += data
+            with memoryview(self.scratch) as view:
+                self.buf += view[:n]
 
     def poll_message(self) -> Any:
         if self.buf is None or len(self.buf) < 8:
@@ -267,7 +272,8 @@ class _Worker:
         size = int.from_bytes(self.buf[:8], "big")
         if len(self.buf) < 8 + size:
             return None
-        msg = marshal.loads(bytes(self.buf[8 : 8 + size]))
+        with memoryview(self.buf) as view:
+            msg = marshal.loads(view[8 : 8 + size])
         del self.buf[: 8 + size]
         return msg
 
