@@ -153,7 +153,8 @@ because a forked child pays a copy-on-write page fault for every page it writes 
 pages each fork write-protects, one for every page its loop writes): so the child's set-up and the
 zygote's loop are closures with their names bound once, libraries are bound at start-up
 (``LD_BIND_NOW``), and the worker takes small frames arriving together in one wake-up
-(``_supervise``). ``tests/sandbox/test_sandbox_cost.py`` counts the faults; ``bench/sandbox_bench.py`` the CPU.
+(``_supervise``); every page of the zygote's heap is copied by each fork and torn down by each child's
+exit, so the worker imports no module it does not need (it starts without ``site``: ``_BOOT``). ``tests/sandbox/test_sandbox_cost.py`` counts the faults; ``bench/sandbox_bench.py`` the CPU.
 
 Run its tests: ``pytest tests/sandbox/test_sandbox.py tests/sandbox/test_sandbox_hostile.py
 tests/sandbox/test_sandbox_cost.py
@@ -189,9 +190,25 @@ from sandbox.limits import ExecLimits
 from sandbox.mounts import default_hide_paths, python_keep_paths
 
 log = logging.getLogger(__name__)
-_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from sandbox.child import worker_main; worker_main()"
+# The worker starts without ``site`` (-S) and does what site would do for it but run the ``.pth`` files of
+# site-packages (editable installs' import hooks, namespace packages, setuptools' distutils shim: modules
+# no program needs, 2 MB of the interpreter's heap that every fork copies and every child tears down):
+# the venv's prefixes, its site-packages on ``sys.path``, the ``exit``/``quit``/``help``/... builtins.
+_BOOT = (
+    "import sys; root, sys.prefix, sys.exec_prefix, *site_dirs = sys.argv[1:]; sys.path.insert(0, root);"
+    " sys.path += site_dirs; import site; site.setquit(); site.setcopyright(); site.sethelper();"
+    " from sandbox.child import worker_main; worker_main()"
+)
 _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 _START_TIMEOUT_S = 60.0
+
+
+def _site_args() -> list[str]:
+    """``sys.prefix``, ``sys.exec_prefix`` and the site-packages directories a worker started with ``site``
+    would have (``-s``: no user site), for ``_BOOT``."""
+    import site
+
+    return [sys.prefix, sys.exec_prefix, *site.getsitepackages()]
 
 
 class _Worker:
@@ -201,7 +218,7 @@ class _Worker:
         self.uid = settings["uid"]
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-s", "-P", "-c", _BOOT, _REPO_ROOT],
+            [sys.executable, "-S", "-s", "-P", "-c", _BOOT, _REPO_ROOT, *_site_args()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
