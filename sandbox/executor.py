@@ -154,7 +154,8 @@ pages each fork write-protects, one for every page its loop writes): so the chil
 zygote's loop are closures with their names bound once, libraries are bound at start-up
 (``LD_BIND_NOW``), and the worker takes small frames arriving together in one wake-up
 (``_supervise``); every page of the zygote's heap is copied by each fork and torn down by each child's
-exit, so the worker imports no module it does not need (it starts without ``site``: ``_BOOT``). ``tests/sandbox/test_sandbox_cost.py`` counts the faults; ``bench/sandbox_bench.py`` the CPU.
+exit, so the worker imports no module it does not need (it starts without ``site``: ``_BOOT``).
+``tests/sandbox/test_sandbox_cost.py`` counts the faults; ``bench/sandbox_bench.py`` the CPU.
 
 Run its tests: ``pytest tests/sandbox/test_sandbox.py tests/sandbox/test_sandbox_hostile.py
 tests/sandbox/test_sandbox_cost.py
