@@ -90,7 +90,8 @@ def _read_exact(fd: int, n: int) -> bytes | None:
 
 
 def worker_main() -> None:
-    """Serve jobs from the parent: ``("job", id, source, exprs)`` -> ``("result", id, calls, output)``."""
+    """Serve batches of jobs from the parent: ``("jobs", [(id, source, exprs), ...])`` -> one
+    ``("result", id, calls, output, killed)`` per job, in order, as each ends."""
     rfd, wfd = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
@@ -150,14 +151,16 @@ def worker_main() -> None:
             ctx["zygote"].close()
             _cgroups.remove_cgroups(ctx["cgroup_dirs"])
             return
-        _, job_id, source, exprs = msg
-        ctx["killed"] = None  # (why, host_oom) of a death by a signal from outside (sandbox/supervision.py)
-        try:
-            calls, output = run_program(source, exprs, ctx)
-        except Exception as exc:  # our machinery failed (fork, mount, ...): the parent replaces us
-            write_msg(wfd, ("infra", job_id, f"{type(exc).__name__}: {exc}"))
-            continue
-        write_msg(wfd, ("result", job_id, calls, output, ctx["killed"]))
+        for job_id, source, exprs in msg[1]:  # ("jobs", batch): each job in order, each reported alone
+            ctx["killed"] = (
+                None  # (why, host_oom) of a death by a signal from outside (sandbox/supervision.py)
+            )
+            try:
+                calls, output = run_program(source, exprs, ctx)
+            except Exception as exc:  # our machinery failed (fork, mount, ...): the parent replaces us
+                write_msg(wfd, ("infra", job_id, f"{type(exc).__name__}: {exc}"))
+                break
+            write_msg(wfd, ("result", job_id, calls, output, ctx["killed"]))
 
 
 def _deny_layers(settings: dict, isolation: dict, ctx: dict) -> None:

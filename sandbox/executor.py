@@ -146,13 +146,16 @@ the moment a program kills itself (then the job is ``infra_error``: masked, not 
 there is no uid drop, no namespaces and no cgroup (``network_isolation="auto"`` records this in
 ``ex.isolation``; ``"require"`` refuses to start); bubblewrap is not used.
 
-Cost: per program, one fork of the zygote, one job message, one reap round trip; every step that is
+Cost: per program, one fork of the zygote, a share of one job message (small jobs travel to a worker
+in batches, each job still in its own child and reported alone), one reap round trip; every step that is
 the same for all children is done once by the zygote (``sandbox/zygote.py``, ``_prepare_zygote``),
 because a forked child pays a copy-on-write page fault for every page it writes (and the zygote, whose
 pages each fork write-protects, one for every page its loop writes): so the child's set-up and the
 zygote's loop are closures with their names bound once, libraries are bound at start-up
 (``LD_BIND_NOW``), and the worker takes small frames arriving together in one wake-up
-(``_supervise``). ``tests/sandbox/test_sandbox_cost.py`` counts the faults; ``bench/sandbox_bench.py`` the CPU.
+(``_supervise``); every page of the zygote's heap is copied by each fork and torn down by each child's
+exit, so the worker imports no module it does not need (it starts without ``site``: ``_BOOT``).
+``tests/sandbox/test_sandbox_cost.py`` counts the faults; ``bench/sandbox_bench.py`` the CPU.
 
 Run its tests: ``pytest tests/sandbox/test_sandbox.py tests/sandbox/test_sandbox_hostile.py
 tests/sandbox/test_sandbox_cost.py
@@ -188,9 +191,25 @@ from sandbox.limits import ExecLimits
 from sandbox.mounts import default_hide_paths, python_keep_paths
 
 log = logging.getLogger(__name__)
-_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from sandbox.child import worker_main; worker_main()"
+# The worker starts without ``site`` (-S) and does what site would do for it but run the ``.pth`` files of
+# site-packages (editable installs' import hooks, namespace packages, setuptools' distutils shim: modules
+# no program needs, 2 MB of the interpreter's heap that every fork copies and every child tears down):
+# the venv's prefixes, its site-packages on ``sys.path``, the ``exit``/``quit``/``help``/... builtins.
+_BOOT = (
+    "import sys; root, sys.prefix, sys.exec_prefix, *site_dirs = sys.argv[1:]; sys.path.insert(0, root);"
+    " sys.path += site_dirs; import site; site.setquit(); site.setcopyright(); site.sethelper();"
+    " from sandbox.child import worker_main; worker_main()"
+)
 _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 _START_TIMEOUT_S = 60.0
+
+
+def _site_args() -> list[str]:
+    """``sys.prefix``, ``sys.exec_prefix`` and the site-packages directories a worker started with ``site``
+    would have (``-s``: no user site), for ``_BOOT``."""
+    import site
+
+    return [sys.prefix, sys.exec_prefix, *site.getsitepackages()]
 
 
 class _Worker:
@@ -200,7 +219,7 @@ class _Worker:
         self.uid = settings["uid"]
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-s", "-P", "-c", _BOOT, _REPO_ROOT],
+            [sys.executable, "-S", "-s", "-P", "-c", _BOOT, _REPO_ROOT, *_site_args()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -220,6 +239,10 @@ class _Worker:
         )
         self.wfd, self.rfd = self.proc.stdin.fileno(), self.proc.stdout.fileno()
         self.buf = bytearray()
+        # Reads land here first: ``os.read(fd, n)`` allocates ``n`` bytes per call, which glibc maps and
+        # unmaps for every result (mmap, mremap, munmap) once ``n`` is past its mmap threshold. A pipe
+        # holds 64 KiB by default, so no read brings more.
+        self.scratch = bytearray(1 << 16)
         try:
             write_msg(self.wfd, settings)
             reply = self._read_blocking(_START_TIMEOUT_S)
@@ -250,15 +273,16 @@ class _Worker:
     def feed(self) -> None:
         """Read what is available; sets ``buf`` to None on EOF (the worker died)."""
         try:
-            data = os.read(self.rfd, 1 << 20)
+            n = os.readv(self.rfd, [self.scratch])
         except BlockingIOError:
             return
         except OSError:
-            data = b""
-        if not data:
+            n = 0
+        if not n:
             self.buf = None
         else:
-            self.buf += data
+            with memoryview(self.scratch) as view:
+                self.buf += view[:n]
 
     def poll_message(self) -> Any:
         if self.buf is None or len(self.buf) < 8:
@@ -266,7 +290,8 @@ class _Worker:
         size = int.from_bytes(self.buf[:8], "big")
         if len(self.buf) < 8 + size:
             return None
-        msg = marshal.loads(bytes(self.buf[8 : 8 + size]))
+        with memoryview(self.buf) as view:
+            msg = marshal.loads(view[8 : 8 + size])
         del self.buf[: 8 + size]
         return msg
 
@@ -411,25 +436,41 @@ class ProcessExecutor:
             return results
 
     def _dispatch(self, jobs: list[tuple[str, list[str]]]) -> list[list[CallOutcome]]:
-        """Keep every worker busy: up to two jobs in flight each (the second only when it is small, so
-        writing it can never block on a full pipe while the worker writes its result)."""
+        """Keep every worker busy with batches of jobs: one being run and at most one more unread in its
+        pipe (small, :data:`_BATCH_BYTES`, so writing it can never block on a full pipe while the worker
+        writes its results). A batch is one message; the worker runs its jobs in order, each in its own
+        fresh child, and reports each as it ends, so the job at the head of a worker's queue is the one
+        it runs (a dead worker's retry is charged to that job alone)."""
         results: list[list[CallOutcome] | None] = [[] if not calls else None for _, calls in jobs]
         self.last_outputs = [b""] * len(jobs)
         pending = deque((i, 0) for i, (_, calls) in enumerate(jobs) if calls)
-        inflight: list[deque] = [deque() for _ in self._workers]  # per worker: (job, attempt, deadline)
+        # per worker: (job, attempt, deadline, batch number)
+        inflight: list[deque] = [deque() for _ in self._workers]
         watchdog_s = self.limits.program_timeout_s + 30.0
+        batch_no = 0
         while pending or any(inflight):
             for w, queue in enumerate(inflight):
-                while pending and (
-                    not queue or (len(queue) == 1 and _job_bytes(jobs[pending[0][0]]) < 32768)
-                ):
-                    j, attempt = pending.popleft()
-                    queue.append((j, attempt, time.monotonic() + watchdog_s * (len(queue) + 1)))
-                    try:
-                        self._workers[w].send(("job", j, jobs[j][0], jobs[j][1]))
-                    except OSError as exc:
-                        self._fail_worker(w, queue, f"worker pipe broken: {exc}", results, pending, jobs)
+                # a batch more when the worker has read every batch sent (its queue holds one batch)
+                if not pending or (queue and queue[0][3] != queue[-1][3]):
+                    continue
+                # Batches small enough for the other workers to share the tail of the run.
+                most = max(1, min(_BATCH_JOBS, len(pending) // (2 * len(self._workers))))
+                batch, size, now = [], 0, time.monotonic()
+                while pending and len(batch) < most:
+                    j = pending[0][0]
+                    size += _job_bytes(jobs[j])
+                    if size >= _BATCH_BYTES and (batch or queue):  # (alone in an idle worker: any size)
                         break
+                    j, attempt = pending.popleft()
+                    queue.append((j, attempt, now + watchdog_s * (len(queue) + 1), batch_no))
+                    batch.append((j, jobs[j][0], jobs[j][1]))
+                if not batch:
+                    continue
+                batch_no += 1
+                try:
+                    self._workers[w].send(("jobs", batch))
+                except OSError as exc:
+                    self._fail_worker(w, queue, f"worker pipe broken: {exc}", results, pending, jobs)
             busy = [w for w, queue in enumerate(inflight) if queue]
             poller = select.poll()
             for w in busy:
@@ -441,7 +482,7 @@ class ProcessExecutor:
                 if worker.rfd in ready:
                     worker.feed()
                 while queue and (msg := worker.poll_message()) is not None:
-                    j, attempt, _ = queue[0]
+                    j, attempt = queue[0][:2]
                     if msg[0] != "result" or msg[1] != j:  # our machinery failed in that worker (fork,
                         # mount, ...): it may stay broken, so it is replaced and the job retried
                         self._fail_worker(w, queue, f"worker failed: {msg[2]}", results, pending, jobs)
@@ -469,9 +510,9 @@ class ProcessExecutor:
         """Replace worker ``w``; its running job is retried (or reported), jobs queued behind it re-queued."""
         self._workers[w].kill()
         self._workers[w] = self._start_worker()
-        (j, attempt, _), rest = queue[0], list(queue)[1:]
+        (j, attempt, *_), rest = queue[0], list(queue)[1:]
         queue.clear()
-        for job, job_attempt, _ in reversed(rest):
+        for job, job_attempt, *_ in reversed(rest):
             pending.appendleft((job, job_attempt))
         self._retry_or_fail(j, attempt, why, results, pending, jobs)
 
@@ -510,6 +551,10 @@ class ProcessExecutor:
             self.close()
         except Exception:
             pass
+
+
+_BATCH_JOBS = 8  # jobs per message to a worker, at most
+_BATCH_BYTES = 32768  # a batch sent behind another is smaller (upper bound of its marshal size, _job_bytes)
 
 
 def _job_bytes(job: tuple[str, list[str]]) -> int:

@@ -15,7 +15,6 @@ Linux only; needs root (CAP_SYS_ADMIN). Tested by ``tests/sandbox/test_sandbox.p
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from sandbox.linux import (
     MNT_DETACH,
@@ -199,15 +198,15 @@ def default_hide_paths() -> list[str]:
     folder gets the interpreter's own directories re-exposed to the unprivileged child."""
     import pwd
 
-    repo = Path(__file__).resolve().parent.parent
-    paths = [str(repo), str(Path.home())]
+    repo = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    paths = [repo, os.path.expanduser("~")]
     try:
         account_home = pwd.getpwuid(os.getuid()).pw_dir
     except KeyError:  # a uid without a passwd entry (some containers)
         account_home = ""
     if account_home and os.path.realpath(account_home) != os.path.realpath(paths[1]):
         paths.append(account_home)
-    data = os.environ.get("CODEA1_DATA_DIR") or str(repo.parent / "shared")
+    data = os.environ.get("CODEA1_DATA_DIR") or os.path.join(os.path.dirname(repo), "shared")
     paths.append(data)
     return paths
 

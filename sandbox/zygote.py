@@ -47,7 +47,7 @@ def _reseed_random() -> None:
 
 
 _Q = struct.Struct(">q")
-_FDS = struct.Struct("3i")  # three descriptors as SCM_RIGHTS data (what socket.send_fds builds, less work)
+_FDS = struct.Struct("4i")  # four descriptors as SCM_RIGHTS data (what socket.send_fds builds, less work)
 _SOL_SOCKET, _SCM_RIGHTS = socket.SOL_SOCKET, socket.SCM_RIGHTS
 _QQ = struct.Struct(">qq")
 _FD = struct.Struct("i")
@@ -55,7 +55,7 @@ _FDS_SPACE = socket.CMSG_LEN(_FDS.size)
 
 
 def _recv_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
-    """One message and the descriptors that came with it (as ``socket.recv_fds(sock, 4096, 3)``, whose
+    """One message and the descriptors that came with it (as ``socket.recv_fds(sock, 4096, 4)``, whose
     Python wrapper builds an ``array`` per call: this is the worker's path for every program)."""
     msg, ancdata, _flags, _addr = sock.recvmsg(4096, _FDS_SPACE)
     fds: list[int] = []
@@ -69,12 +69,12 @@ class Zygote:
     """The process every program's child is forked from (trusted; worker side and zygote side).
 
     Forked from the worker before the first job, it never receives job data. It forks each child ahead
-    of time (after cleaning up the previous one) and hands the worker the child's temp dir and the
-    worker's ends of its three pipes (job in, result channel, output) BEFORE the fork, so the child
-    never holds them, then the child's pid; the child joins the cgroup, then waits for its job on its
-    own pipe. So the fork is off the worker's critical path and one round trip
-    per program remains: ``reap``. The zygote is a subreaper: it reaps each child and any descendant
-    left, and replaces the private tmpfs, before it forks the next child.
+    of time (after cleaning up the previous one), puts it in its group and the worker's cgroup, and
+    hands the worker, in one message, the child's temp dir, the worker's ends of its three pipes (job
+    in, result channel, output), which the child closes first thing, and a pidfd of the child; the
+    child waits for its job on its own pipe. So the fork is off the worker's critical path and one
+    round trip per program remains: ``reap``. The zygote is a subreaper: it reaps each child and any
+    descendant left, and replaces the private tmpfs, before it forks the next child.
     """
 
     def __init__(self, ctx: dict, close_fds: tuple[int, ...]) -> None:
@@ -110,12 +110,8 @@ class Zygote:
         the caller closes. A pidfd, not a pid: the zygote's pids are those of the worker's PID namespace,
         and the worker needs the child only to see its exit (the zygote kills and reaps it)."""
         msg, fds = _recv_fds(self.sock)
-        if msg[:1] == b"C" and len(fds) == 3:
-            tmp, (msg, pidfds) = msg[1:].decode(), _recv_fds(self.sock)  # then the pidfd (or why not)
-            if msg[:1] == b"P" and len(msg) == 9 and len(pidfds) == 1:
-                return pidfds[0], tmp, *fds
-            for fd in pidfds:
-                os.close(fd)
+        if msg[:1] == b"C" and len(fds) == 4:
+            return fds[3], msg[1:].decode(), *fds[:3]
         for fd in fds:
             os.close(fd)
         err = _Q.unpack_from(msg, 1)[0] if msg[:1] == b"E" else 0
@@ -130,8 +126,8 @@ class Zygote:
         try:
             self.sock.send(b"Q")
             self.sock.settimeout(5.0)
-            for _ in range(3):  # offer, pid, then our "Q" back
-                msg, fds, _flags, _addr = socket.recv_fds(self.sock, 4096, 3)
+            for _ in range(2):  # the offer, then our "Q" back
+                msg, fds, _flags, _addr = socket.recv_fds(self.sock, 4096, 4)
                 for fd in fds:
                     os.close(fd)
                 if msg in (b"Q", b""):
@@ -258,7 +254,7 @@ def _probe_pages(ctx: dict, sock_fd: int) -> list[tuple[int, int]]:
         os.write(chan_w, bytes(_PIPE_PAGE - 2 * (_HDR.size + _TOKEN_BYTES + _FRAME.size)))  # room: S, R
         pid = os.fork()
         if pid == 0:
-            ctx["child_main"](sock_fd, job_r, chan_w, out_w, null, tmp)
+            ctx["child_main"](sock_fd, job_r, chan_w, out_w, null, tmp, job_w, chan_r, out_r)
         os.setpgid(pid, pid)
         if _probe_blocked(pid, chan_r):
             runs = _pinning.written_pages()
@@ -301,7 +297,7 @@ def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
     pack_q, pack_status, pack_fds = _Q.pack, _QQ.pack, _FDS.pack
     reap, clean, prepare, child_main = _reap, _clean_tmp, _prepare_child, ctx["child_main"]
     uid, sock_fd, sol_socket, scm_rights = ctx["uid"], sock.fileno(), _SOL_SOCKET, _SCM_RIGHTS
-    pidfd_open, pack_fd, init = os.pidfd_open, _FD.pack, ctx["pidns"]
+    pidfd_open, init = os.pidfd_open, ctx["pidns"]
     uids = (uid, ctx["call_uid"])
     setpgid, write, cgroup_fds = os.setpgid, os.write, tuple(ctx["cgroup_fds"])
     peak_fds = tuple(ctx["peak_fds"])
@@ -327,24 +323,17 @@ def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
             send(b"E" + pack_q(exc.errno or 5))
             offered = -1
         else:
-            # The worker's ends leave before the fork: the child never holds them (so a worker that dies
-            # means EOF on the child's job pipe), and there is less to do while the child shares our pages.
-            try:
-                sendmsg([b"C" + tmp.encode()], [(sol_socket, scm_rights, pack_fds(job_w, chan_r, out_r))])
-            finally:
-                close(job_w)
-                close(chan_r)
-                close(out_r)
             try:
                 offered = fork()
             except OSError as exc:
                 offered = -(exc.errno or 11)
-            if offered == 0:
-                child_main(sock_fd, job_r, chan_w, out_w, null, tmp)
+            if offered == 0:  # (it closes the worker's ends first: _make_child_main)
+                child_main(sock_fd, job_r, chan_w, out_w, null, tmp, job_w, chan_r, out_r)
             close(job_r)
             close(chan_w)
             close(out_w)
             close(null)
+            pidfd = -1
             if offered > 0:  # its own group (_reap kills the group with every descendant) and the
                 try:  # worker's cgroup (memory.max, pids.max), both before the worker can send its job:
                     setpgid(offered, offered)  # done here, where these paths are warm, they cost the
@@ -355,13 +344,21 @@ def _zygote_loop(sock: socket.socket, ctx: dict) -> None:
                     reap(offered, uids, init)
                     clean(tmp, ctx)
                     offered = -(exc.errno or 5)
-            if offered > 0:  # a pidfd: the worker, outside our PID namespace, watches the child's exit
-                try:
-                    sendmsg([b"P" + pack_q(offered)], [(sol_socket, scm_rights, pack_fd(pidfd))])
-                finally:
+            try:
+                if offered > 0:  # the worker's ends of the three pipes and a pidfd (the worker, outside
+                    # our PID namespace, watches the child's exit on it), in one message
+                    sendmsg(
+                        [b"C" + tmp.encode()],
+                        [(sol_socket, scm_rights, pack_fds(job_w, chan_r, out_r, pidfd))],
+                    )
+                else:
+                    send(b"E" + pack_q(-offered))
+            finally:
+                close(job_w)
+                close(chan_r)
+                close(out_r)
+                if pidfd >= 0:
                     close(pidfd)
-            else:
-                send(b"E" + pack_q(-offered))
         msg = recv(64)
         if msg == b"Q":  # the worker stops: drop the waiting child and its temp dir (a host dir when
             if offered > 0:  # there are no namespaces)
@@ -426,10 +423,12 @@ def _prepare_child(ctx: dict) -> tuple[str, int, int, int, int, int, int, int]:
     return (tmp, *fds[1:], fds[0])  # type: ignore[return-value]
 
 
-def _make_child_main(ctx: dict) -> Callable[[int, int, int, int, str], None]:
+def _make_child_main(ctx: dict) -> Callable[..., None]:
     """Build, once in the zygote, what each forked child runs: ``child_main(sock_fd, job_r, chan, out_w,
-    null, tmp)`` sets its death signal (and enters an IPC namespace where needed), waits for the job, confines
-    itself and runs the harness; it never returns. (Its process group and cgroup are set by the zygote
+    null, tmp, *worker_ends)`` closes the zygote's socket and the worker's ends of its pipes (so a worker
+    gone means EOF on its job pipe, and no program holds them), sets its death signal (and enters an IPC
+    namespace where needed), waits for the job, confines itself and runs the harness; it never returns.
+    (Its process group and cgroup are set by the zygote
     before the worker learns its pid, so before any job can reach it.)
 
     Why a closure: every function, constant and setting it needs is bound here, so a child looks up no
@@ -464,9 +463,13 @@ def _make_child_main(ctx: dict) -> Callable[[int, int, int, int, str], None]:
     join_keyring, restrict, ruleset = ctx["join_keyring"], ctx["restrict"], ctx["landlock_fd"]
     seccomp = ctx["seccomp_load"]
 
-    def child_main(sock_fd: int, job_r: int, chan: int, out_w: int, null: int, tmp: str) -> None:
+    def child_main(
+        sock_fd: int, job_r: int, chan: int, out_w: int, null: int, tmp: str, *worker_ends: int
+    ) -> None:
         try:
             close(sock_fd)
+            for fd in worker_ends:  # the worker's ends of our pipes: a worker gone means EOF on the job
+                close(fd)
             death_signal()  # until the uid drop sets it again
             # (the zygote has put us in our own process group and in the worker's cgroup)
             if enter_ipc is not None and not enter_ipc():

@@ -202,6 +202,24 @@ def test_hash_seed_is_fixed_across_workers(ex):
     assert len(orders) == 1
 
 
+def test_programs_see_what_site_gives_without_its_pth_files(ex):
+    """The worker starts without ``site`` (``python -S``: the ``.pth`` files of site-packages run no code
+    and leave nothing in the interpreter every child is forked from), and gives programs what site would:
+    the venv's prefix, its site-packages on ``sys.path``, the ``exit``/``quit``/``help`` builtins."""
+    import site
+
+    program = (
+        "import sys\n"
+        "def env():\n"
+        "    return [sys.flags.no_site, type(exit).__name__, type(quit).__name__, callable(help),\n"
+        "            sys.prefix, [p for p in sys.path if p.endswith('site-packages')]]\n"
+    )
+    out = ex.run(program, ["env()", "exit(3)"])
+    assert out[0].status == "ok", out
+    assert out[0].value == [1, "Quitter", "Quitter", True, sys.prefix, site.getsitepackages()]
+    assert (out[1].status, out[1].error) == ("error", "SystemExit: 3"), out[1]
+
+
 def test_isolation_off_runs_without_namespaces():
     with ProcessExecutor(workers=1, network_isolation="off", drop_privileges=False, hide_paths=[]) as plain:
         assert plain.isolation["network"] == "off"

@@ -117,6 +117,85 @@ def test_slow_calls_still_wake_the_worker_once_each():
     assert per_program <= 19, f"the worker blocked {per_program:.1f} times per program of 10 slow calls"
 
 
+def test_a_worker_gets_many_small_jobs_in_few_messages(monkeypatch):
+    """Small jobs travel to a worker in batches, one message each (``ProcessExecutor._dispatch``), so the
+    parent's writes and the worker's reads are paid per batch, not per program; each job still runs in
+    its own child and comes back with its own result, in order."""
+    sent: list[int] = []
+    with ProcessExecutor(workers=1, limits=LIMITS) as one:
+        worker = one._workers[0]
+        real_send = worker.send
+
+        def send(msg: tuple) -> None:
+            sent.append(len(msg[1]) if msg[0] == "jobs" else 1)
+            real_send(msg)
+
+        monkeypatch.setattr(worker, "send", send)
+        jobs = [(f"def f(x):\n    return x + {i}\n", ["f(1)"]) for i in range(64)]
+        results = one.run_many(jobs)
+        monkeypatch.undo()
+    assert [[o.value for o in r] for r in results] == [[i + 1] for i in range(64)]
+    assert len(sent) <= 16, f"{len(sent)} messages for 64 jobs: {sent}"
+
+
+def test_the_parent_reads_results_without_a_buffer_per_read():
+    """Bug guarded: every read of a worker's pipe allocated a 1 MiB bytes object for a result of a few
+    hundred bytes (glibc mapped, remapped and unmapped it each time: a fifth of the parent's CPU per
+    trivial program); reads land in one preallocated buffer per worker (``_Worker.feed``)."""
+    import tracemalloc
+
+    jobs = [(f"def f(x):\n    return x + {i}\n", ["f(1)"]) for i in range(40)]
+    with ProcessExecutor(workers=1, limits=LIMITS) as one:
+        one.run_many(jobs[:2])
+        tracemalloc.start()
+        try:
+            results = one.run_many(jobs)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert [[o.value for o in r] for r in results] == [[i + 1] for i in range(40)]
+    assert peak < 256 * 1024, f"the parent's peak allocation was {peak} bytes for 40 trivial results"
+
+
+def test_the_zygote_offers_a_child_in_one_message():
+    """The worker takes each child with one receive: its temp dir, the worker's ends of its three pipes
+    and its pidfd come in one message, after the fork; the child has closed the worker's ends before
+    it waits for its job (a worker gone means EOF on the job pipe). A zygote without namespaces, forked
+    from this process."""
+    import select
+    import socket
+    import time
+
+    zyg = bare_zygote()
+    try:
+        msg, fds, _flags, _addr = socket.recv_fds(zyg.sock, 4096, 8)
+        assert msg[:1] == b"C" and len(fds) == 4, (msg, fds)
+        job_w, chan_r, out_r, pidfd = fds
+        pid = int(Path(f"/proc/self/fdinfo/{pidfd}").read_text().split("Pid:")[1].split()[0])
+        # the child's own ends: the job pipe's read end, the channel's and the output's write ends
+        own = {os.readlink(f"/proc/self/fd/{job_w}"): os.O_RDONLY}
+        own.update({os.readlink(f"/proc/self/fd/{fd}"): os.O_WRONLY for fd in (chan_r, out_r)})
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "S":
+            assert time.monotonic() < deadline, "the child never waited for its job"
+            time.sleep(0.01)
+        held = {target: fd for fd, target in fd_targets(pid).items() if target in own}
+        assert len(held) == 3, held
+        for target, fd in held.items():
+            flags = int(Path(f"/proc/{pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8)
+            assert flags & os.O_ACCMODE == own[target], f"the child holds the worker's end of {target}"
+        os.close(job_w)  # no job: the child reads EOF (no end of the job pipe is left open) and exits
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        assert poller.poll(10_000), "the child's exit was not seen on the pidfd"
+        for fd in (pidfd, chan_r, out_r):
+            os.close(fd)
+        status = zyg.reap()
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 71, status
+    finally:
+        zyg.close()
+
+
 def test_children_carry_no_thread_or_subprocess_machinery(ex):
     """Regression: ``sandbox/__init__.py`` imported ``sandbox.executor`` and ``limits.py`` imported
     ``ctypes.util``, so every worker, hence every zygote and child, held ``subprocess`` and ``threading``;

@@ -153,6 +153,24 @@ def test_a_process_killed_from_outside_is_retried_counted_logged_never_scored(ta
     assert len(lines) == 1 and "runs again (retry 1 of 1)" in lines[0] and "\n" not in lines[0], lines
 
 
+def test_a_worker_killed_mid_batch_charges_the_retry_to_the_running_job_alone(caplog):
+    """Jobs travel to a worker in batches (``ProcessExecutor._dispatch``); a worker killed while it runs
+    the first job of its batch costs that job one retry, and the jobs queued behind it run again with no
+    retry charged (each still its own fresh child, each with its own result)."""
+    caplog.set_level(logging.WARNING, logger="sandbox")
+    jobs = [(SLOW, ["f()"])] + [(f"def f(x):\n    return x + {i}\n", ["f(1)"]) for i in range(40)]
+    with ProcessExecutor(workers=1, limits=LIMITS, infra_retries=1) as ex:
+        killer = _kill_later(ex, "worker", signal.SIGKILL)
+        out = ex.run_many(jobs)
+        killer.join()
+        assert [(o.status, o.value) for r in out for o in r] == [("ok", 7)] + [
+            ("ok", i + 1) for i in range(40)
+        ]
+        assert (ex.stats["retries"], ex.stats["infra_events"], ex.stats["infra_errors"]) == (1, 1, 0)
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("sandbox")]
+    assert len(lines) == 1 and lines[0].startswith("sandbox job 0 (attempt 1)"), lines
+
+
 SELF_KILLING = (
     "import os, signal\n\ndef die(sig):\n    os.kill(os.getpid(), sig)\n\ndef abort():\n    os.abort()\n"
 )
