@@ -99,8 +99,18 @@ class Zygote:
                     if ctx["seccomp_zygote"] is not None and ctx["seccomp_zygote"]() != 0:
                         raise OSError("the zygote could not load its syscall filter")
                     _zygote_loop(theirs, ctx)
-            except BaseException:
+                else:
+                    os.write(2, b"sandbox zygote: its parent exited before it started\n")
+            except (
+                BaseException
+            ) as exc:  # the reason on stderr: the worker's log, shown when it reports us gone
                 code = 70
+                try:
+                    os.write(
+                        2, f"sandbox zygote failed: {type(exc).__name__}: {exc}\n".encode(errors="replace")
+                    )
+                except BaseException:
+                    pass
             os._exit(code)
         theirs.close()
         self.pid = pid
