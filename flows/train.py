@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, tags
+from prefect import flow
 
 from codea1_core.atomic import write_bytes_atomic, write_json_atomic
 from codea1_core.config import Config
@@ -94,9 +94,10 @@ def train(cfg: Config) -> dict[str, Any]:
             if run.start == 0 and cfg.eval.every > 0 and run.val_set and main:  # validate first (§3 step 16)
                 val = validate(run.code_pol, run.val_set, cfg, run.executor, 0)
                 log_iteration(run.tracker, 0, {"iteration": 0, **val})
+            # no per-iteration tag: a task run's tags make Prefect ask the server for their concurrency limits
+            # (an SQLite write that can stall a step ~2 s); its name, ``<task>[it=N]``, is the iteration's view
             for it in range(run.start + 1, run.total + 1):
-                with tags(f"it={it}"):  # the iteration's task runs carry it: the Prefect UI filters by tag
-                    iteration(run, it, as_task if main else as_function)
+                iteration(run, it, as_task if main else as_function)
             dist_train.gather_for_save(run.policies.values())  # FSDP2: what rank 0 exports (every rank)
             run.summary = finish(run) if main else {}
     return run.summary

@@ -5,10 +5,10 @@ What it does: starts a Prefect server (with its UI) and the MLflow UI on free lo
 Prefect home and MLflow store in a temporary folder; builds a tiny random model and trains it for ``--steps``
 steps (``python -m flows.train``) against both; then drives headless Chromium over its DevTools protocol through
 the pages a user opens: the train flow run's page (its name, flow, state and iteration lines; its Task Runs tab:
-each ``<task>[it=N]`` with its ``it=N`` tag, and the tag filter narrowed to ``it=1``) and the MLflow run page the
-report links to (experiment, run name, metrics). It prints one PASS/FAIL line per item, writes one screenshot per
-page to ``--out`` (default ``outputs/ui_check/``) and exits 0 when every item passes, 1 when one fails, 2 when it
-cannot check (no Chromium, a server or the training run that fails).
+each row named ``<task>[it=N]``, and the run-name search ``[it=1]`` narrowing it to that iteration) and the
+MLflow run page the report links to (experiment, run name, metrics). It prints one PASS/FAIL line per item,
+writes one screenshot per page to ``--out`` (default ``outputs/ui_check/``) and exits 0 when every item passes,
+1 when one fails, 2 when it cannot check (no Chromium, a server or the training run that fails).
 
 With ``--prefect-url`` and ``--mlflow-url`` (the servers of ``make ui``) it trains nothing: it checks the MLflow
 run of ``--workspace``'s final export (``outputs/train/final/DONE.json``, written by ``make run``) and the latest
@@ -16,7 +16,8 @@ run of ``--workspace``'s final export (``outputs/train/final/DONE.json``, writte
 
 What it does not: test the UIs' own features, or run without Chromium (``apt-get install chromium``, or
 ``chromium-headless-shell``; ``--chromium PATH`` names another binary). The selectors (``.task-run-list-item``,
-``.p-tag``, ...) are those of Prefect 3's UI: a UI that renames them fails here, by name, rather than passing.
+``.flow-run-task-runs__search``, ...) are those of Prefect 3's UI: a UI that renames them fails here, by name,
+rather than passing.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ on a small, busy machine)."""
 SHOTS = ("prefect_flow_run.png", "prefect_task_runs.png", "prefect_task_runs_it1.png", "mlflow_run.png")
 """The screenshots, one per page state, in the order they are taken (a run removes the last run's first)."""
 FIRST_AND_LAST = ("rollout_code", "checkpoint")
-"""Steps every iteration runs whatever the mode: the tag-filtered list must show both."""
+"""Steps every iteration runs whatever the mode: the list searched for one iteration must show both."""
 
 
 class CannotCheck(Exception):
@@ -112,14 +113,9 @@ def check_flow_run_page(
 
 
 def check_task_runs(rows: list[dict[str, Any]], total: int | None) -> list[Check]:
-    """The Task Runs tab: every listed row is named ``<task>[it=N]`` and carries the tag ``it=N``."""
+    """The Task Runs tab: every listed row is named ``<task>[it=N]`` (its iteration, searchable)."""
     names = [str(r["name"]) for r in rows]
     unnamed = [n for n in names if not NAME.match(n)]
-    untagged = [
-        f"{r['name']} {list(r['tags'])}"
-        for r in rows
-        if (m := NAME.match(str(r["name"]))) and f"it={m['it']}" not in r["tags"]
-    ]
     of = f" of {total}" if total is not None else ""
     return [
         Check(
@@ -128,35 +124,26 @@ def check_task_runs(rows: list[dict[str, Any]], total: int | None) -> list[Check
             f"{len(rows)} rows listed{of}" + (f"; not <task>[it=N]: {unnamed[:3]}" if unnamed else "")
             if rows
             else "no task run listed",
-        ),
-        Check(
-            "prefect: each task run tagged it=N",
-            bool(rows) and not untagged,
-            f"missing tag: {untagged[:3]}" if untagged else f"{len(rows)} rows, tag matches name",
-        ),
+        )
     ]
 
 
-def check_tag_filter(options: list[str], steps: int) -> Check:
-    """The tag filter of the Task Runs tab offers exactly ``it=1`` .. ``it=<steps>``."""
-    want = [f"it={i}" for i in range(1, steps + 1)]
-    its = sorted(
-        (o for o in options if o.startswith("it=")), key=lambda o: int(o[3:]) if o[3:].isdigit() else -1
-    )
-    shown = its if len(its) <= 6 else [*its[:3], "...", *its[-2:]]
-    return Check("prefect: tag filter offers it=1..it=N", its == want, f"offers {shown} (N = {steps})")
+def iteration_search(iteration: int) -> str:
+    """What a user types into the Task Runs tab's "Search by run name" to see one iteration: ``[it=1]``
+    (the brackets keep ``[it=1]`` from matching ``[it=10]``)."""
+    return f"[it={iteration}]"
 
 
 def check_filtered(names: list[str], iteration: int) -> Check:
-    """With the tag filter set to ``it=<iteration>``: only that iteration's task runs, its first and last step
-    among them."""
-    tag = f"[it={iteration}]"
+    """With the run-name search at ``[it=<iteration>]``: only that iteration's task runs, its first and last
+    step among them."""
+    tag = iteration_search(iteration)
     others = [n for n in names if not n.endswith(tag)]
     missing = [f"{t}{tag}" for t in FIRST_AND_LAST if f"{t}{tag}" not in names]
     ok = bool(names) and not others and not missing
     detail = f"{len(names)} rows" + (f"; other iterations: {others[:3]}" if others else "")
     detail += f"; missing {missing}" if missing else ""
-    return Check(f"prefect: filter by tag it={iteration}", ok, detail)
+    return Check(f"prefect: search {tag} lists that iteration", ok, detail)
 
 
 def check_mlflow_page(body: str, experiment: str, run_name: str, metrics: tuple[str, ...]) -> list[Check]:
@@ -371,27 +358,24 @@ def workspace_run_id(workspace: Path) -> str:
 # The pages
 # ------------------------------------------------------------------------------------------------
 ROWS_JS = """Array.from(document.querySelectorAll('.task-run-list-item')).map(e => ({
-  name: (e.querySelector('.state-list-item__name') || {innerText: ''}).innerText.trim(),
-  tags: Array.from(e.querySelectorAll('.p-tag-wrapper__tag .p-tag')).map(t => t.innerText.trim())}))"""
-"""The Task Runs tab's rows: name and tags (the overflow badge ``+0`` is not a tag)."""
+  name: (e.querySelector('.state-list-item__name') || {innerText: ''}).innerText.trim()}))"""
+"""The Task Runs tab's rows, by name."""
 HEADING_JS = """(() => {
   const t = s => (document.querySelector(s) || {innerText: ''}).innerText.replace(/\\s+/g, ' ').trim();
   return {crumbs: t('.page-heading-flow-run .p-bread-crumbs__crumb:last-child'), flow: t('.flow-run-flow'),
           state: t('.page-heading-flow-run .state-badge')}; })()"""
 """The flow run page's heading: the run's name (last crumb), ``Flow train``, the state badge."""
-TAG_OPTIONS_JS = (
-    "Array.from(document.querySelectorAll('.task-run-tags-input select option')).map(o => o.value)"
-)
-SELECT_TAG_JS = """(() => {{ const s = document.querySelector('.task-run-tags-input select');
-  for (const o of s.options) o.selected = o.value === {tag};
-  s.dispatchEvent(new Event('change', {{bubbles: true}})); return true; }})()"""
-"""Choose one tag in the filter (its native select: the UI listens to its ``change``)."""
+SEARCH_JS = """(() => {{ const i = document.querySelector('.flow-run-task-runs__search input');
+  if (!i) return false;
+  const set = Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set;
+  set.call(i, {text}); i.dispatchEvent(new Event('input', {{bubbles: true}})); return true; }})()"""
+"""Type into the Task Runs tab's "Search by run name" box (the UI listens to its ``input`` event)."""
 
 
 def prefect_pages(
     page: Page, prefect_url: str, flow_run_id: str, run_name: str, steps: int, out: Path, timeout_s: float
 ) -> list[Check]:
-    """The train flow run's page, its Task Runs tab, the tag filter at ``it=1``; a screenshot of each."""
+    """The train flow run's page, its Task Runs tab, the run-name search at ``[it=1]``; a screenshot of each."""
     # the client sends its logs in batches: wait until the API has them, so the page that loads them once does
     in_api = wait_for_logs(prefect_url, flow_run_id, iteration_lines(steps), timeout_s)
     page.open(f"{prefect_url}/runs/flow-run/{flow_run_id}")
@@ -408,18 +392,18 @@ def prefect_pages(
     checks += check_task_runs(rows, task_run_total(page.js("document.body.innerText") or ""))
     page.js("document.getElementById('task-runs') && document.getElementById('task-runs').scrollIntoView()")
     page.screenshot(out / "prefect_task_runs.png")
-    options = page.wait(TAG_OPTIONS_JS, timeout_s, settle_s=0.5) or []
-    checks.append(check_tag_filter(options, steps))
-    if "it=1" in options:
-        page.js(SELECT_TAG_JS.format(tag=json.dumps("it=1")))
+    search = iteration_search(1)
+    if page.js(SEARCH_JS.format(text=json.dumps(search))):
         only_it1 = (
-            f"(rows => rows.length > 0 && rows.every(r => r.name.endsWith('[it=1]')) && rows)({ROWS_JS})"
+            f"(rows => rows.length > 0 && rows.every(r => r.name.endsWith({json.dumps(search)})) && rows)"
         )
-        filtered = page.wait(only_it1, timeout_s) or page.js(ROWS_JS) or []
+        filtered = page.wait(f"{only_it1}({ROWS_JS})", timeout_s) or page.js(ROWS_JS) or []
         checks.append(check_filtered([str(r["name"]) for r in filtered], 1))
         page.screenshot(out / "prefect_task_runs_it1.png")
     else:
-        checks.append(Check("prefect: filter by tag it=1", False, "no it=1 among the filter's tags"))
+        checks.append(
+            Check(f"prefect: search {search} lists that iteration", False, "no run-name search box")
+        )
     return checks
 
 

@@ -262,8 +262,9 @@ def test_codea1_flow_end_to_end(
             "log_iteration",
         ):
             assert f"{task}[it={it}]" in names, (task, it, sorted(names))
-            # grouped per iteration: the Prefect UI filters the timeline's task runs by the tag it=N
-            assert f"it={it}" in runs[f"{task}[it={it}]"], (task, runs[f"{task}[it={it}]"])
+            # untagged: a tagged task run makes Prefect look up the tags' concurrency limits on the server
+            # (stalls of ~2 s on SQLite); the UI's per-iteration view searches the name's "[it=N]"
+            assert runs[f"{task}[it={it}]"] == [], (task, runs[f"{task}[it={it}]"])
     out = tmp_path / "train"
     assert (out / "checkpoints" / "LATEST").read_text() == "it_000002"
     assert sorted(p.name for p in (out / "checkpoints" / "it_000002").iterdir()) == [

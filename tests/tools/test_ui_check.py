@@ -17,10 +17,9 @@ HEADING = {"crumbs": RUN, "flow": "Flow train", "state": "Completed"}
 LOGS = "Beginning flow run ... it 1/2  code_r .00 ... it 2/2  code_r .00 ... Finished in state Completed()"
 
 
-def _rows(*names: str, tags: dict[str, list[str]] | None = None) -> list[dict]:
-    """Task Runs rows as the page gives them; each tagged as its name says unless ``tags`` says otherwise."""
-    tags = tags or {}
-    return [{"name": n, "tags": tags.get(n, [n[n.index("[") + 1 : -1]] if "[" in n else [])} for n in names]
+def _rows(*names: str) -> list[dict]:
+    """Task Runs rows as the page gives them."""
+    return [{"name": n} for n in names]
 
 
 ITERATION = ["rollout_code", "rollout_tests", "gate_tests", "execute", "score", "checkpoint", "log_iteration"]
@@ -62,32 +61,25 @@ def test_an_iteration_line_is_whole_words() -> None:
     assert uc.iteration_lines(1) == ["it 1/1"] and uc.iteration_lines(95) == ["it 1/95", "it 95/95"]
 
 
-def test_task_runs_named_and_tagged_pass() -> None:
+def test_task_runs_named_by_iteration_pass() -> None:
     rows = _rows(*(f"{t}[it={i}]" for i in (1, 2) for t in ITERATION))
-    named, tagged = uc.check_task_runs(rows, total=14)
-    assert named.ok and tagged.ok and "14 rows listed of 14" in named.detail
-
-
-def test_a_task_run_without_its_tag_fails_by_name() -> None:
-    rows = _rows("rollout_code[it=1]", "score[it=2]", tags={"score[it=2]": ["it=1"]})
-    named, tagged = uc.check_task_runs(rows, total=2)
-    assert named.ok and not tagged.ok and "score[it=2]" in tagged.detail
+    [named] = uc.check_task_runs(rows, total=14)
+    assert named.ok and "14 rows listed of 14" in named.detail
 
 
 def test_a_task_run_not_named_by_its_iteration_fails() -> None:
-    named, _ = uc.check_task_runs(_rows("rollout_code[it=1]", "rollout_code-0"), total=2)
+    [named] = uc.check_task_runs(_rows("rollout_code[it=1]", "rollout_code-0"), total=2)
     assert not named.ok and "rollout_code-0" in named.detail
 
 
-def test_no_task_run_listed_fails_both() -> None:
-    assert [c.ok for c in uc.check_task_runs([], total=None)] == [False, False]
+def test_no_task_run_listed_fails() -> None:
+    [named] = uc.check_task_runs([], total=None)
+    assert not named.ok and named.detail == "no task run listed"
 
 
-def test_tag_filter_offers_every_iteration_in_numeric_order() -> None:
-    assert uc.check_tag_filter([f"it={i}" for i in (10, 2, 1, 3, 4, 5, 6, 7, 8, 9)], 10).ok
-    assert uc.check_tag_filter(["it=1", "it=2", "codea1"], 2).ok  # other tags are not iterations
-    assert not uc.check_tag_filter(["it=1"], 2).ok
-    assert not uc.check_tag_filter([], 2).ok
+def test_the_iteration_search_does_not_match_a_longer_number() -> None:
+    search = uc.iteration_search(1)
+    assert search == "[it=1]" and search in "score[it=1]" and search not in "score[it=10]"
 
 
 def test_filtered_list_is_one_whole_iteration() -> None:
@@ -195,7 +187,7 @@ def test_ui_check_passes_on_a_real_run(tmp_path: Path, repo_root: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "FAIL" not in done.stdout and "8 of 8 items pass" in done.stdout
+    assert "FAIL" not in done.stdout and "6 of 6 items pass" in done.stdout
     shots = sorted(p.stem for p in out.glob("*.png"))
     assert shots == ["mlflow_run", "prefect_flow_run", "prefect_task_runs", "prefect_task_runs_it1"]
     assert all((out / f"{s}.png").stat().st_size > 10_000 for s in shots)
