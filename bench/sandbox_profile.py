@@ -7,8 +7,11 @@ doing: ``fork`` (inside ``copy_process``: the zygote's page tables and mappings 
 child's address space torn down), ``fault`` (page faults), a named system call, other kernel work, or ``user``
 (the interpreter). It prints CPU ms per program for each beside the bare fork+exit+wait floor measured in the same
 run (``sandbox_bench.fork_floor_ms``), and the memory-management part (fork + exit + faults, every process) as a
-multiple of that floor: what remains while every program is a fresh fork of a zygote that holds the sandbox and
-the modules preloaded for programs, whatever the code above the kernel does.
+multiple of that floor. perf's own recording of each fork and exit adds to them (the profile's total is above
+``sandbox_bench.py``'s CPU per program): read the shares. Without perf, the same run measures the loaded floor: the
+floor's fork+exit+wait loop in an interpreter that holds what a zygote holds (the sandbox's modules and those
+preloaded for programs, ``sandbox.child._preload``), which every program pays, before its child runs a line, for
+as long as each program is a fresh fork of such a process.
 
 What it does not: measure throughput (``bench/sandbox_bench.py`` does), or run without ``perf`` (exit 2: Debian's
 ``linux-perf``; system-wide sampling needs root or ``kernel.perf_event_paranoid`` <= 0).
@@ -35,6 +38,9 @@ MEMORY = ("fork", "exit", "fault")
 _FORK = re.compile(r"PERF_RECORD_FORK\((\d+):\d+\):\((\d+):\d+\)")
 _HEADER = re.compile(r"^\s*\S.*?\s(\d+)\s*$")
 _KERNEL = "ffffffff"
+
+LOAD = f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom sandbox import child\nchild._preload()\n"
+"""What a sandbox worker imports before it forks its zygote (``sandbox/executor.py``'s boot line, ``-S``)."""
 
 DRIVER = """
 import os, sys, time
@@ -133,11 +139,26 @@ def table(counts: collections.Counter, freq: int, programs: int, floor_ms: float
     return lines
 
 
+def loaded_floor_ms(forks: int = 2000) -> float:
+    """CPU ms per fork+exit+wait (parent + child) of an interpreter started as a sandbox worker is (``-S``) that
+    has imported ``sandbox.child`` and the modules preloaded for programs: a zygote's memory, less its pins."""
+    from sandbox_bench import FLOOR
+
+    done = subprocess.run(
+        [sys.executable, "-S", "-s", "-P", "-c", LOAD + FLOOR, str(forks)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(done.stdout.strip())
+
+
 def profile(programs: int, freq: int, perf: str) -> int:
     sys.path.insert(0, str(ROOT / "bench"))
     from sandbox_bench import fork_floor_ms
 
     floors = [fork_floor_ms()]
+    loaded = loaded_floor_ms()
     with tempfile.TemporaryDirectory(prefix="codea1-profile-") as tmp:
         data, pids = Path(tmp) / "perf.data", Path(tmp) / "pids"
         record = [perf, "record", "-q", "-a", "-g", "-e", "cpu-clock", "-F", str(freq), "-o", str(data), "--"]
@@ -164,6 +185,10 @@ def profile(programs: int, freq: int, perf: str) -> int:
     print(f"fork+exit+wait floor (bare python3, before/after): {floors[0]:.3f} / {floors[1]:.3f} ms CPU")
     print(f"statuses {statuses}; {sum(counts.values())} samples at {freq} Hz")
     print("\n".join(table(counts, freq, programs, floor_ms)))
+    print(
+        f"  loaded floor (fork+exit+wait of an interpreter holding the sandbox and the preloaded modules, no perf):"
+        f" {loaded:.3f} ms = {loaded / floor_ms:.2f} x the floor"
+    )
     return 0
 
 

@@ -4,6 +4,7 @@ under ``perf`` (skipped where perf is missing)."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -94,3 +95,15 @@ def test_a_real_profile_finds_the_forks_and_exits(capsys: pytest.CaptureFixture[
     body = out.out.split("process")[1]
     assert " fork " in body and " exit " in body  # the zygote's forks and the children's exits were seen
     assert "fork + exit + faults:" in out.out and "x the floor" in out.out
+    assert "loaded floor (fork+exit+wait of an interpreter holding the sandbox" in out.out
+
+
+def test_the_loaded_floor_holds_the_sandbox_and_the_preloads() -> None:
+    """The loaded floor's interpreter really imports what a zygote holds (a loop that forked a bare interpreter
+    would measure the plain floor twice)."""
+    probe = "print(sorted(m for m in ('sandbox.zygote', 'statistics') if m in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", sp.LOAD + probe], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "['sandbox.zygote', 'statistics']", out.stdout
+    assert sp.loaded_floor_ms(50) > 0
