@@ -94,8 +94,8 @@ def train(cfg: Config) -> dict[str, Any]:
             if run.start == 0 and cfg.eval.every > 0 and run.val_set and main:  # validate first (§3 step 16)
                 val = validate(run.code_pol, run.val_set, cfg, run.executor, 0)
                 log_iteration(run.tracker, 0, {"iteration": 0, **val})
-            # no per-iteration tag: a task run's tags make Prefect ask the server for their concurrency limits
-            # (an SQLite write that can stall a step ~2 s); its name, ``<task>[it=N]``, is the iteration's view
+            # no per-iteration tag: a task run's tags make Prefect ask the server for their concurrency limits, a
+            # write that waits out the client's back-off when SQLite is busy; the name ``<task>[it=N]`` is the view
             for it in range(run.start + 1, run.total + 1):
                 iteration(run, it, as_task if main else as_function)
             dist_train.gather_for_save(run.policies.values())  # FSDP2: what rank 0 exports (every rank)
