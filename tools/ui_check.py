@@ -137,13 +137,13 @@ def iteration_search(iteration: int) -> str:
 def check_filtered(names: list[str], iteration: int) -> Check:
     """With the run-name search at ``[it=<iteration>]``: only that iteration's task runs, its first and last
     step among them."""
-    tag = iteration_search(iteration)
-    others = [n for n in names if not n.endswith(tag)]
-    missing = [f"{t}{tag}" for t in FIRST_AND_LAST if f"{t}{tag}" not in names]
+    search = iteration_search(iteration)
+    others = [n for n in names if not n.endswith(search)]
+    missing = [f"{t}{search}" for t in FIRST_AND_LAST if f"{t}{search}" not in names]
     ok = bool(names) and not others and not missing
     detail = f"{len(names)} rows" + (f"; other iterations: {others[:3]}" if others else "")
     detail += f"; missing {missing}" if missing else ""
-    return Check(f"prefect: search {tag} lists that iteration", ok, detail)
+    return Check(f"prefect: search {search} lists that iteration", ok, detail)
 
 
 def check_mlflow_page(body: str, experiment: str, run_name: str, metrics: tuple[str, ...]) -> list[Check]:

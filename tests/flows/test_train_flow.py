@@ -262,8 +262,8 @@ def test_codea1_flow_end_to_end(
             "log_iteration",
         ):
             assert f"{task}[it={it}]" in names, (task, it, sorted(names))
-            # untagged: a tagged task run makes Prefect look up the tags' concurrency limits on the server
-            # (stalls of ~2 s on SQLite); the UI's per-iteration view searches the name's "[it=N]"
+            # untagged: a tagged task run makes Prefect look up the tags' concurrency limits on the server (a
+            # write that waits out the client's back-off when SQLite is busy); the UI searches the name's "[it=N]"
             assert runs[f"{task}[it={it}]"] == [], (task, runs[f"{task}[it={it}]"])
     out = tmp_path / "train"
     assert (out / "checkpoints" / "LATEST").read_text() == "it_000002"
