@@ -39,8 +39,6 @@ _FORK = re.compile(r"PERF_RECORD_FORK\((\d+):\d+\):\((\d+):\d+\)")
 _HEADER = re.compile(r"^\s*\S.*?\s(\d+)\s*$")
 _KERNEL = "ffffffff"
 
-LOAD = f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom sandbox import child\nchild._preload()\n"
-"""What a sandbox worker imports before it forks its zygote (``sandbox/executor.py``'s boot line, ``-S``)."""
 
 DRIVER = """
 import os, sys, time
@@ -142,7 +140,7 @@ def table(counts: collections.Counter, freq: int, programs: int, floor_ms: float
 def loaded_floor_ms(forks: int = 2000) -> float:
     """CPU ms per fork+exit+wait (parent + child) of an interpreter started as a sandbox worker is (``-S``) that
     has imported ``sandbox.child`` and the modules preloaded for programs: a zygote's memory, less its pins."""
-    from sandbox_bench import FLOOR
+    from sandbox_bench import FLOOR, LOAD
 
     done = subprocess.run(
         [sys.executable, "-S", "-s", "-P", "-c", LOAD + FLOOR, str(forks)],

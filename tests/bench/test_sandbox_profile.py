@@ -1,5 +1,6 @@
 """``bench/sandbox_profile.py``: the sorting of perf samples by process and kind (always run), and one real profile
-under ``perf`` (skipped where perf is missing)."""
+under ``perf`` (skipped where perf is missing); the loaded floor and the bare pipeline of ``bench/sandbox_bench.py``
+that both report beside the floor."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
+import sandbox_bench as sb  # noqa: E402
 import sandbox_profile as sp  # noqa: E402
 
 # perf script --show-task-events -F comm,pid,ip,sym, shaped as perf prints it: parent 100, worker 200, zygote 300
@@ -103,7 +105,27 @@ def test_the_loaded_floor_holds_the_sandbox_and_the_preloads() -> None:
     would measure the plain floor twice)."""
     probe = "print(sorted(m for m in ('sandbox.zygote', 'statistics') if m in sys.modules))"
     out = subprocess.run(
-        [sys.executable, "-S", "-c", sp.LOAD + probe], capture_output=True, text=True, check=True
+        [sys.executable, "-S", "-c", sb.LOAD + probe], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "['sandbox.zygote', 'statistics']", out.stdout
     assert sp.loaded_floor_ms(50) > 0
+
+
+def test_the_bare_pipeline_checks_each_childs_result() -> None:
+    """Each program's child really runs it: a result that is not the program's stops the bench (a pipeline
+    whose children did nothing would measure the loaded floor)."""
+    wrong = sb.BARE_PIPELINE.replace("repr(eval(", "repr(1 + eval(", 1)
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", sb.LOAD + wrong, "5", "-"], capture_output=True, text=True
+    )
+    assert out.returncode == 1 and "bare pipeline: program 0 returned" in out.stderr, out.stderr
+    assert sb.bare_pipeline_ms(50) > 0 and sb.bare_pipeline_ms(50, pin=False, preload=False) > 0
+
+
+def test_a_missed_target_names_the_bare_pipeline_when_it_is_above(capsys: pytest.CaptureFixture[str]) -> None:
+    assert sb.check_target(3.4, 2.0, bare=2.3) == 1
+    assert "3.40 x, MISSED (the bare pipeline alone is 2.30 x)" in capsys.readouterr().out
+    assert sb.check_target(3.4, 2.0, bare=1.5) == 1
+    assert capsys.readouterr().out.rstrip().endswith("3.40 x, MISSED")
+    assert sb.check_target(1.9, 2.0, bare=2.3) == 0
+    assert capsys.readouterr().out.rstrip().endswith("1.90 x, met")
